@@ -1,0 +1,46 @@
+"""Evaluating a patch's upstream guard: capability probe first, then source text."""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+from lmcache_ascend.compat.source import module_source_text
+from lmcache_ascend.patches.model import UpstreamGuard, Verdict
+
+
+@dataclass(frozen=True)
+class GuardResult:
+    verdict: Verdict
+    how: str  # a few words for the CLI: which test decided
+
+
+def evaluate_guard(guard: UpstreamGuard, target: str, module: types.ModuleType | None) -> GuardResult:
+    """What `guard` says about `target`; `module` is None when it must not be imported."""
+    if module is not None and guard.probe is not None:
+        try:
+            answer = guard.probe(module)
+        except Exception as error:  # a probe that trips on a changed module can't tell
+            answer = None
+            probe_note = f"probe raised {type(error).__name__}: {error}"
+        else:
+            probe_note = "probe could not tell"
+        if answer is True:
+            return GuardResult(Verdict.HAS_FIX, "capability probe")
+        if answer is False:
+            return GuardResult(Verdict.LACKS_FIX, "capability probe")
+    else:
+        probe_note = "no probe" if guard.probe is None else "probe needs the import"
+
+    if not (guard.fixed_if_source_contains or guard.unfixed_if_source_contains):
+        return GuardResult(Verdict.UNKNOWN, probe_note)
+    text = module_source_text(target)
+    if text is None:
+        return GuardResult(Verdict.UNKNOWN, f"{probe_note}; no source for {target}")
+    for needle in guard.fixed_if_source_contains:
+        if needle in text:
+            return GuardResult(Verdict.HAS_FIX, f"source has {needle!r}")
+    for needle in guard.unfixed_if_source_contains:
+        if needle in text:
+            return GuardResult(Verdict.LACKS_FIX, f"source has {needle!r}")
+    return GuardResult(Verdict.UNKNOWN, f"{probe_note}; source markers absent")

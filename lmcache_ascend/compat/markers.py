@@ -1,0 +1,52 @@
+"""Marks on the objects lmcache-ascend installs, so that nothing is applied twice.
+
+Every installed function (or the function behind an installed descriptor)
+carries the names of the patches that made it.  The mark is found through
+``__wrapped__`` chains too, so a wrapper that someone else put around ours
+(``functools.wraps``) still reads as patched, also when a second copy of the
+registry (another import path, a reloaded module) looks at it.
+"""
+
+from __future__ import annotations
+
+MARKER_ATTRIBUTE = "__lmcache_ascend_patch__"
+
+
+def _carriers(value: object) -> list[object]:
+    """The objects a mark may live on, for a raw attribute value."""
+    if isinstance(value, (classmethod, staticmethod)):
+        return [value, value.__func__]
+    if isinstance(value, property):
+        return [value.fget] if value.fget is not None else []
+    return [value]
+
+
+def mark(value: object, patch_name: str) -> None:
+    """Record on `value` that `patch_name` installed it (silently skips what can't be marked)."""
+    for carrier in _carriers(value):
+        names = tuple(getattr(carrier, MARKER_ATTRIBUTE, ()))
+        if patch_name in names:
+            continue
+        try:
+            setattr(carrier, MARKER_ATTRIBUTE, names + (patch_name,))
+        except (AttributeError, TypeError):
+            pass  # builtins and tuples can't carry attributes
+
+
+def patch_names_on(value: object, max_depth: int = 32) -> set[str]:
+    """Every patch name marked on `value` or on anything it wraps."""
+    found: set[str] = set()
+    pending = _carriers(value)
+    seen: set[int] = set()
+    while pending and len(seen) < max_depth:
+        carrier = pending.pop()
+        if carrier is None or id(carrier) in seen:
+            continue
+        seen.add(id(carrier))
+        # Only the object's own mark counts: a class inherits attributes from its bases.
+        own = vars(carrier).get(MARKER_ATTRIBUTE, ()) if hasattr(carrier, "__dict__") else ()
+        found.update(own)
+        wrapped = getattr(carrier, "__wrapped__", None)
+        if wrapped is not None:
+            pending.extend(_carriers(wrapped))
+    return found

@@ -1,0 +1,83 @@
+"""Finding a module's source text without importing it, and fingerprints of targets.
+
+The listing CLI evaluates source guards without importing patch targets, so it
+locates ``pkg/sub/mod.py`` on ``sys.path`` itself (``importlib.util.find_spec``
+would import the parent packages, i.e. all of vLLM).  A ``.pyc``-only install
+has no source: the guard then answers "unknown" and the version gate decides.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+
+def module_source_path(module_name: str) -> str | None:
+    """Path of the .py file of `module_name` (imported or not), or None when there is none."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        path = getattr(module, "__file__", None)
+        return path if path and path.endswith(".py") and os.path.exists(path) else None
+    parts = module_name.split(".")
+    for entry in sys.path:
+        base = os.path.join(entry or os.getcwd(), *parts)
+        for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+            if os.path.isfile(candidate):
+                return candidate
+    return None
+
+
+def module_is_locatable(module_name: str) -> bool:
+    """Whether `module_name` exists on sys.path as source or bytecode (no import)."""
+    if module_name in sys.modules:
+        return True
+    parts = module_name.split(".")
+    for entry in sys.path:
+        base = os.path.join(entry or os.getcwd(), *parts)
+        for suffix in (".py", ".pyc", os.sep + "__init__.py", os.sep + "__init__.pyc"):
+            if os.path.isfile(base + suffix):
+                return True
+        if os.path.isdir(base) and os.path.isdir(os.path.join(base, "__pycache__")):
+            return True
+    return False
+
+
+def module_source_text(module_name: str) -> str | None:
+    path = module_source_path(module_name)
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _code_object_of(value: object) -> object:
+    """The object whose source defines `value` (functions behind descriptors)."""
+    if isinstance(value, (classmethod, staticmethod)):
+        return value.__func__
+    if isinstance(value, property):
+        return value.fget
+    return value
+
+
+def fingerprint(value: object) -> str | None:
+    """A short hash of the source of a patch target, or None when it has no source.
+
+    Blank lines and trailing blanks are ignored so that re-indenting a file's
+    whitespace does not read as a different target.
+    """
+    import hashlib  # lazily: only the CLI and apply time need fingerprints
+    import inspect
+
+    target = _code_object_of(value)
+    if not isinstance(target, (types.FunctionType, type, types.MethodType)):
+        return None
+    try:
+        text = inspect.getsource(target)
+    except (OSError, TypeError):
+        return None
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]

@@ -1,0 +1,241 @@
+"""Every environment flag lmcache-ascend reads, in one typed table.
+
+The table is the single source of truth: activation validates all flags against
+it (one clear error naming the flag, its value and what is allowed), the CLI and
+the README render it, and rows with an ``lmcache_config_key`` are also
+registered as LMCache configuration keys, so they can be set in LMCache's YAML
+as well; as in LMCache, the environment wins over the file.
+
+Standard library only: this module is imported by the start-up path.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+__all__ = [
+    "FLAGS",
+    "Flag",
+    "FlagError",
+    "FlagKind",
+    "flag_value",
+    "parse_flag",
+    "validate_all",
+]
+
+
+class FlagError(ValueError):
+    """A flag has a value outside what it allows."""
+
+
+class FlagKind(enum.Enum):
+    BOOL = "bool"
+    CHOICE = "choice"  # one of `allowed`
+    INT_CHOICE = "int-choice"  # an integer among `allowed`
+    NAME_LIST = "name-list"  # comma-separated identifiers; "" = empty
+    AUTO_OR_POSITIVE_INT = "auto-or-positive-int"
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    kind: FlagKind
+    default: object
+    help: str
+    allowed: tuple[str, ...] = ()
+    # Name of the matching LMCache configuration key, if the flag is also one.
+    lmcache_config_key: str | None = None
+
+    def allowed_text(self) -> str:
+        if self.kind is FlagKind.BOOL:
+            return "1/0, true/false, yes/no, on/off"
+        if self.kind in (FlagKind.CHOICE, FlagKind.INT_CHOICE):
+            return " | ".join(self.allowed)
+        if self.kind is FlagKind.NAME_LIST:
+            return "comma-separated names" + (f" among {', '.join(self.allowed)}" if self.allowed else "")
+        return "'auto' or a positive integer"
+
+    def default_text(self) -> str:
+        if self.kind is FlagKind.BOOL:
+            return "1" if self.default else "0"
+        if self.kind is FlagKind.NAME_LIST:
+            return ",".join(self.default) if self.default else "(empty)"
+        return str(self.default)
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(
+        "LMCACHE_ASCEND_AUTOLOAD",
+        FlagKind.BOOL,
+        True,
+        "Activate from the .pth start-up hook on the first import of vllm, lmcache or vllm_ascend.",
+    ),
+    Flag(
+        "LMCACHE_ASCEND_PATCHES",
+        FlagKind.BOOL,
+        True,
+        "Master switch: 0 leaves every upstream module untouched.",
+    ),
+    Flag(
+        "LMCACHE_ASCEND_DISABLED_PATCHES",
+        FlagKind.NAME_LIST,
+        (),
+        "Patch names to leave out, or '*' for all (see `python -m lmcache_ascend.patches`).",
+    ),
+    Flag(
+        "LMCACHE_ASCEND_BUNDLE_MULTI_SPEC",
+        FlagKind.BOOL,
+        True,
+        "Move all planes of a multi-plane layer in one kernel launch; 0 explodes planes into separate layer groups.",
+        lmcache_config_key="ascend_bundle_multi_spec",
+    ),
+    Flag(
+        "LMCACHE_ASCEND_FLATTEN_MULTI_SPEC",
+        FlagKind.BOOL,
+        True,
+        "Accept multi-spec (tuple-of-planes) KV caches by flattening them into planes; 0 is the legacy handling.",
+        lmcache_config_key="ascend_flatten_multi_spec",
+    ),
+    Flag(
+        "LMCACHE_ASCEND_SKIP_STATE_GROUPS",
+        FlagKind.BOOL,
+        True,
+        "Do not store or load KV-cache groups that hold recurrent state (DeepSeek-V4 *State* specs).",
+        lmcache_config_key="ascend_skip_state_groups",
+    ),
+    Flag(
+        "LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST",
+        FlagKind.NAME_LIST,
+        (),
+        "Spec class names to skip as state groups, replacing the built-in DeepSeek-V4 set; empty keeps the built-in set.",
+        lmcache_config_key="ascend_skip_state_spec_allowlist",
+    ),
+    Flag(
+        "LMCACHE_ASCEND_TRANSFER_BACKEND",
+        FlagKind.CHOICE,
+        "auto",
+        "Transfer kernel implementation: auto picks Triton on CUDA/NPU and the torch reference elsewhere.",
+        allowed=("auto", "triton", "torch"),
+        lmcache_config_key="ascend_transfer_backend",
+    ),
+    Flag(
+        "VLLM_PREFIX_CACHE_RETENTION_INTERVAL",
+        FlagKind.AUTO_OR_POSITIVE_INT,
+        "auto",
+        "Backport of vLLM's sparse prefix-cache checkpoints: keep every N-th token position cached (a multiple of the block size), or auto.",
+    ),
+    Flag(
+        "VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE",
+        FlagKind.INT_CHOICE,
+        128,
+        "Block size in tokens of DeepSeek-V4 compressed KV caches on vllm-ascend (only where the compress ratio is 128).",
+        allowed=("32", "64", "128"),
+    ),
+    Flag(
+        "LMCACHE_ASCEND_BLEND_HOLES",
+        FlagKind.BOOL,
+        False,
+        "Hole-mode CacheBlend: reuse cached KV across non-contiguous prefixes, recomputing only holes and deviating tokens.",
+        lmcache_config_key="ascend_blend_holes",
+    ),
+)
+
+_BY_NAME: Mapping[str, Flag] = {flag.name: flag for flag in FLAGS}
+
+
+def _parse_bool(flag: Flag, raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise FlagError(f"{flag.name}={raw!r} is not a boolean; allowed: {flag.allowed_text()}")
+
+
+def _parse_choice(flag: Flag, raw: str) -> str:
+    text = raw.strip().lower()
+    if text not in flag.allowed:
+        raise FlagError(f"{flag.name}={raw!r} is not allowed; allowed: {flag.allowed_text()}")
+    return text
+
+
+def _parse_int_choice(flag: Flag, raw: str) -> int:
+    text = raw.strip()
+    if text not in flag.allowed:
+        raise FlagError(f"{flag.name}={raw!r} is not allowed; allowed: {flag.allowed_text()}")
+    return int(text)
+
+
+def _parse_name_list(flag: Flag, raw: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in raw.split(",") if part.strip())
+    for name in names:
+        if name != "*" and not all(ch.isalnum() or ch in "_-." for ch in name):
+            raise FlagError(f"{flag.name}={raw!r}: {name!r} is not a name; allowed: {flag.allowed_text()}")
+        if flag.allowed and name not in flag.allowed:
+            raise FlagError(f"{flag.name}={raw!r}: {name!r} is unknown; allowed: {flag.allowed_text()}")
+    return names
+
+
+def _parse_auto_or_positive_int(flag: Flag, raw: str) -> str | int:
+    text = raw.strip().lower()
+    if text == "auto":
+        return "auto"
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise FlagError(f"{flag.name}={raw!r} is not allowed; allowed: {flag.allowed_text()}")
+    return number
+
+
+_PARSERS: Mapping[FlagKind, Callable[[Flag, str], object]] = {
+    FlagKind.BOOL: _parse_bool,
+    FlagKind.CHOICE: _parse_choice,
+    FlagKind.INT_CHOICE: _parse_int_choice,
+    FlagKind.NAME_LIST: _parse_name_list,
+    FlagKind.AUTO_OR_POSITIVE_INT: _parse_auto_or_positive_int,
+}
+
+
+def get_flag(name: str) -> Flag:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown lmcache-ascend flag {name!r}; known: {', '.join(_BY_NAME)}") from None
+
+
+def parse_flag(name: str, raw: str | None) -> object:
+    """The typed value of flag `name` for the raw text `raw` (None or blank = default)."""
+    flag = get_flag(name)
+    if raw is None or raw.strip() == "":
+        return flag.default
+    return _PARSERS[flag.kind](flag, raw)
+
+
+def flag_value(name: str, environ: Mapping[str, str] | None = None) -> object:
+    """The validated value of flag `name` from the environment (read now)."""
+    env = os.environ if environ is None else environ
+    return parse_flag(name, env.get(name))
+
+
+def validate_all(environ: Mapping[str, str] | None = None) -> dict[str, object]:
+    """Parse every flag; raise one FlagError listing every bad value."""
+    env = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    problems: list[str] = []
+    for flag in FLAGS:
+        try:
+            values[flag.name] = parse_flag(flag.name, env.get(flag.name))
+        except FlagError as error:
+            problems.append(str(error))
+    if problems:
+        raise FlagError("invalid lmcache-ascend flag: " + "; ".join(problems))
+    return values

@@ -1,0 +1,1 @@
+"""Patches whose target module belongs to the `vllm` distribution."""

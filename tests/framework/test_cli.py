@@ -1,0 +1,120 @@
+"""`python -m lmcache_ascend.patches`: table, JSON schema, strict mode, show, flags."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lmcache_ascend import flags as flag_table
+from lmcache_ascend.patches import registry as registry_module
+from tests.conftest import REPO_ROOT
+
+REGISTRY = registry_module.process_registry()
+JSON_KEYS = {"schema_version", "mode", "python", "versions", "flag_error", "load_errors", "patches", "strict_problems"}
+ROW_KEYS = {
+    "name", "target", "attributes", "kind", "state", "reason", "untested_target", "error", "requires", "flags",
+    "enabled_by", "after", "fingerprints",
+}
+STATES = {
+    "pending", "applied", "skipped-disabled", "skipped-version", "skipped-upstream-has-it", "target-missing",
+    "failed", "reverted", "overridden",
+}
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, bare: bool = False) -> subprocess.CompletedProcess:
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("LMCACHE_ASCEND_", "VLLM_ASCEND_"))}
+    child_env["PYTHONPATH"] = str(REPO_ROOT)
+    child_env["LMCACHE_ASCEND_AUTOLOAD"] = "0"
+    child_env.update(env or {})
+    # -S: no site-packages at all, i.e. a bare interpreter with only the standard library.
+    command = [sys.executable, *(["-S"] if bare else []), "-m", "lmcache_ascend.patches", *args]
+    return subprocess.run(command, cwd=REPO_ROOT, env=child_env, capture_output=True, text=True, timeout=300)
+
+
+def test_bare_python_lists_every_patch_as_json():
+    result = run_cli("--json", bare=True)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == JSON_KEYS and report["schema_version"] == 1
+    assert all(version is None for version in report["versions"].values())
+    assert [row["name"] for row in report["patches"]] == REGISTRY.names()
+    for row in report["patches"]:
+        assert set(row) == ROW_KEYS
+        assert row["state"] in {"target-missing", "skipped-disabled"}, row
+
+
+def test_bare_python_table():
+    result = run_cli(bare=True)
+    assert result.returncode == 0, result.stderr
+    assert "lmcache-ascend patches (no-import mode" in result.stdout
+    for name in REGISTRY.names():
+        assert name in result.stdout
+
+
+@pytest.fixture(scope="module")
+def import_report():
+    result = run_cli("--import", "--json", "--strict")
+    return result
+
+
+def test_import_mode_reports_real_states_and_passes_strict(import_report):
+    assert import_report.returncode == 0, import_report.stdout[-3000:] + import_report.stderr[-3000:]
+    report = json.loads(import_report.stdout)
+    assert report["mode"] == "import" and report["versions"]["vllm"] and report["versions"]["lmcache"]
+    assert report["strict_problems"] == []
+    for row in report["patches"]:
+        assert row["state"] in STATES
+        assert row["state"] not in ("pending", "failed"), row
+
+
+def test_no_import_mode_does_not_import_targets():
+    code = (
+        "import sys, runpy\n"
+        "sys.argv = ['lmcache_ascend.patches', '--json']\n"
+        "import io, contextlib\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        runpy.run_module('lmcache_ascend.patches', run_name='__main__')\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'lmcache', 'torch'))\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_ASCEND_")}
+    env.update(PYTHONPATH=str(REPO_ROOT), LMCACHE_ASCEND_AUTOLOAD="0")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY=\n" in result.stdout
+
+
+def test_strict_fails_on_a_bad_flag_and_names_it():
+    result = run_cli("--strict", env={"LMCACHE_ASCEND_TRANSFER_BACKEND": "cuda-graphs"}, bare=True)
+    assert result.returncode == 1
+    assert "LMCACHE_ASCEND_TRANSFER_BACKEND='cuda-graphs' is not allowed; allowed: auto | triton | torch" in result.stdout
+
+
+@pytest.mark.parametrize("name", REGISTRY.names())
+def test_show_prints_the_catalogue_entry(name):
+    result = run_cli("show", name, bare=True)
+    assert result.returncode == 0, result.stderr
+    for label in ("patch:", "target:", "changes:", "why:", "mirrors:", "delete when:"):
+        assert label in result.stdout
+    assert REGISTRY.record(name).patch.target in result.stdout
+
+
+def test_show_unknown_patch_fails():
+    result = run_cli("show", "no-such-patch", bare=True)
+    assert result.returncode == 2 and "no patch named 'no-such-patch'" in result.stderr
+
+
+def test_flag_table_in_readme_is_current():
+    result = run_cli("flags", "--markdown", bare=True)
+    assert result.returncode == 0
+    readme = (REPO_ROOT / "README.md").read_text()
+    for line in result.stdout.strip().splitlines():
+        assert line in readme, f"README flag table is stale; regenerate with `python -m lmcache_ascend.patches flags --markdown`: {line}"
+    assert len(result.stdout.strip().splitlines()) == len(flag_table.FLAGS) + 2

@@ -1,0 +1,119 @@
+"""The three entry points and the import order, each in a fresh interpreter of this stack.
+
+Every way in (explicit import before or after the targets, the wheel's .pth
+start-up hook, vLLM's general-plugin entry point) must end in the same patch
+states; with the hook switched off and no import, nothing is touched.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmcache_ascend.compat.versions import installed_version
+from lmcache_ascend.patches import registry as registry_module
+
+pytestmark = pytest.mark.subprocess
+
+REGISTRY = registry_module.process_registry()
+# Targets this stack can import (vllm-ascend patches report target-missing here).
+IMPORTABLE_TARGETS = sorted(
+    {
+        record.patch.target
+        for record in REGISTRY.records()
+        if all(installed_version(dist) for dist in record.patch.requires)
+    }
+    | {"vllm.v1.core.kv_cache_utils"}
+)
+
+REPORT = """
+import json, sys
+def report(label):
+    loaded = 'lmcache_ascend' in sys.modules
+    states, activated_by = {}, []
+    if loaded:
+        from lmcache_ascend.patches import registry
+        reg = registry.process_registry()
+        states = {r.patch.name: r.state.value for r in reg.records()}
+        activated_by = reg.activated_by
+    print('REPORT=' + json.dumps({'label': label, 'loaded': loaded, 'states': states, 'activated_by': activated_by}))
+"""
+
+IMPORT_TARGETS = "import importlib\nfor name in %r:\n    importlib.import_module(name)\n" % (IMPORTABLE_TARGETS,)
+
+
+def run_order(fresh_python, body: str, env: dict[str, str]) -> dict:
+    result = fresh_python(REPORT + body, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("REPORT=")]
+    assert lines, result.stdout[-2000:] + result.stderr[-2000:]
+    return json.loads(lines[-1][len("REPORT="):])
+
+
+ORDERS = {
+    "import-then-targets": ("import lmcache_ascend\n" + IMPORT_TARGETS, {"LMCACHE_ASCEND_AUTOLOAD": "0"}),
+    "targets-then-import": (IMPORT_TARGETS + "import lmcache_ascend\n", {"LMCACHE_ASCEND_AUTOLOAD": "0"}),
+    "pth-autoload": (IMPORT_TARGETS, {"LMCACHE_ASCEND_AUTOLOAD": "1"}),
+    "vllm-plugin": (
+        "from vllm.plugins import load_general_plugins\nload_general_plugins()\n" + IMPORT_TARGETS,
+        {"LMCACHE_ASCEND_AUTOLOAD": "0"},
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def order_reports(request):
+    from tests.conftest import run_fresh_python
+
+    return {
+        label: run_order(run_fresh_python, body + f"report({label!r})\n", env) for label, (body, env) in ORDERS.items()
+    }
+
+
+def test_every_entry_point_activates(order_reports):
+    expected_source = {
+        "import-then-targets": "import",
+        "targets-then-import": "import",
+        "pth-autoload": "autoload",
+        "vllm-plugin": "vllm-plugin",
+    }
+    for label, report in order_reports.items():
+        assert report["loaded"], label
+        assert expected_source[label] in report["activated_by"], (label, report["activated_by"])
+
+
+def test_every_order_ends_in_the_same_states(order_reports):
+    reference = order_reports["import-then-targets"]["states"]
+    assert set(reference) == set(REGISTRY.names())
+    for label, report in order_reports.items():
+        assert report["states"] == reference, label
+    for name, state in reference.items():
+        assert state not in ("failed", "pending"), (name, state)
+
+
+def test_no_hook_no_import_touches_nothing(fresh_python):
+    report = run_order(fresh_python, IMPORT_TARGETS + "report('off')\n", {"LMCACHE_ASCEND_AUTOLOAD": "0"})
+    assert not report["loaded"]
+
+
+def test_master_switch_disables_everything(fresh_python):
+    report = run_order(
+        fresh_python,
+        "import lmcache_ascend\n" + IMPORT_TARGETS + "report('master-off')\n",
+        {"LMCACHE_ASCEND_AUTOLOAD": "0", "LMCACHE_ASCEND_PATCHES": "0"},
+    )
+    assert set(report["states"].values()) <= {"skipped-disabled"}
+
+
+def test_bad_flag_fails_activation_with_a_clear_error(fresh_python):
+    result = fresh_python("import lmcache_ascend", env={"LMCACHE_ASCEND_SKIP_STATE_GROUPS": "sometimes"})
+    assert result.returncode != 0
+    assert "LMCACHE_ASCEND_SKIP_STATE_GROUPS='sometimes' is not a boolean" in result.stderr
+    # The start-up hook reports it and lets the user's import go on.
+    result = fresh_python(
+        "import vllm.v1.core.kv_cache_utils; print('imported')",
+        env={"LMCACHE_ASCEND_AUTOLOAD": "1", "LMCACHE_ASCEND_SKIP_STATE_GROUPS": "sometimes"},
+    )
+    assert result.returncode == 0 and "imported" in result.stdout
+    assert "autoload did not activate" in result.stderr and "LMCACHE_ASCEND_SKIP_STATE_GROUPS" in result.stderr

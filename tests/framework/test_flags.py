@@ -1,0 +1,71 @@
+"""The flag table: parsing, defaults and the errors a user sees."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmcache_ascend import flags as flag_table
+from lmcache_ascend.flags import FlagError, flag_value, parse_flag, validate_all
+
+
+def test_defaults_when_unset_or_blank():
+    values = validate_all({})
+    assert values["LMCACHE_ASCEND_BUNDLE_MULTI_SPEC"] is True
+    assert values["LMCACHE_ASCEND_BLEND_HOLES"] is False
+    assert values["LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"] == ()
+    assert values["VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE"] == 128
+    assert values["VLLM_PREFIX_CACHE_RETENTION_INTERVAL"] == "auto"
+    assert validate_all({"LMCACHE_ASCEND_BLEND_HOLES": "  "})["LMCACHE_ASCEND_BLEND_HOLES"] is False
+
+
+@pytest.mark.parametrize("raw, expected", [("1", True), ("TRUE", True), ("on", True), ("0", False), ("no", False)])
+def test_bool_spellings(raw, expected):
+    assert parse_flag("LMCACHE_ASCEND_SKIP_STATE_GROUPS", raw) is expected
+
+
+@pytest.mark.parametrize(
+    "name, raw, message",
+    [
+        ("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "2", "LMCACHE_ASCEND_SKIP_STATE_GROUPS='2' is not a boolean; allowed: 1/0"),
+        ("LMCACHE_ASCEND_TRANSFER_BACKEND", "cuda", "LMCACHE_ASCEND_TRANSFER_BACKEND='cuda' is not allowed; allowed: auto | triton | torch"),
+        ("VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE", "48", "VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE='48' is not allowed; allowed: 32 | 64 | 128"),
+        ("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "-16", "VLLM_PREFIX_CACHE_RETENTION_INTERVAL='-16' is not allowed; allowed: 'auto' or a positive integer"),
+        ("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "often", "'often' is not allowed"),
+        ("LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST", "C4AttnKVState,bad name", "'bad name' is not a name"),
+    ],
+)
+def test_bad_values_name_flag_value_and_what_is_allowed(name, raw, message):
+    with pytest.raises(FlagError, match=message.replace("(", r"\(").replace(")", r"\)").replace("|", r"\|")):
+        parse_flag(name, raw)
+
+
+def test_validate_all_reports_every_bad_flag_at_once():
+    with pytest.raises(FlagError) as caught:
+        validate_all({"LMCACHE_ASCEND_PATCHES": "x", "LMCACHE_ASCEND_TRANSFER_BACKEND": "y"})
+    assert "LMCACHE_ASCEND_PATCHES='x'" in str(caught.value)
+    assert "LMCACHE_ASCEND_TRANSFER_BACKEND='y'" in str(caught.value)
+
+
+def test_name_lists_and_star():
+    assert parse_flag("LMCACHE_ASCEND_DISABLED_PATCHES", " a-b , c.d ,,") == ("a-b", "c.d")
+    assert parse_flag("LMCACHE_ASCEND_DISABLED_PATCHES", "*") == ("*",)
+
+
+def test_retention_interval_values():
+    assert parse_flag("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "AUTO") == "auto"
+    assert parse_flag("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "512") == 512
+
+
+def test_unknown_flag_name_is_a_key_error():
+    with pytest.raises(KeyError, match="unknown lmcache-ascend flag"):
+        flag_value("LMCACHE_ASCEND_NOPE", {})
+
+
+def test_table_is_consistent():
+    names = [flag.name for flag in flag_table.FLAGS]
+    assert len(names) == len(set(names))
+    keys = [flag.lmcache_config_key for flag in flag_table.FLAGS if flag.lmcache_config_key]
+    assert len(keys) == len(set(keys))
+    for flag in flag_table.FLAGS:
+        assert parse_flag(flag.name, None) == flag.default
+        assert flag.help.strip()
