@@ -330,8 +330,11 @@ class Registry:
         done: list[str] = []
         try:
             for path in patch.attributes:
-                setattr(owners[path], split_attribute_path(path)[1], new_values[path])
+                attribute = split_attribute_path(path)[1]
+                setattr(owners[path], attribute, new_values[path])
                 done.append(path)
+                if attribute in TYPE_SLOT_ATTRIBUTES:
+                    _forget_abc_answers(record.originals[path], new_values[path])
         except Exception as error:
             for path in reversed(done):
                 _restore(owners[path], split_attribute_path(path)[1], record.originals[path])
@@ -448,11 +451,28 @@ def _same(current: object, ours: object) -> bool:
 
 
 def _restore(owner: object, attribute: str, original: object) -> None:
+    before = read_raw(owner, attribute) if attribute in TYPE_SLOT_ATTRIBUTES else None
     if original is MISSING:
         if attribute in vars(owner):
             delattr(owner, attribute)
     else:
         setattr(owner, attribute, original)
+    if before is not None:
+        _forget_abc_answers(before, original)
+
+
+def _forget_abc_answers(old_bases: tuple, new_bases: tuple) -> None:
+    """Clear the issubclass caches of every ABC a __bases__ change added or removed.
+
+    ABCMeta caches both answers: without this, ``isinstance(x, SupportsHMA)`` could
+    keep saying "no" after we add the base (if asked before) or "yes" after revert.
+    """
+    import abc
+
+    for base in set(old_bases) ^ set(new_bases):
+        for klass in getattr(base, "__mro__", ()):
+            if isinstance(klass, abc.ABCMeta):
+                klass._abc_caches_clear()
 
 
 def _short_trace() -> str:

@@ -334,7 +334,12 @@ def test_bases_can_be_extended_and_restored():
     connector_module = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector")
     connector = connector_module.LMCacheConnectorV1
 
-    class Mixin:
+    import abc
+
+    class AbcMixin(abc.ABC):  # like SupportsHMA: an ABC whose answers are cached
+        pass
+
+    class Mixin(AbcMixin):
         def lmcache_ascend_test_mixin(self):
             return "mixed"
 
@@ -347,11 +352,14 @@ def test_bases_can_be_extended_and_restored():
     )
     registry = Registry([patch])
     before = snapshot(connector)
+    assert not issubclass(connector, AbcMixin)  # fills the ABC's negative cache
     assert registry.apply_now("test-bases", DEFAULT_FLAGS) is State.APPLIED
     assert issubclass(connector, Mixin)
+    assert issubclass(connector, AbcMixin)  # no stale "no" from before the patch
     assert connector.lmcache_ascend_test_mixin(None) == "mixed"
     registry.revert("test-bases")
     assert not issubclass(connector, Mixin)
+    assert not issubclass(connector, AbcMixin)  # no stale "yes" after revert
     assert_identical(before, snapshot(connector))
 
 

@@ -1,0 +1,1 @@
+"""Device connectors lmcache-ascend swaps into LMCache (these modules import LMCache)."""

@@ -1,0 +1,126 @@
+"""Swap the multi-group connector into a registered LMCache engine (worker side).
+
+Called by the worker adapter patch right after vLLM registered its KV caches:
+decides whether LMCache's own connector can serve them, and if not plans the
+chunk buffer, registers the caches with `MultiGroupGPUConnector` and makes the
+engine use it (its metadata then allocates byte-format chunks).
+
+Imports LMCache-facing modules lazily; the decisions are the pure functions of
+`lmcache_ascend.kv_layout.registration`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Sequence
+
+from lmcache_ascend.kv_layout import LayoutError, SchedulerGroupGeometry
+from lmcache_ascend.kv_layout.registration import (
+    geometry_from_group_specs,
+    needs_multigroup_connector,
+    plan_kv_caches,
+    plane_groups_from_layer_names,
+)
+
+__all__ = ["install_multigroup_connector", "plan_for_engine"]
+
+logger = logging.getLogger(__name__)
+
+LAYOUT_ATTRIBUTE = "_ascend_multigroup_layout"  # set by the lmcache-adapter-multigroup patch
+METADATA_LAYOUT_ATTRIBUTE = "ascend_chunk_layout"  # read by the lmcache-metadata-chunk-bytes patch
+
+
+def _multigroup_layout(adapter: Any, kv_cache_config: Any) -> Any:
+    known = vars(adapter)
+    if LAYOUT_ATTRIBUTE in known:
+        return known[LAYOUT_ATTRIBUTE]
+    from lmcache_ascend.multigroup.connector_state import layout_for_connector
+
+    return layout_for_connector(kv_cache_config, adapter._block_size, getattr(adapter, "config", None))
+
+
+def plan_for_engine(
+    engine: Any,
+    kv_caches: Mapping[str, object],
+    plane_groups: Mapping[str, Sequence[int]],
+    geometry_by_group: Mapping[int, SchedulerGroupGeometry],
+    *,
+    bundle_multi_spec: bool,
+    flatten_multi_spec: bool,
+    backend: str | None = None,
+):
+    """Register `kv_caches` with a MultiGroupGPUConnector and make `engine` use it."""
+    from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
+
+    chunk_size = engine.config.chunk_size
+    layers, chunk_layout = plan_kv_caches(
+        kv_caches,
+        plane_groups,
+        geometry_by_group,
+        chunk_size,
+        bundle_multi_spec=bundle_multi_spec,
+        flatten_multi_spec=flatten_multi_spec,
+    )
+    connector = engine.gpu_connector
+    if not isinstance(connector, MultiGroupGPUConnector):
+        connector = MultiGroupGPUConnector(chunk_size, backend=backend)
+    connector.register(layers, chunk_layout)
+    engine.gpu_connector = connector
+    setattr(engine.metadata, METADATA_LAYOUT_ATTRIBUTE, chunk_layout)
+    logger.info(
+        "lmcache-ascend: %d layers in %d layer groups, %d bytes per %d-token chunk",
+        len(layers),
+        len(chunk_layout.layer_groups),
+        chunk_layout.full_plan.total_bytes,
+        chunk_size,
+    )
+    return connector
+
+
+def install_multigroup_connector(adapter: Any):
+    """After ``LMCacheConnectorV1Impl.register_kv_caches``: use our connector where needed.
+
+    Returns the connector in use when it is ours, None when LMCache's own stays.
+    """
+    from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
+    from lmcache_ascend.multigroup.connector_state import flag_or_config_value
+
+    engine = adapter.lmcache_engine
+    if engine is None:  # LMCache runs degraded (recompute); nothing to move
+        return None
+    kv_caches = adapter.kv_caches
+    kv_cache_config = getattr(getattr(adapter, "_parent", None), "_kv_cache_config", None)
+    layout = _multigroup_layout(adapter, kv_cache_config)
+    if kv_cache_config is not None and getattr(kv_cache_config, "kv_cache_groups", None):
+        plane_groups = plane_groups_from_layer_names(
+            [group.layer_names for group in kv_cache_config.kv_cache_groups], kv_caches
+        )
+    else:
+        plane_groups = {name: (0,) for name in kv_caches}
+    if layout is not None:
+        geometry = geometry_from_group_specs(layout.groups, layout.transferred)
+    else:
+        used = sorted({g for groups in plane_groups.values() for g in groups})
+        if used != [0]:
+            raise LayoutError(
+                f"KV caches map to scheduler groups {used} but no multi-group layout is known; "
+                "is the lmcache-adapter-multigroup patch applied?"
+            )
+        geometry = {0: SchedulerGroupGeometry(0)}
+    ours = isinstance(engine.gpu_connector, MultiGroupGPUConnector)
+    if not ours and not needs_multigroup_connector(kv_caches, plane_groups):
+        return None
+    if getattr(adapter, "use_layerwise", False):
+        raise LayoutError(
+            "LMCache use_layerwise=True cannot move multi-group / multi-plane KV caches (the layerwise "
+            "connectors handle one homogeneous layer set); set use_layerwise: false"
+        )
+    config = getattr(adapter, "config", None)
+    return plan_for_engine(
+        engine,
+        kv_caches,
+        plane_groups,
+        geometry,
+        bundle_multi_spec=bool(flag_or_config_value("LMCACHE_ASCEND_BUNDLE_MULTI_SPEC", config)),
+        flatten_multi_spec=bool(flag_or_config_value("LMCACHE_ASCEND_FLATTEN_MULTI_SPEC", config)),
+    )

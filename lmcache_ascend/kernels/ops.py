@@ -1,0 +1,149 @@
+"""Entry points of the transfer ops and the per-device backend choice."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from lmcache_ascend.flags import flag_value
+from lmcache_ascend.kernels.reference import reference_transfer
+from lmcache_ascend.kernels.spec import (
+    DEFAULT_REGION_ALIGNMENT,
+    PagedGroup,
+    PagedPlane,
+    PlaneSlots,
+    TransferError,
+    resolve_transfer,
+)
+
+__all__ = ["BACKENDS", "LaunchCounter", "launch_counter", "select_backend", "transfer_group", "transfer_layers"]
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("torch", "triton")
+
+
+@dataclass
+class LaunchCounter:
+    """How many transfers each backend ran (one Triton call = one kernel launch)."""
+
+    triton: int = 0
+    torch: int = 0
+
+    def reset(self) -> None:
+        self.triton = 0
+        self.torch = 0
+
+
+launch_counter = LaunchCounter()
+
+
+def _triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# Whether Triton can run on a device type, per (device type, interpreting):
+# answered once per process (importing Triton and probing its driver is slow).
+_triton_usable: dict[tuple[str, bool], bool] = {}
+
+
+def _triton_available_for(device: torch.device) -> bool:
+    key = (device.type, _triton_interpreting())
+    usable = _triton_usable.get(key)
+    if usable is None:
+        try:
+            from lmcache_ascend.kernels import triton_transfer
+        except ImportError:
+            usable = False
+        else:
+            usable = triton_transfer.supports_device(device)
+        _triton_usable[key] = usable
+    return usable
+
+
+def select_backend(device: torch.device, requested: str | None = None) -> str:
+    """The backend a transfer on `device` runs on.
+
+    `requested` (None = the LMCACHE_ASCEND_TRANSFER_BACKEND flag): "torch" always
+    gives the reference; "triton" gives Triton or raises if it cannot run there;
+    "auto" gives Triton on CUDA and on NPU (triton-ascend) when it is importable,
+    the reference elsewhere (CPU, or no Triton).
+    """
+    choice = flag_value("LMCACHE_ASCEND_TRANSFER_BACKEND") if requested is None else requested
+    if choice not in ("auto", *BACKENDS):
+        raise TransferError(f"backend={choice!r} is not allowed; allowed: auto, torch, triton")
+    if choice == "torch":
+        return "torch"
+    if device.type in ("cuda", "npu") or (device.type == "cpu" and _triton_interpreting()):
+        if _triton_available_for(device):
+            return "triton"
+    if choice == "triton":
+        raise TransferError(
+            f"backend 'triton' cannot run on device {device}: Triton needs a CUDA or NPU device "
+            "(triton-ascend on NPU), or TRITON_INTERPRET=1 on CPU"
+        )
+    if device.type in ("cuda", "npu"):
+        logger.warning("Triton is not usable on %s; transfers use the slower torch reference", device)
+    return "torch"
+
+
+def transfer_group(
+    group: PagedGroup,
+    slots: Sequence[PlaneSlots],
+    chunk: torch.Tensor,
+    *,
+    store: bool,
+    chunk_offset: int = 0,
+    alignment: int = DEFAULT_REGION_ALIGNMENT,
+    backend: str | None = None,
+) -> None:
+    """Move all planes of all layers of `group` between the paged caches and `chunk`.
+
+    `store=True`: paged -> chunk; False: chunk -> paged. One kernel launch on the
+    Triton backend. See the package docstring for the exact contract.
+    """
+    transfer = resolve_transfer(group, slots, chunk, store=store, chunk_offset=chunk_offset, alignment=alignment)
+    if select_backend(group.device, backend) == "triton":
+        from lmcache_ascend.kernels.triton_transfer import triton_transfer
+
+        triton_transfer(transfer)
+        launch_counter.triton += 1
+    else:
+        reference_transfer(transfer)
+        launch_counter.torch += 1
+
+
+def transfer_layers(
+    caches: Sequence[torch.Tensor],
+    slots: torch.Tensor,
+    chunk: torch.Tensor,
+    *,
+    store: bool,
+    block_size: int,
+    row_bytes: int,
+    start: int = 0,
+    count: int | None = None,
+    chunk_offset: int = 0,
+    alignment: int = DEFAULT_REGION_ALIGNMENT,
+    backend: str | None = None,
+) -> None:
+    """Multi-layer, single-plane transfer: layer l's rows at `slots` <-> its chunk region.
+
+    Shorthand for a one-plane `PagedGroup`; build the group once instead when the
+    same caches are moved repeatedly (it validates and caches their geometry).
+    With `alignment=1` the chunk is LMCache's dense [layers, tokens, row] layout.
+    """
+    group = PagedGroup((PagedPlane(tuple(caches), block_size, row_bytes, name="layers"),))
+    transfer_group(
+        group,
+        (PlaneSlots(slots, start, count),),
+        chunk,
+        store=store,
+        chunk_offset=chunk_offset,
+        alignment=alignment,
+        backend=backend,
+    )

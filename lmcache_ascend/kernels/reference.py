@@ -1,0 +1,80 @@
+"""Torch reference of the paged <-> chunk transfer: any device, byte exact.
+
+It is the contract's executable definition (the Triton kernel is tested against
+it) and the CPU path. It works on integer views of the tensors' own bytes (the
+widest of int64/int32/int16/uint8 that divides every size and offset involved),
+so every dtype (int8, fp8, bf16, ...) and every view into a shared blob is
+handled alike and moved bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lmcache_ascend.kernels.spec import ResolvedTransfer
+
+__all__ = ["reference_transfer"]
+
+_INTEGER_OF_WIDTH = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def _integer_width(*byte_quantities: int) -> int:
+    common = 0
+    for quantity in byte_quantities:
+        common = math.gcd(common, quantity)
+    return next(width for width in (8, 4, 2, 1) if common % width == 0)
+
+
+def _view(storage: torch.UntypedStorage, device: torch.device, width: int, offset_bytes: int,
+          shape: tuple[int, ...], stride_bytes: tuple[int, ...]) -> torch.Tensor:
+    """A tensor of `width`-byte integers over `storage` (offsets and strides given in bytes)."""
+    view = torch.empty(0, dtype=_INTEGER_OF_WIDTH[width], device=device)
+    return view.set_(storage, offset_bytes // width, shape, tuple(stride // width for stride in stride_bytes))
+
+
+def reference_transfer(transfer: ResolvedTransfer) -> None:
+    """Run one validated transfer (see `lmcache_ascend.kernels` for the contract)."""
+    group = transfer.group
+    layout = transfer.layout
+    chunk = transfer.chunk_bytes
+    chunk_storage = chunk.untyped_storage()
+    chunk_base = chunk.storage_offset() + transfer.chunk_offset
+    for plane_index, (plane, plane_slots) in enumerate(zip(group.planes, transfer.slots)):
+        count = plane_slots.count
+        if count == 0:
+            continue
+        slots = plane_slots.slots[plane_slots.start : plane_slots.start + count]
+        row_bytes = plane.row_bytes
+        block_size = plane.block_size
+        for layer in range(group.layer_count):
+            geometry = group.geometry[layer][plane_index]
+            valid = (slots >= 0) & (slots < geometry.num_blocks * block_size)
+            rows = torch.nonzero(valid).flatten()
+            if rows.numel() == 0:
+                continue
+            valid_slots = slots[rows]
+            region_start = chunk_base + layout.region_offset(layer, plane_index)
+            width = _integer_width(row_bytes, geometry.storage_offset_bytes, geometry.block_stride_bytes, region_start)
+            cache = plane.caches[layer]
+            region = _view(chunk_storage, chunk.device, width, region_start, (count, row_bytes // width),
+                           (row_bytes, width))
+            if geometry.block_stride_bytes == block_size * row_bytes:
+                # Blocks back to back: the cache is one run of rows, index it directly.
+                paged_rows = _view(cache.untyped_storage(), cache.device, width, geometry.storage_offset_bytes,
+                                   (geometry.num_blocks * block_size, row_bytes // width), (row_bytes, width))
+                if transfer.store:
+                    region.index_copy_(0, rows, paged_rows.index_select(0, valid_slots))
+                else:
+                    paged_rows.index_copy_(0, valid_slots, region.index_select(0, rows))
+                continue
+            paged = _view(cache.untyped_storage(), cache.device, width, geometry.storage_offset_bytes,
+                          (geometry.num_blocks, block_size, row_bytes // width),
+                          (geometry.block_stride_bytes, row_bytes, width))
+            blocks = torch.div(valid_slots, block_size, rounding_mode="floor")
+            in_block = valid_slots - blocks * block_size
+            if transfer.store:
+                region.index_copy_(0, rows, paged[blocks, in_block])
+            else:
+                paged.index_put_((blocks, in_block), region.index_select(0, rows))

@@ -1,0 +1,448 @@
+"""Typed description of a paged <-> chunk transfer, and its host-side validation.
+
+Everything a backend needs is checked and derived here, once, before any launch:
+the backends (torch reference, Triton) trust a `ResolvedTransfer` and do no
+checking of their own. Pure logic: torch only (tensors are the subject).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+__all__ = [
+    "DEFAULT_REGION_ALIGNMENT",
+    "ELEMENT_WIDTHS",
+    "MAX_PLANES",
+    "ChunkLayout",
+    "PagedGeometry",
+    "PagedGroup",
+    "PagedPlane",
+    "PlaneSlots",
+    "ResolvedTransfer",
+    "TransferError",
+    "align_up",
+    "chunk_layout",
+    "resolve_transfer",
+    "widest_element_width",
+]
+
+# Each plane's region in the chunk starts on this many bytes (so every region
+# can be moved with the widest vector load whatever the planes before it hold).
+DEFAULT_REGION_ALIGNMENT = 32
+# Upper bound on planes per layer: DSA-C8 has 4; the bound keeps per-launch
+# tables small and catches a caller passing layers where planes were meant.
+MAX_PLANES = 16
+# Widths (bytes) the kernels move per element, widest first. 8 is left out on
+# purpose: it is never better than 16 and never possible where 4 is not.
+ELEMENT_WIDTHS = (16, 4, 2, 1)
+# Row and slot arithmetic in the kernels is 32-bit: rows per cache and bytes per
+# chunk region stay below this.
+_INT32_LIMIT = 2**31
+
+
+class TransferError(ValueError):
+    """A transfer description or one of its tensors is outside the contract."""
+
+
+def align_up(value: int, alignment: int) -> int:
+    """Smallest multiple of `alignment` that is >= `value`."""
+    return -(-value // alignment) * alignment
+
+
+def widest_element_width(*byte_quantities: int) -> int:
+    """Widest of 16/4/2/1 bytes dividing every quantity (sizes, offsets, addresses)."""
+    common = 0
+    for quantity in byte_quantities:
+        common = math.gcd(common, int(quantity))
+    for width in ELEMENT_WIDTHS:
+        if common % width == 0:
+            return width
+    return 1
+
+
+def _positive_int(what: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise TransferError(f"{what}={value!r} is not allowed; allowed: an int > 0")
+    return value
+
+
+def _non_negative_int(what: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TransferError(f"{what}={value!r} is not allowed; allowed: an int >= 0")
+    return value
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """Where each (layer, plane) region lies in a group's part of the chunk buffer.
+
+    Per layer the planes follow one another; plane p's region is
+    `align_up(row_bytes[p] * region_rows[p], alignment)` bytes; the layer stride
+    is the sum of a layer's regions. Offsets are relative to the group's start.
+    """
+
+    row_bytes: tuple[int, ...]
+    region_rows: tuple[int, ...]
+    plane_offsets: tuple[int, ...]
+    plane_region_bytes: tuple[int, ...]
+    layer_stride: int
+    layer_count: int
+    alignment: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.layer_stride * self.layer_count
+
+    def region_offset(self, layer: int, plane: int) -> int:
+        """Byte offset of (layer, plane)'s region from the group's start."""
+        return layer * self.layer_stride + self.plane_offsets[plane]
+
+
+def chunk_layout(
+    row_bytes: Sequence[int],
+    region_rows: Sequence[int],
+    layer_count: int,
+    alignment: int = DEFAULT_REGION_ALIGNMENT,
+) -> ChunkLayout:
+    """The chunk layout of a group whose planes have these row sizes and row counts."""
+    _positive_int("layer_count", layer_count)
+    _positive_int("alignment", alignment)
+    if alignment & (alignment - 1):
+        raise TransferError(f"alignment={alignment} is not allowed; allowed: a power of two")
+    if len(row_bytes) != len(region_rows):
+        raise TransferError(
+            f"row_bytes has {len(row_bytes)} planes but region_rows has {len(region_rows)}; they must match"
+        )
+    if not 1 <= len(row_bytes) <= MAX_PLANES:
+        raise TransferError(f"plane count={len(row_bytes)} is not allowed; allowed: 1..{MAX_PLANES}")
+    offsets: list[int] = []
+    sizes: list[int] = []
+    cursor = 0
+    for plane, (width, rows) in enumerate(zip(row_bytes, region_rows)):
+        _positive_int(f"row_bytes[{plane}]", width)
+        _non_negative_int(f"region_rows[{plane}]", rows)
+        offsets.append(cursor)
+        size = align_up(width * rows, alignment)
+        sizes.append(size)
+        cursor += size
+    return ChunkLayout(
+        row_bytes=tuple(row_bytes),
+        region_rows=tuple(region_rows),
+        plane_offsets=tuple(offsets),
+        plane_region_bytes=tuple(sizes),
+        layer_stride=cursor,
+        layer_count=layer_count,
+        alignment=alignment,
+    )
+
+
+@dataclass(frozen=True)
+class PagedGeometry:
+    """One layer's tensor of one plane, in bytes (derived, validated)."""
+
+    address: int  # data_ptr() of the tensor itself: a view's own first byte
+    storage_offset_bytes: int  # the same place, counted from its storage's start
+    num_blocks: int
+    block_stride_bytes: int  # from one block to the next (>= block_size * row_bytes)
+
+    def byte_view(self, tensor: torch.Tensor, block_size: int, row_bytes: int) -> torch.Tensor:
+        """A uint8 (num_blocks, block_size, row_bytes) view of exactly the tensor's bytes."""
+        view = torch.empty(0, dtype=torch.uint8, device=tensor.device)
+        view.set_(
+            tensor.untyped_storage(),
+            self.storage_offset_bytes,
+            (self.num_blocks, block_size, row_bytes),
+            (self.block_stride_bytes, row_bytes, 1),
+        )
+        return view
+
+
+def _trailing_dims_contiguous(tensor: torch.Tensor) -> bool:
+    expected = 1
+    for size, stride in zip(reversed(tensor.shape[1:]), reversed(tensor.stride()[1:])):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _geometry(what: str, tensor: torch.Tensor, block_size: int, row_bytes: int) -> PagedGeometry:
+    if not isinstance(tensor, torch.Tensor):
+        raise TransferError(f"{what} is a {type(tensor).__name__}; allowed: a torch.Tensor")
+    if tensor.layout is not torch.strided or tensor.is_quantized:
+        raise TransferError(f"{what} has layout {tensor.layout}; allowed: a plain strided tensor")
+    if tensor.dtype.is_complex:
+        raise TransferError(f"{what} has dtype {tensor.dtype}; allowed: a real or integer dtype")
+    element = tensor.element_size()
+    if tensor.dim() < 2:
+        raise TransferError(
+            f"{what} has shape {tuple(tensor.shape)}; allowed: >= 2 dims, blocks first "
+            "(num_blocks, block_size, ...)"
+        )
+    if row_bytes % element:
+        raise TransferError(
+            f"{what}: row_bytes={row_bytes} is not a multiple of its {tensor.dtype} element size ({element})"
+        )
+    block_bytes = math.prod(tensor.shape[1:]) * element
+    if block_bytes != block_size * row_bytes:
+        raise TransferError(
+            f"{what} has shape {tuple(tensor.shape)} ({tensor.dtype}): {block_bytes} bytes per block, "
+            f"but block_size={block_size} x row_bytes={row_bytes} = {block_size * row_bytes}"
+        )
+    if not _trailing_dims_contiguous(tensor):
+        raise TransferError(
+            f"{what} has strides {tensor.stride()} for shape {tuple(tensor.shape)}: "
+            "each block's bytes must be contiguous (only the block dim may be strided)"
+        )
+    num_blocks = int(tensor.shape[0])
+    if num_blocks == 0:
+        raise TransferError(f"{what} has shape {tuple(tensor.shape)}: num_blocks=0; allowed: >= 1 block")
+    if num_blocks * block_size >= _INT32_LIMIT:
+        raise TransferError(
+            f"{what} has {num_blocks} blocks x block_size={block_size} rows; allowed: fewer than 2**31 rows"
+        )
+    block_stride_bytes = tensor.stride(0) * element if num_blocks > 1 else block_bytes
+    if block_stride_bytes < block_bytes:
+        raise TransferError(
+            f"{what}: block stride {block_stride_bytes} bytes is smaller than a block ({block_bytes} bytes); "
+            "blocks must not overlap"
+        )
+    return PagedGeometry(
+        address=tensor.data_ptr(),
+        storage_offset_bytes=tensor.storage_offset() * element,
+        num_blocks=num_blocks,
+        block_stride_bytes=block_stride_bytes,
+    )
+
+
+@dataclass(frozen=True)
+class PagedPlane:
+    """One plane of a layer group: per layer one paged tensor.
+
+    Each tensor is seen as `num_blocks` (its dim 0) blocks of `block_size` rows of
+    `row_bytes` bytes, rows one after another inside a block; only the block
+    dim may be strided (views into a shared blob are fine: the view's own
+    `data_ptr()` is used). Slot s is row `s % block_size` of block
+    `s // block_size`. The dtype does not matter beyond its element size.
+    """
+
+    caches: tuple[torch.Tensor, ...]
+    block_size: int
+    row_bytes: int
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.caches, torch.Tensor) or not isinstance(self.caches, Sequence):
+            raise TransferError(
+                f"plane {self.name!r}: caches is a {type(self.caches).__name__}; "
+                "allowed: a sequence of tensors, one per layer"
+            )
+        object.__setattr__(self, "caches", tuple(self.caches))
+        _positive_int(f"plane {self.name!r} block_size", self.block_size)
+        _positive_int(f"plane {self.name!r} row_bytes", self.row_bytes)
+        if not self.caches:
+            raise TransferError(f"plane {self.name!r} has 0 layers; allowed: >= 1 tensor")
+
+
+@dataclass(frozen=True)
+class PlaneSlots:
+    """Which paged rows one plane moves for one chunk.
+
+    Chunk row t (0 <= t < count) <-> paged slot `slots[start + t]`. Slots < 0
+    (vLLM's -1, or the null block) or >= num_blocks * block_size are skipped
+    in both directions. `region_rows` (default `count`) sizes the plane's region
+    in the chunk, so a partial last chunk can keep the full-chunk layout.
+    """
+
+    slots: torch.Tensor
+    start: int = 0
+    count: int | None = None
+    region_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.slots, torch.Tensor):
+            raise TransferError(f"slots is a {type(self.slots).__name__}; allowed: a 1-D int64 torch.Tensor")
+        _non_negative_int("start", self.start)
+        if self.count is None:
+            object.__setattr__(self, "count", max(self.slots.numel() - self.start, 0))
+        _non_negative_int("count", self.count)
+        if self.region_rows is None:
+            object.__setattr__(self, "region_rows", self.count)
+        _non_negative_int("region_rows", self.region_rows)
+
+
+@dataclass(frozen=True)
+class PagedGroup:
+    """A layer group: all planes of all its layers, moved by one launch.
+
+    Built once (at KV-cache registration); validation and per-tensor geometry
+    are computed here, and backends may cache device-side tables on it.
+    """
+
+    planes: tuple[PagedPlane, ...]
+    geometry: tuple[tuple[PagedGeometry, ...], ...] = field(init=False, repr=False, compare=False)
+    device: torch.device = field(init=False, repr=False, compare=False)
+    backend_cache: dict = field(init=False, repr=False, compare=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.planes, PagedPlane) or not isinstance(self.planes, Sequence):
+            raise TransferError(
+                f"planes is a {type(self.planes).__name__}; allowed: a sequence of PagedPlane"
+            )
+        planes = tuple(self.planes)
+        object.__setattr__(self, "planes", planes)
+        if not 1 <= len(planes) <= MAX_PLANES:
+            raise TransferError(f"plane count={len(planes)} is not allowed; allowed: 1..{MAX_PLANES}")
+        for index, plane in enumerate(planes):
+            if not isinstance(plane, PagedPlane):
+                raise TransferError(f"planes[{index}] is a {type(plane).__name__}; allowed: PagedPlane")
+        layer_counts = [len(plane.caches) for plane in planes]
+        if len(set(layer_counts)) != 1:
+            raise TransferError(f"planes have different layer counts {layer_counts}; all must be equal")
+        device = planes[0].caches[0].device if isinstance(planes[0].caches[0], torch.Tensor) else None
+        geometry = []
+        for layer in range(layer_counts[0]):
+            per_plane = []
+            for index, plane in enumerate(planes):
+                what = f"plane {index} ({plane.name or 'unnamed'}) layer {layer} cache"
+                tensor = plane.caches[layer]
+                per_plane.append(_geometry(what, tensor, plane.block_size, plane.row_bytes))
+                if tensor.device != device:
+                    raise TransferError(
+                        f"{what} is on {tensor.device} but plane 0 layer 0 is on {device}; "
+                        "all tensors of a transfer must be on one device"
+                    )
+            geometry.append(tuple(per_plane))
+        object.__setattr__(self, "geometry", tuple(geometry))
+        object.__setattr__(self, "device", device)
+
+    @property
+    def layer_count(self) -> int:
+        return len(self.planes[0].caches)
+
+    @property
+    def plane_count(self) -> int:
+        return len(self.planes)
+
+    def chunk_layout(
+        self, region_rows: Sequence[int], alignment: int = DEFAULT_REGION_ALIGNMENT
+    ) -> ChunkLayout:
+        """This group's chunk layout for the given rows per plane (memoized: one per chunk shape)."""
+        key = ("layout", tuple(region_rows), alignment)
+        layout = self.backend_cache.get(key)
+        if layout is None:
+            if len(self.backend_cache) > 256:  # bounded: chunk shapes are few in practice
+                self.backend_cache.clear()
+            layout = chunk_layout([plane.row_bytes for plane in self.planes], region_rows, self.layer_count, alignment)
+            self.backend_cache[key] = layout
+        return layout
+
+
+@dataclass(frozen=True)
+class ResolvedTransfer:
+    """A validated launch: what every backend consumes."""
+
+    group: PagedGroup
+    slots: tuple[PlaneSlots, ...]
+    chunk_bytes: torch.Tensor  # flat uint8 view of the whole chunk buffer
+    chunk_offset: int  # where this group's part starts, in bytes
+    layout: ChunkLayout
+    store: bool
+
+
+def _chunk_as_bytes(chunk: torch.Tensor) -> torch.Tensor:
+    if not isinstance(chunk, torch.Tensor):
+        raise TransferError(f"chunk is a {type(chunk).__name__}; allowed: a contiguous torch.Tensor")
+    if chunk.layout is not torch.strided or not chunk.is_contiguous():
+        raise TransferError(
+            f"chunk has shape {tuple(chunk.shape)} strides {chunk.stride()}; allowed: a contiguous tensor"
+        )
+    if chunk.dtype == torch.uint8 and chunk.dim() == 1:
+        return chunk  # already flat bytes (the common case: no new view per call)
+    flat = torch.empty(0, dtype=torch.uint8, device=chunk.device)
+    flat.set_(
+        chunk.untyped_storage(),
+        chunk.storage_offset() * chunk.element_size(),
+        (chunk.numel() * chunk.element_size(),),
+        (1,),
+    )
+    return flat
+
+
+def resolve_transfer(
+    group: PagedGroup,
+    slots: Sequence[PlaneSlots],
+    chunk: torch.Tensor,
+    *,
+    store: bool,
+    chunk_offset: int = 0,
+    alignment: int = DEFAULT_REGION_ALIGNMENT,
+) -> ResolvedTransfer:
+    """Check a launch against the contract; raise TransferError naming the bad input."""
+    if not isinstance(group, PagedGroup):
+        raise TransferError(f"group is a {type(group).__name__}; allowed: PagedGroup")
+    if not isinstance(store, bool):
+        raise TransferError(f"store={store!r} is not allowed; allowed: True (paged -> chunk) or False")
+    if isinstance(slots, PlaneSlots):
+        slots = (slots,)
+    slots = tuple(slots)
+    if len(slots) != group.plane_count:
+        raise TransferError(
+            f"got {len(slots)} PlaneSlots for a group of {group.plane_count} planes; need one per plane"
+        )
+    for index, plane_slots in enumerate(slots):
+        if not isinstance(plane_slots, PlaneSlots):
+            raise TransferError(f"slots[{index}] is a {type(plane_slots).__name__}; allowed: PlaneSlots")
+        tensor = plane_slots.slots
+        if tensor.dtype != torch.int64:
+            raise TransferError(f"slots[{index}] has dtype {tensor.dtype}; allowed: torch.int64 (use .long())")
+        if tensor.dim() != 1 or (tensor.numel() > 1 and tensor.stride(0) != 1):
+            raise TransferError(
+                f"slots[{index}] has shape {tuple(tensor.shape)} strides {tensor.stride()}; "
+                "allowed: a contiguous 1-D tensor"
+            )
+        if tensor.device != group.device:
+            raise TransferError(
+                f"slots[{index}] is on {tensor.device} but the caches are on {group.device}; "
+                "all tensors of a transfer must be on one device"
+            )
+        if plane_slots.start + plane_slots.count > tensor.numel():
+            raise TransferError(
+                f"slots[{index}]: start={plane_slots.start} + count={plane_slots.count} exceeds its "
+                f"{tensor.numel()} entries"
+            )
+        if plane_slots.region_rows * group.planes[index].row_bytes >= _INT32_LIMIT:
+            raise TransferError(
+                f"slots[{index}]: region_rows={plane_slots.region_rows} x row_bytes="
+                f"{group.planes[index].row_bytes} is 2 GiB or more; allowed: a region below 2**31 bytes"
+            )
+        if plane_slots.region_rows < plane_slots.count:
+            raise TransferError(
+                f"slots[{index}]: region_rows={plane_slots.region_rows} < count={plane_slots.count}; "
+                "the region must hold every moved row"
+            )
+    chunk_bytes = _chunk_as_bytes(chunk)
+    if chunk_bytes.device != group.device:
+        raise TransferError(
+            f"chunk is on {chunk_bytes.device} but the caches are on {group.device}; "
+            "all tensors of a transfer must be on one device"
+        )
+    _non_negative_int("chunk_offset", chunk_offset)
+    layout = group.chunk_layout([s.region_rows for s in slots], alignment)
+    if chunk_offset + layout.total_bytes > chunk_bytes.numel():
+        raise TransferError(
+            f"chunk holds {chunk_bytes.numel()} bytes but chunk_offset={chunk_offset} + the group's "
+            f"{layout.total_bytes} bytes ({layout.layer_count} layers x {layout.layer_stride}) do not fit"
+        )
+    return ResolvedTransfer(
+        group=group,
+        slots=slots,
+        chunk_bytes=chunk_bytes,
+        chunk_offset=chunk_offset,
+        layout=layout,
+        store=store,
+    )

@@ -1,0 +1,158 @@
+"""The byte layout of one LMCache chunk: every layer group and plane in one flat buffer.
+
+Order: layer groups one after another; inside a group, layer after layer; inside
+a layer, plane after plane.  Each plane region holds `rows` slot rows of
+`row_bytes` and is rounded up to 32 bytes, so every region starts 32-byte
+aligned (vector loads on both Triton and Ascend need it).  A group's layer stride
+is the sum of its plane regions, so one launch addresses layer ``l`` plane ``p``
+at ``group_offset + l * layer_stride + plane_offset[p]``.
+
+Rows per plane depend on the plane's scheduler group:
+- plain: one row per token of the chunk;
+- compressed (compress ratio r): ``ceil(tokens / r)`` rows;
+- sliding window w: only the chunk's tail, ``w // r`` rows at most (not the whole chunk).
+
+Offsets are computed once per chunk length (full chunks share one plan), with
+the kernels' own `chunk_layout`, so planner and kernels cannot disagree.
+
+Pure logic: torch only, no vLLM / LMCache.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from lmcache_ascend.kernels.spec import ChunkLayout as KernelChunkLayout
+from lmcache_ascend.kernels.spec import chunk_layout as kernel_chunk_layout
+from lmcache_ascend.kv_layout.formats import LayoutError
+from lmcache_ascend.kv_layout.groups import LayerGroup, SchedulerGroupGeometry
+
+__all__ = [
+    "REGION_ALIGNMENT",
+    "ChunkBufferPlan",
+    "ChunkLayout",
+    "GroupRegion",
+    "RowWindow",
+    "row_window",
+]
+
+REGION_ALIGNMENT = 32
+
+
+@dataclass(frozen=True)
+class RowWindow:
+    """Which rows of a scheduler group's slot mapping a chunk moves: [first, first + count)."""
+
+    first: int
+    count: int
+
+
+def row_window(geometry: SchedulerGroupGeometry, start: int, end: int) -> RowWindow:
+    """Rows of `geometry`'s slot mapping covering tokens [start, end) of the request."""
+    ratio = geometry.compress_ratio
+    if start % ratio:
+        raise LayoutError(
+            f"scheduler group {geometry.group_id}: chunk start {start} is not a multiple of "
+            f"compress_ratio={ratio}"
+        )
+    first = start // ratio
+    last = -(-end // ratio)
+    if geometry.sliding_window is not None:
+        first = max(first, last - geometry.sliding_window // ratio)
+    return RowWindow(first, last - first)
+
+
+def rows_per_chunk(geometry: SchedulerGroupGeometry, num_tokens: int) -> int:
+    return row_window(geometry, 0, num_tokens).count
+
+
+@dataclass(frozen=True)
+class GroupRegion:
+    """Where one layer group lives in the chunk buffer; `layout` is relative to `byte_offset`."""
+
+    layer_group: int
+    byte_offset: int
+    layout: KernelChunkLayout
+
+    @property
+    def byte_size(self) -> int:
+        return self.layout.total_bytes
+
+    @property
+    def plane_rows(self) -> tuple[int, ...]:
+        return self.layout.region_rows
+
+    def plane_byte_offset(self, layer: int, plane: int) -> int:
+        return self.byte_offset + self.layout.region_offset(layer, plane)
+
+
+@dataclass(frozen=True)
+class ChunkBufferPlan:
+    num_tokens: int
+    regions: tuple[GroupRegion, ...]
+    total_bytes: int
+
+
+class ChunkLayout:
+    """Plans of chunk buffers for a fixed set of layer groups (one per chunk length, cached)."""
+
+    def __init__(
+        self,
+        layer_groups: Sequence[LayerGroup],
+        geometry_by_group: Mapping[int, SchedulerGroupGeometry],
+        chunk_size: int,
+    ):
+        if chunk_size <= 0:
+            raise LayoutError(f"chunk_size={chunk_size} must be a positive int")
+        if not layer_groups:
+            raise LayoutError("no layer group to plan: every registered plane was skipped or none was registered")
+        for group in layer_groups:
+            for scheduler_group in group.scheduler_groups:
+                geometry = geometry_by_group[scheduler_group]
+                if chunk_size % geometry.compress_ratio:
+                    raise LayoutError(
+                        f"chunk_size={chunk_size} is not a multiple of compress_ratio="
+                        f"{geometry.compress_ratio} of scheduler group {scheduler_group}; chunks would split rows"
+                    )
+        self.layer_groups = tuple(layer_groups)
+        self.geometry_by_group = dict(geometry_by_group)
+        self.chunk_size = chunk_size
+        self._plans: dict[int, ChunkBufferPlan] = {}
+        self.full_plan = self.plan(chunk_size)
+
+    def plan(self, num_tokens: int) -> ChunkBufferPlan:
+        if not 0 < num_tokens <= self.chunk_size:
+            raise LayoutError(f"chunk length {num_tokens} must be in 1..chunk_size={self.chunk_size}")
+        cached = self._plans.get(num_tokens)
+        if cached is not None:
+            return cached
+        offset = 0
+        regions = []
+        for group in self.layer_groups:
+            rows = [
+                rows_per_chunk(self.geometry_by_group[identity.scheduler_group], num_tokens)
+                for identity in group.planes
+            ]
+            layout = kernel_chunk_layout(
+                [identity.row_bytes for identity in group.planes], rows, group.num_layers, REGION_ALIGNMENT
+            )
+            regions.append(GroupRegion(group.index, offset, layout))
+            offset += layout.total_bytes
+        plan = ChunkBufferPlan(num_tokens, tuple(regions), offset)
+        self._plans[num_tokens] = plan
+        return plan
+
+    def memory_shape(self, num_tokens: int) -> tuple[int, int, int, int]:
+        """LMCache memory-object shape for a chunk: uint8 [1, 1, tokens, bytes per token, rounded up].
+
+        LMCache reads the token count from dim 2 (KV_2LTD), so the flat buffer is
+        presented as `num_tokens` rows; the rounding wastes fewer than
+        `num_tokens` bytes per chunk.
+        """
+        total = self.plan(num_tokens).total_bytes
+        return (1, 1, num_tokens, max(1, math.ceil(total / num_tokens)))
+
+    def scheduler_groups_in_use(self) -> tuple[int, ...]:
+        return tuple(sorted({g for group in self.layer_groups for g in group.scheduler_groups}))

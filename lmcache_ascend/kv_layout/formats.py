@@ -1,0 +1,323 @@
+"""Detect the KV-cache format of one layer from the tensors vLLM registers.
+
+A layer's KV cache arrives as one tensor or as a tuple of tensors ("planes").
+Whatever the format, the transfer path only needs, per plane, a byte view of
+shape ``[num_blocks * block_size, row_bytes]`` whose row ``s`` is the paged row
+of slot ``s``.  This module finds those planes, checks the paging geometry and
+names the format, so that layout errors surface at registration with the layer
+name and the offending shape instead of as a wrong copy later.
+
+Planes that are dtype views of one storage blob (vllm-ascend keeps, e.g., an int8
+indexer K and its scale inside one int8 allocation) are folded into a single
+byte plane: the view covering the most bytes carries the paging geometry, the
+others must lie inside its rows, and the blob's bytes are moved once.
+
+Pure logic: torch only, no vLLM / LMCache.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+__all__ = [
+    "KVFormat",
+    "LayerLayout",
+    "LayoutError",
+    "PlaneLayout",
+    "detect_layer_layout",
+]
+
+
+class LayoutError(ValueError):
+    """A registered KV cache has a shape or placement the transfer path cannot serve."""
+
+
+class KVFormat(enum.Enum):
+    MERGED = "merged"  # one tensor, K and V in a leading dimension of 2
+    SEPARATE = "separate"  # (K, V) of equal shapes and dtypes
+    MLA = "mla"  # one latent tensor, or a pair of one dtype with different shapes
+    DSA = "dsa"  # three planes of one paging geometry (latent, rope, indexer K)
+    DSA_C8 = "dsa-c8"  # four planes of mixed dtypes (int8 caches plus their scales)
+    MULTI_PLANE = "multi-plane"  # planes with different geometry / dtype / scheduler group
+
+
+# Formats that LMCache's own in-process connector understands; with
+# LMCACHE_ASCEND_FLATTEN_MULTI_SPEC=0 ("legacy") only these are accepted.
+LEGACY_FORMATS = frozenset({KVFormat.MERGED, KVFormat.SEPARATE, KVFormat.MLA})
+
+
+@dataclass(frozen=True)
+class PlaneLayout:
+    """Paging geometry of one plane: the bytes moved per slot and where they live."""
+
+    layer_name: str
+    # Index of the geometry-carrying tensor in the registered tuple (0 for a bare tensor;
+    # for MERGED, 0 is K and 1 is V).
+    plane_index: int
+    scheduler_group: int
+    dtype: torch.dtype
+    num_blocks: int
+    block_size: int
+    row_bytes: int  # bytes moved per slot
+    row_stride_bytes: int  # distance between consecutive slots' rows
+    # Registered tuple indices of other views whose bytes travel inside these rows.
+    folded_plane_indices: tuple[int, ...] = ()
+
+    @property
+    def num_rows(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    layer_name: str
+    format: KVFormat
+    planes: tuple[PlaneLayout, ...]
+    # uint8 views [num_rows, row_bytes] of each plane's paged rows (same order as planes).
+    paged_rows: tuple[torch.Tensor, ...] = field(compare=False, repr=False)
+
+    @property
+    def scheduler_groups(self) -> tuple[int, ...]:
+        return tuple(plane.scheduler_group for plane in self.planes)
+
+
+def _tensors_of(layer_name: str, kv_cache: object) -> list[torch.Tensor]:
+    if isinstance(kv_cache, torch.Tensor):
+        return [kv_cache]
+    if isinstance(kv_cache, (tuple, list)):
+        if not kv_cache:
+            raise LayoutError(f"layer {layer_name!r}: the KV cache is an empty {type(kv_cache).__name__}")
+        for index, item in enumerate(kv_cache):
+            if not isinstance(item, torch.Tensor):
+                raise LayoutError(
+                    f"layer {layer_name!r}: plane {index} is a {type(item).__name__}, expected a torch.Tensor"
+                )
+        return list(kv_cache)
+    raise LayoutError(
+        f"layer {layer_name!r}: the KV cache is a {type(kv_cache).__name__}; "
+        "expected a torch.Tensor or a tuple of tensors"
+    )
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    num_blocks: int
+    block_size: int
+    row_bytes: int
+    row_stride_bytes: int
+    first_byte: int  # storage offset of row 0
+
+
+def _paging_geometry(layer_name: str, index: int, tensor: torch.Tensor) -> _Geometry:
+    """Geometry of a plane shaped [num_blocks, block_size, ...] whose slot rows are dense."""
+    where = f"layer {layer_name!r} plane {index} (shape {tuple(tensor.shape)}, dtype {tensor.dtype})"
+    if tensor.ndim < 2:
+        raise LayoutError(f"{where}: expected dims [num_blocks, block_size, ...]")
+    num_blocks, block_size = int(tensor.shape[0]), int(tensor.shape[1])
+    if num_blocks <= 0 or block_size <= 0:
+        raise LayoutError(f"{where}: num_blocks and block_size must be > 0")
+    item = tensor.element_size()
+    inner = tensor[0, 0]
+    if not inner.is_contiguous():
+        raise LayoutError(
+            f"{where}: the bytes of one slot are not contiguous (strides {tensor.stride()}); "
+            "head-major (HND) paged layouts are not supported"
+        )
+    row_bytes = inner.numel() * item
+    row_stride = tensor.stride(1) * item
+    block_stride = tensor.stride(0) * item
+    if block_size > 1 and row_stride < row_bytes:
+        raise LayoutError(f"{where}: slot rows overlap (row stride {row_stride} B < row bytes {row_bytes} B)")
+    if block_size == 1:
+        row_stride = block_stride
+    if num_blocks > 1 and block_stride != block_size * row_stride:
+        raise LayoutError(
+            f"{where}: blocks are not evenly packed (block stride {block_stride} B, "
+            f"expected block_size * row stride = {block_size * row_stride} B)"
+        )
+    return _Geometry(num_blocks, block_size, row_bytes, row_stride, tensor.storage_offset() * item)
+
+
+def _rows_view(tensor: torch.Tensor, geometry: _Geometry) -> torch.Tensor:
+    """uint8 [num_rows, row_bytes] view over the storage of `tensor`."""
+    storage_bytes = torch.empty(0, dtype=torch.uint8, device=tensor.device)
+    storage_bytes.set_(tensor.untyped_storage())
+    return storage_bytes.as_strided(
+        (geometry.num_blocks * geometry.block_size, geometry.row_bytes),
+        (geometry.row_stride_bytes, 1),
+        geometry.first_byte,
+    )
+
+
+@dataclass
+class _Plane:
+    indices: list[int]  # registered indices folded here; indices[0] carries the geometry
+    tensor: torch.Tensor
+    geometry: _Geometry
+    scheduler_group: int
+    # Byte window of row 0 covered by all folded views: [low, high).
+    low: int = 0
+    high: int = 0
+
+    def span(self) -> tuple[int, int]:
+        rows = self.geometry.num_blocks * self.geometry.block_size
+        return self.low, self.low + (rows - 1) * self.geometry.row_stride_bytes + (self.high - self.low)
+
+
+def _fold_views(layer_name: str, tensors: list[torch.Tensor], groups: list[int]) -> list[_Plane]:
+    """One plane per storage region; a dtype view sharing another view's slot rows is folded in."""
+    by_storage: dict[int, list[int]] = {}
+    for index, tensor in enumerate(tensors):
+        by_storage.setdefault(tensor.untyped_storage().data_ptr(), []).append(index)
+    planes: list[_Plane] = []
+    for indices in by_storage.values():
+        # Widest view first: it carries the paging geometry of the blob.
+        order = sorted(indices, key=lambda i: (-tensors[i].numel() * tensors[i].element_size(), i))
+        members: list[_Plane] = []
+        for index in order:
+            tensor = tensors[index]
+            geometry = _paging_geometry(layer_name, index, tensor)
+            host = None
+            for plane in members:
+                same_paging = (
+                    (geometry.num_blocks, geometry.block_size, geometry.row_stride_bytes)
+                    == (plane.geometry.num_blocks, plane.geometry.block_size, plane.geometry.row_stride_bytes)
+                )
+                low = min(plane.low, geometry.first_byte)
+                high = max(plane.high, geometry.first_byte + geometry.row_bytes)
+                if same_paging and high - low <= geometry.row_stride_bytes:
+                    host = plane
+                    break
+            if host is None:
+                candidate = _Plane(
+                    [index], tensor, geometry, groups[index], geometry.first_byte, geometry.first_byte + geometry.row_bytes
+                )
+                mine = candidate.span()
+                for plane in members:
+                    other = plane.span()
+                    if mine[0] < other[1] and other[0] < mine[1]:
+                        raise LayoutError(
+                            f"layer {layer_name!r}: plane {index} (shape {tuple(tensor.shape)}, dtype {tensor.dtype}) "
+                            f"overlaps plane {plane.indices[0]} in one storage blob without sharing its slot rows "
+                            f"(same [num_blocks, block_size] = [{plane.geometry.num_blocks}, "
+                            f"{plane.geometry.block_size}] and slot stride {plane.geometry.row_stride_bytes} B)"
+                        )
+                members.append(candidate)
+                continue
+            if groups[index] != host.scheduler_group:
+                raise LayoutError(
+                    f"layer {layer_name!r}: planes {host.indices[0]} and {index} are views of one storage blob "
+                    f"but map to scheduler groups {host.scheduler_group} and {groups[index]}"
+                )
+            host.indices.append(index)
+            host.low = min(host.low, geometry.first_byte)
+            host.high = max(host.high, geometry.first_byte + geometry.row_bytes)
+        planes.extend(members)
+    for plane in planes:
+        geometry = plane.geometry
+        plane.geometry = _Geometry(
+            geometry.num_blocks, geometry.block_size, plane.high - plane.low, geometry.row_stride_bytes, plane.low
+        )
+    planes.sort(key=lambda plane: plane.indices[0])
+    return planes
+
+
+def _classify(tensors: list[torch.Tensor], planes: list[_Plane]) -> KVFormat:
+    count = len(tensors)
+    geometries = {(plane.geometry.num_blocks, plane.geometry.block_size) for plane in planes}
+    one_group = len({plane.scheduler_group for plane in planes}) == 1
+    dtypes = {tensor.dtype for tensor in tensors}
+    uniform = one_group and len(geometries) == 1 and len(planes) == count
+    if count == 2 and uniform and len(dtypes) == 1:
+        return KVFormat.SEPARATE if tensors[0].shape == tensors[1].shape else KVFormat.MLA
+    if count == 3 and uniform:
+        return KVFormat.DSA
+    if count == 4 and uniform and len(dtypes) > 1:
+        return KVFormat.DSA_C8
+    return KVFormat.MULTI_PLANE
+
+
+def detect_layer_layout(
+    layer_name: str,
+    kv_cache: object,
+    plane_groups: Sequence[int],
+    *,
+    flatten_multi_spec: bool = True,
+) -> LayerLayout:
+    """The format and planes of one registered layer.
+
+    `plane_groups` names the scheduler KV-cache group of each registered tensor
+    (one entry applies to all of them).  With `flatten_multi_spec` off (legacy
+    handling, as LMCache's own connector) only MERGED, SEPARATE and MLA layers of
+    one scheduler group are accepted; anything else is rejected here.
+    """
+    tensors = _tensors_of(layer_name, kv_cache)
+    groups = list(plane_groups)
+    if len(groups) == 1:
+        groups = groups * len(tensors)
+    if len(groups) != len(tensors) or not groups:
+        raise LayoutError(
+            f"layer {layer_name!r}: {len(plane_groups)} scheduler groups given for {len(tensors)} planes; "
+            "give one group for all planes or one per plane"
+        )
+    for group in groups:
+        if not isinstance(group, int) or group < 0:
+            raise LayoutError(f"layer {layer_name!r}: scheduler group {group!r} must be an int >= 0")
+    devices = {tensor.device for tensor in tensors}
+    if len(devices) > 1:
+        raise LayoutError(f"layer {layer_name!r}: planes live on different devices {sorted(map(str, devices))}")
+
+    if len(tensors) == 1:
+        tensor = tensors[0]
+        if tensor.ndim == 5 and tensor.shape[0] == 2:
+            fmt = KVFormat.MERGED
+            halves = [tensor[0], tensor[1]]
+            planes = [
+                _Plane([index], half, _paging_geometry(layer_name, index, half), groups[0])
+                for index, half in enumerate(halves)
+            ]
+        elif tensor.ndim in (3, 4):
+            fmt = KVFormat.MLA
+            planes = [_Plane([0], tensor, _paging_geometry(layer_name, 0, tensor), groups[0])]
+        else:
+            raise LayoutError(
+                f"layer {layer_name!r}: a single KV tensor of shape {tuple(tensor.shape)} is neither "
+                "MERGED [2, num_blocks, block_size, heads, head_size] nor MLA [num_blocks, block_size, (1,) dim]"
+            )
+    else:
+        planes = _fold_views(layer_name, tensors, groups)
+        fmt = _classify(tensors, planes)
+
+    if not flatten_multi_spec and fmt not in LEGACY_FORMATS:
+        raise LayoutError(
+            f"layer {layer_name!r}: {fmt.value} KV cache with {len(tensors)} planes (shapes "
+            f"{[tuple(t.shape) for t in tensors]}, dtypes {[str(t.dtype) for t in tensors]}) needs "
+            "LMCACHE_ASCEND_FLATTEN_MULTI_SPEC=1; the legacy handling (=0) accepts only "
+            "merged, separate and MLA layers"
+        )
+    if not flatten_multi_spec and len(set(groups)) > 1:
+        raise LayoutError(
+            f"layer {layer_name!r}: planes map to scheduler groups {groups}; the legacy handling "
+            "(LMCACHE_ASCEND_FLATTEN_MULTI_SPEC=0) needs one group per layer"
+        )
+
+    layouts = tuple(
+        PlaneLayout(
+            layer_name=layer_name,
+            plane_index=plane.indices[0],
+            scheduler_group=plane.scheduler_group,
+            dtype=plane.tensor.dtype,
+            num_blocks=plane.geometry.num_blocks,
+            block_size=plane.geometry.block_size,
+            row_bytes=plane.geometry.row_bytes,
+            row_stride_bytes=plane.geometry.row_stride_bytes,
+            folded_plane_indices=tuple(plane.indices[1:]),
+        )
+        for plane in planes
+    )
+    views = tuple(_rows_view(plane.tensor, plane.geometry) for plane in planes)
+    return LayerLayout(layer_name, fmt, layouts, views)

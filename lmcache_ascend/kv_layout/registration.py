@@ -1,0 +1,131 @@
+"""From vLLM's registered KV caches and scheduler groups to a chunk layout.
+
+`plan_kv_caches` runs once at registration: it detects every layer's format,
+groups layers, and computes the chunk-buffer plan, so every layout error is
+raised there, naming the layer.  `needs_multigroup_connector` tells whether
+LMCache's own connector can serve the caches (one scheduler group, plain
+formats, CUDA) or ours must.
+
+Pure logic: torch and lmcache_ascend only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+import torch
+
+from lmcache_ascend.kv_layout.chunk_plan import ChunkLayout
+from lmcache_ascend.kv_layout.formats import KVFormat, LayerLayout, LayoutError, detect_layer_layout
+from lmcache_ascend.kv_layout.groups import SchedulerGroupGeometry, build_layer_groups
+
+__all__ = [
+    "geometry_from_group_specs",
+    "needs_multigroup_connector",
+    "plan_kv_caches",
+    "plane_groups_from_layer_names",
+]
+
+
+def geometry_from_group_specs(
+    group_specs: Iterable[Any], transferred: Sequence[bool] | None = None
+) -> dict[int, SchedulerGroupGeometry]:
+    """Scheduler-group geometry from `lmcache_ascend.multigroup.specs.KVGroupSpec`s.
+
+    `transferred[g]` False drops group g's planes from the plan (state groups
+    under the skip policy); None keeps every group.
+    """
+    geometry = {}
+    for position, spec in enumerate(group_specs):
+        keep = True if transferred is None else bool(transferred[position])
+        geometry[spec.group_index] = SchedulerGroupGeometry(
+            group_id=spec.group_index,
+            compress_ratio=spec.compress_ratio,
+            sliding_window=spec.sliding_window,
+            transferred=keep,
+        )
+    return geometry
+
+
+def plane_groups_from_layer_names(
+    layer_names_by_group: Sequence[Sequence[str]], kv_caches: Mapping[str, object]
+) -> dict[str, tuple[int, ...]]:
+    """Scheduler group of each registered plane, from vLLM's per-group layer names.
+
+    A layer listed by one group maps all its planes there.  A layer listed by k
+    groups must register k planes; plane i belongs to the i-th of those groups
+    (vLLM's group order).  An unlisted layer sharing a listed layer's cache (vLLM
+    KV sharing) takes that layer's groups; its bytes then move once.
+    """
+    listed: dict[str, list[int]] = {}
+    for group, names in enumerate(layer_names_by_group):
+        for name in names:
+            listed.setdefault(name, []).append(group)
+    def first_address(cache: object) -> int | None:
+        first = cache[0] if isinstance(cache, (tuple, list)) and cache else cache
+        return first.data_ptr() if isinstance(first, torch.Tensor) else None
+
+    # vLLM KV sharing registers a layer that reuses another layer's cache without
+    # listing it in any group: it follows the layer whose tensor it shares.
+    groups_by_address = {
+        first_address(cache): tuple(listed[name]) for name, cache in kv_caches.items() if name in listed
+    }
+    plane_groups: dict[str, tuple[int, ...]] = {}
+    for name, cache in kv_caches.items():
+        groups = listed.get(name) or groups_by_address.get(first_address(cache))
+        if not groups:
+            raise LayoutError(
+                f"layer {name!r} has a registered KV cache but no scheduler KV-cache group lists it "
+                "(nor does it share the cache of a listed layer)"
+            )
+        count = len(cache) if isinstance(cache, (tuple, list)) else 1
+        if len(groups) > 1 and len(groups) != count:
+            raise LayoutError(
+                f"layer {name!r} is listed by scheduler groups {groups} but registers {count} planes; "
+                "a layer in k groups needs k planes"
+            )
+        plane_groups[name] = tuple(groups)
+    return plane_groups
+
+
+def plan_kv_caches(
+    kv_caches: Mapping[str, object],
+    plane_groups: Mapping[str, Sequence[int]],
+    geometry_by_group: Mapping[int, SchedulerGroupGeometry],
+    chunk_size: int,
+    *,
+    bundle_multi_spec: bool = True,
+    flatten_multi_spec: bool = True,
+) -> tuple[tuple[LayerLayout, ...], ChunkLayout]:
+    """Detect, group and plan; every layout error surfaces here."""
+    if not kv_caches:
+        raise LayoutError("no KV caches were registered")
+    layers = []
+    for name, cache in kv_caches.items():
+        groups = plane_groups.get(name)
+        if groups is None:
+            raise LayoutError(f"layer {name!r}: no scheduler group given for its planes")
+        layers.append(detect_layer_layout(name, cache, groups, flatten_multi_spec=flatten_multi_spec))
+    layer_groups = build_layer_groups(layers, geometry_by_group, bundle_multi_spec=bundle_multi_spec)
+    return tuple(layers), ChunkLayout(layer_groups, geometry_by_group, chunk_size)
+
+
+def needs_multigroup_connector(
+    kv_caches: Mapping[str, object], plane_groups: Mapping[str, Sequence[int]]
+) -> bool:
+    """True unless LMCache's own connector serves the caches: one scheduler group,
+    merged / separate / single-tensor MLA layers of one dtype and shape, on CUDA."""
+    groups = {group for planes in plane_groups.values() for group in planes}
+    if len(groups) > 1:
+        return True
+    shapes = set()
+    for name, cache in kv_caches.items():
+        layer = detect_layer_layout(name, cache, plane_groups.get(name, (0,)), flatten_multi_spec=True)
+        tensors = [cache] if isinstance(cache, torch.Tensor) else list(cache)
+        single_latent = layer.format is KVFormat.MLA and len(tensors) == 1
+        if layer.format not in (KVFormat.MERGED, KVFormat.SEPARATE) and not single_latent:
+            return True
+        if any(tensor.device.type != "cuda" for tensor in tensors):
+            return True
+        shapes.add(tuple((tuple(t.shape), t.dtype) for t in tensors))
+    return len(shapes) > 1

@@ -1,0 +1,95 @@
+"""Connector-level decisions for multi-group mode (pure; no vLLM/LMCache import).
+
+Reads the state-skip flags (environment first, then the LMCache config keys
+registered from the flag table, as LMCache does: env wins), checks the
+settings multi-group mode depends on, and builds the layout once per
+connector.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from lmcache_ascend.flags import get_flag, parse_flag
+from lmcache_ascend.multigroup.specs import MultiGroupLayout, layout_from_kv_cache_config
+from lmcache_ascend.multigroup.state_skip import StateGroupPolicy, policy_from_values
+
+__all__ = [
+    "MultiGroupConfigError",
+    "check_chunk_size",
+    "check_discard_partial_chunks",
+    "check_native_adapter",
+    "flag_or_config_value",
+    "layout_for_connector",
+    "policy_for_config",
+]
+
+
+class MultiGroupConfigError(ValueError):
+    """The connector's configuration cannot serve a multi-group model."""
+
+
+def flag_or_config_value(flag_name: str, lmcache_config: Any) -> object:
+    """A flag's value: the environment if set, else the LMCache config key, else the default."""
+    flag = get_flag(flag_name)
+    raw = os.environ.get(flag_name)
+    if raw is not None and raw.strip() != "":
+        return parse_flag(flag_name, raw)
+    if flag.lmcache_config_key is not None and lmcache_config is not None:
+        value = getattr(lmcache_config, flag.lmcache_config_key, None)
+        if value is not None:
+            if isinstance(value, str):
+                return parse_flag(flag_name, value)
+            if isinstance(value, list):
+                return tuple(value)
+            return value
+    return flag.default
+
+
+def policy_for_config(lmcache_config: Any) -> StateGroupPolicy:
+    return policy_from_values(
+        flag_or_config_value("LMCACHE_ASCEND_SKIP_STATE_GROUPS", lmcache_config),
+        flag_or_config_value("LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST", lmcache_config),
+    )
+
+
+def check_discard_partial_chunks(layout: MultiGroupLayout, discard_partial_chunks: bool) -> None:
+    """Multi-group stores need whole chunks: a partial chunk's compressed and
+    sliding-window rows are not final until the chunk is complete."""
+    if layout.is_multi_group and not discard_partial_chunks:
+        raise MultiGroupConfigError(
+            f"a model with {layout.num_groups} KV-cache groups needs discard_partial_chunks: "
+            "set kv_connector_extra_config 'discard_partial_chunks': true, or leave LMCache's "
+            "'save_unfull_chunk' at false (it is true now)"
+        )
+
+
+def check_native_adapter(use_native: bool, group_count: int) -> None:
+    """vLLM's bundled ("native") copy of the LMCache adapter keeps only group 0's
+    blocks: with more groups it would store and load a fraction of the KV and say
+    nothing, so it is refused before any engine starts."""
+    if use_native and group_count > 1:
+        raise MultiGroupConfigError(
+            f"kv_connector_extra_config use_native=True selects vLLM's bundled LMCache adapter, "
+            f"which keeps only KV-cache group 0, but this model has {group_count} KV-cache groups; "
+            "remove use_native (LMCache's own adapter, patched by lmcache-ascend, handles every group)"
+        )
+
+
+def check_chunk_size(layout: MultiGroupLayout, chunk_size: int) -> None:
+    """Every compressed row must sit inside one LMCache chunk."""
+    for group, keep in zip(layout.groups, layout.transferred):
+        if keep and chunk_size % group.compress_ratio:
+            raise MultiGroupConfigError(
+                f"LMCache chunk_size={chunk_size} is not a multiple of compress_ratio="
+                f"{group.compress_ratio} of KV-cache group {group.group_index} "
+                f"({group.spec_class_name}); choose a chunk_size divisible by every compress ratio"
+            )
+
+
+def layout_for_connector(kv_cache_config: Any, vllm_block_size: int, lmcache_config: Any) -> MultiGroupLayout | None:
+    """The connector's layout, or None when vLLM gave no KVCacheConfig (legacy single group)."""
+    if kv_cache_config is None:
+        return None
+    return layout_from_kv_cache_config(kv_cache_config, vllm_block_size, policy_for_config(lmcache_config))

@@ -1,0 +1,87 @@
+"""Per-request block IDs of every KV-cache group.
+
+LMCache's ``RequestTracker`` keeps ``block_ids[0]`` only; this tracker keeps
+one list per group and follows vLLM's scheduler outputs: a new request brings
+its full block table, a running request appends the newly allocated blocks of
+each group, and a request resumed after preemption brings a fresh table that
+replaces the old one. Block id 0 is vLLM's null block (a hole, e.g. a
+sliding-window block that fell out of the window); it is kept in place so that
+block positions stay aligned with token positions.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+__all__ = ["NULL_BLOCK_ID", "GroupBlockTracker", "normalize_group_block_ids"]
+
+# vLLM's BlockPool reserves block 0 as the null block.
+NULL_BLOCK_ID = 0
+
+
+def normalize_group_block_ids(
+    block_ids: Sequence[Sequence[int] | None] | None, num_groups: int, what: str
+) -> tuple[Sequence[int], ...]:
+    """vLLM's per-group block ids as a tuple of `num_groups` sequences.
+
+    None (nothing new) and per-group None become empty; a flat list of ints
+    (vLLM < 0.9, single group) is accepted only when there is one group.
+    """
+    if block_ids is None or len(block_ids) == 0:
+        return ((),) * num_groups
+    first = block_ids[0]
+    if isinstance(first, int):
+        if num_groups != 1:
+            raise ValueError(
+                f"{what}: got a flat list of {len(block_ids)} block ids but the model has "
+                f"{num_groups} KV-cache groups; expected one list per group"
+            )
+        return (block_ids,)  # type: ignore[return-value]
+    if len(block_ids) != num_groups:
+        raise ValueError(
+            f"{what}: got block ids for {len(block_ids)} KV-cache groups, expected {num_groups}"
+        )
+    return tuple(() if ids is None else ids for ids in block_ids)
+
+
+class GroupBlockTracker:
+    """Block IDs per KV-cache group of one request (list per group, in order)."""
+
+    __slots__ = ("block_ids_by_group", "slot_row_caches")
+
+    def __init__(self, block_ids_by_group: list[list[int]]) -> None:
+        self.block_ids_by_group = block_ids_by_group
+        # Per-group caches of slot rows derived from the block ids (owned by
+        # `lmcache_ascend.multigroup.slots`); valid while blocks are only
+        # appended, dropped when the table is replaced.
+        self.slot_row_caches: list[object | None] = [None] * len(block_ids_by_group)
+
+    @classmethod
+    def for_new_request(
+        cls, block_ids: Sequence[Sequence[int] | None] | None, num_groups: int
+    ) -> "GroupBlockTracker":
+        groups = normalize_group_block_ids(block_ids, num_groups, "new request block_ids")
+        return cls([list(ids) for ids in groups])
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.block_ids_by_group)
+
+    def append_new_blocks(self, new_block_ids: Sequence[Sequence[int] | None] | None) -> None:
+        """A running request was scheduled again: append each group's new blocks."""
+        groups = normalize_group_block_ids(new_block_ids, self.num_groups, "new_block_ids")
+        for tracked, new in zip(self.block_ids_by_group, groups):
+            if new:
+                tracked.extend(new)
+
+    def reset_after_preemption(self, block_ids: Sequence[Sequence[int] | None] | None) -> None:
+        """A preempted request resumed: its old blocks are gone, the new table replaces them."""
+        groups = normalize_group_block_ids(block_ids, self.num_groups, "resumed request block_ids")
+        self.block_ids_by_group = [list(ids) for ids in groups]
+        self.slot_row_caches = [None] * len(self.block_ids_by_group)
+
+    def num_blocks_by_group(self) -> tuple[int, ...]:
+        return tuple(len(ids) for ids in self.block_ids_by_group)
+
+    def __repr__(self) -> str:
+        return f"GroupBlockTracker(blocks per group={list(self.num_blocks_by_group())})"

@@ -1,0 +1,64 @@
+"""Backport ``BlockPool.free_blocks(..., prepend=)`` to vLLM releases without it.
+
+What: ``free_blocks`` takes ``prepend``; with ``prepend=True`` the blocks that
+become free go to the FRONT of the free queue (reused first) instead of the
+back. The default (``False``) is the original behaviour, untouched.
+Why: callers free uncached scratch blocks with ``prepend=True`` and cached
+blocks normally, so scratch churn does not evict prefix-cache entries.
+Mirrors: vLLM 0.23 ``BlockPool.free_blocks(ordered_blocks, prepend=False)``.
+Delete when: the oldest supported vLLM is >= 0.23.
+Needs `vllm-free-queue-prepend` (``prepend_n``); building fails clearly without it.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
+
+
+def _has_prepend_parameter(module) -> bool:
+    return "prepend" in inspect.signature(module.BlockPool.free_blocks).parameters
+
+
+def _build(ctx: PatchContext) -> dict[str, object]:
+    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
+
+    if not hasattr(FreeKVCacheBlockQueue, "prepend_n"):
+        raise RuntimeError("FreeKVCacheBlockQueue.prepend_n is missing: apply vllm-free-queue-prepend first")
+    original_free_blocks = ctx.original_function("BlockPool.free_blocks")
+
+    def free_blocks(self, ordered_blocks, prepend: bool = False) -> None:
+        if not prepend:
+            original_free_blocks(self, ordered_blocks)
+            return
+        blocks = list(ordered_blocks)
+        # The original appends the blocks that reach ref_cnt 0; move exactly
+        # those to the front, in the same order.
+        original_free_blocks(self, blocks)
+        queue = self.free_block_queue
+        now_free = [block for block in blocks if block.ref_cnt == 0 and not block.is_null]
+        for block in now_free:
+            queue.remove(block)
+        queue.prepend_n(now_free)
+
+    return {"BlockPool.free_blocks": free_blocks}
+
+
+PATCH = Patch(
+    name="vllm-block-pool-free-prepend",
+    target="vllm.v1.core.block_pool",
+    attributes=("BlockPool.free_blocks",),
+    kind=PatchKind.WRAP,
+    requires={"vllm": ">=0.18.0"},
+    guard=UpstreamGuard(
+        probe=_has_prepend_parameter,
+        fixed_if_source_contains=("free_block_queue.prepend_n(",),
+        unfixed_if_source_contains=("def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:",),
+    ),
+    build=_build,
+    summary="BlockPool.free_blocks(..., prepend=True) puts newly free blocks at the front of the free queue",
+    why="uncached scratch blocks are reused first, cached blocks last, so the prefix cache survives",
+    mirrors="vLLM 0.23 BlockPool.free_blocks(prepend=) (sliding-window prefix-cache retention work)",
+    delete_when="the oldest supported vLLM is >= 0.23",
+)

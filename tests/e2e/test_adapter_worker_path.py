@@ -1,0 +1,242 @@
+"""The whole in-process path on CPU: scheduler metadata -> patched worker adapter -> engine -> caches.
+
+Scheduler side: LMCache's real ``LMCacheConnectorV1Impl`` with the
+``lmcache-adapter-multigroup`` patch builds ``ReqMeta`` objects carrying
+per-group slot mappings (driven by `tests.multigroup.scheduler_driver`).
+Worker side: another real ``LMCacheConnectorV1Impl`` (worker state set the
+way upstream's ``_init_connector_state`` sets it; LMCache's service manager,
+which would start network services, is replaced by its two members the worker
+uses) with the worker patches; its engine is a real ``LMCacheEngine`` whose
+connector comes from the patched ``CreateGPUConnector``. ``wait_for_save``
+stores a 3-chunk prompt from random DeepSeek-V4-like caches;
+``start_load_kv`` loads it into zeroed caches; every byte is checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import types
+
+import pytest
+import torch
+
+from lmcache_ascend.patches import State, registry
+from tests.fixtures.kv_cache_configs import dsv4_ascend_kv_cache_config
+from tests.fixtures.kv_caches import assert_bytes_equal, dsv4_ascend_kv_caches, expected_after_roundtrip
+from tests.multigroup.scheduler_driver import RequestDriver, make_connector_impl
+
+CHUNK = 256
+PROMPT_TOKENS = 3 * CHUNK + 32  # the partial last chunk is not stored
+PATCHES = (
+    "lmcache-adapter-multigroup",
+    "lmcache-metadata-chunk-bytes",
+    "lmcache-gpu-connector-npu",
+    "lmcache-adapter-worker-multigroup",
+)
+# Block ids per scheduler group (11 groups). Group 0's first block is vLLM's null block.
+BLOCK_IDS = (
+    [0, 5],
+    [3],
+    [7, 2, 5, 1, 6, 4, 3],
+    [6, 2],
+    [1, 2, 3, 4, 5, 6, 7],
+    [1, 2, 3, 4, 5, 6, 7],
+    [1, 2, 3, 4, 5, 6, 7],
+    [1, 2, 3, 4, 5, 6, 7],
+    [4],
+    [1, 2, 3, 4, 5, 6, 7],
+    [1, 2, 3, 4, 5, 6, 7],
+)
+
+
+@pytest.fixture(scope="module")
+def pipeline_group():
+    """vLLM's pipeline-parallel group of one rank (wait_for_save asks whether it is the last stage)."""
+    import torch.distributed as dist
+    from vllm.distributed import parallel_state
+
+    if parallel_state._PP is not None:
+        yield
+        return
+    started = not dist.is_initialized()
+    if started:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
+    parallel_state._PP = parallel_state.GroupCoordinator(
+        group_ranks=[[0]], local_rank=0, torch_distributed_backend="gloo", use_device_communicator=False, group_name="pp"
+    )
+    yield
+    parallel_state._PP = None
+    if started:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def patches():
+    for name in PATCHES:
+        assert registry.apply_now(name) is State.APPLIED, (name, registry.record(name).reason)
+    yield
+    for name in reversed(PATCHES):
+        registry.revert(name)
+
+
+def _engine():
+    from lmcache.utils import EngineType
+    from lmcache.v1 import gpu_connector as factory
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.metadata import LMCacheMetadata
+
+    from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
+
+    config = LMCacheEngineConfig.from_defaults(
+        chunk_size=CHUNK, local_cpu=True, max_local_cpu_size=0.05, lmcache_instance_id="ascend-adapter-e2e"
+    )
+    metadata = LMCacheMetadata(
+        model_name="dsv4-like", world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
+        kv_dtype=torch.bfloat16, kv_shape=(1, 1, CHUNK, 1, 1), chunk_size=CHUNK,
+    )
+    connector = factory.CreateGPUConnector(config, metadata, EngineType.VLLM)
+    assert isinstance(connector, MultiGroupGPUConnector)  # CPU build: LMCache has no connector of its own
+    engine = LMCacheEngineBuilder.get_or_create("ascend-adapter-e2e", config, metadata, connector, None, None)
+    return config, engine
+
+
+def _worker(fixture, config, engine):
+    from lmcache.integration.vllm.lmcache_connector_v1 import LMCacheConnectorV1Dynamic
+    from lmcache.integration.vllm.vllm_v1_adapter import LMCacheConnectorV1Impl
+    from lmcache.observability import LMCStatsMonitor
+
+    parent = object.__new__(LMCacheConnectorV1Dynamic)
+    parent._kv_cache_config = fixture.kv_cache_config
+    worker = object.__new__(LMCacheConnectorV1Impl)
+    parent._lmcache_engine = worker
+    worker._parent = parent
+    worker.config = config
+    worker._manager = types.SimpleNamespace(lmcache_engine=engine, post_init=engine.post_init)
+    worker.kv_role = "kv_both"
+    worker.use_layerwise = False
+    worker.enable_blending = False
+    worker.async_loading = False
+    worker.kv_caches = {}
+    worker.device = "cpu"
+    worker._block_size = fixture.vllm_block_size
+    worker._lmcache_chunk_size = CHUNK
+    worker._discard_partial_chunks = True
+    worker.current_layer = 0
+    worker.layerwise_retrievers = []
+    worker._layerwise_save_storers = {}
+    worker._stats_monitor = LMCStatsMonitor.GetOrCreate()
+    worker._invalid_block_ids = set()
+    worker.force_skip_save = False
+    return worker
+
+
+def _forward_context():
+    from vllm.forward_context import ForwardContext
+
+    required = {
+        field.name: ({} if field.name != "virtual_engine" else 0)
+        for field in dataclasses.fields(ForwardContext)
+        if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+    }
+    return ForwardContext(**required)
+
+
+def test_wait_for_save_then_start_load_kv_round_trips_every_group(patches, pipeline_group):
+    from lmcache.integration.vllm.vllm_v1_adapter import LMCacheConnectorMetadata, LoadSpec
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
+    from lmcache_ascend.multigroup.slots import REQ_META_ATTRIBUTE, raw_slot_mapping_for_group
+
+    fixture = dsv4_ascend_kv_cache_config()
+    scheduler = make_connector_impl(fixture, chunk_size=CHUNK)
+    driver = RequestDriver(scheduler, "req-0", list(range(1000, 1000 + PROMPT_TOKENS)))
+    store_meta = driver.start(PROMPT_TOKENS, BLOCK_IDS)
+    (request,) = store_meta.requests
+    group_slots = getattr(request, REQ_META_ATTRIBUTE)
+    assert group_slots is not None and len(group_slots.slot_mappings) == 11
+
+    config, engine = _engine()
+    try:
+        source = dsv4_ascend_kv_caches("random", seed=3)
+        saver = _worker(fixture, config, engine)
+        saver.register_kv_caches(source.kv_caches)
+        assert isinstance(engine.gpu_connector, MultiGroupGPUConnector)
+        saver._parent._connector_metadata = store_meta
+        saver.wait_for_save()
+        assert engine.gpu_connector.launches == 3 * 5  # 3 chunks x 5 layer groups
+
+        target = dsv4_ascend_kv_caches("zeros")
+        loader = _worker(fixture, config, engine)
+        loader.register_kv_caches(target.kv_caches)
+        load_request = dataclasses.replace(
+            request, save_spec=None, load_spec=LoadSpec(vllm_cached_tokens=0, lmcache_cached_tokens=3 * CHUNK, can_load=True)
+        )
+        setattr(load_request, REQ_META_ATTRIBUTE, group_slots)
+        loader._parent._connector_metadata = LMCacheConnectorMetadata(requests=[load_request])
+        loader.start_load_kv(_forward_context())
+        assert loader._invalid_block_ids == set()
+
+        layout = loader._ascend_multigroup_layout if "_ascend_multigroup_layout" in vars(loader) else None
+        if layout is None:
+            from lmcache_ascend.multigroup.connector_state import layout_for_connector
+
+            layout = layout_for_connector(fixture.kv_cache_config, fixture.vllm_block_size, config)
+        slots = {
+            group: raw_slot_mapping_for_group(layout.groups[group], list(ids), PROMPT_TOKENS)
+            for group, ids in enumerate(BLOCK_IDS)
+        }
+        expected = expected_after_roundtrip(
+            source, dsv4_ascend_kv_caches("zeros"), slots, layout, fixture.kv_cache_config, 3 * CHUNK, CHUNK
+        )
+        assert_bytes_equal(target.storages, expected)
+    finally:
+        LMCacheEngineBuilder.destroy("ascend-adapter-e2e")
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected_layer_groups"),
+    [({}, 5), ({"LMCACHE_ASCEND_BUNDLE_MULTI_SPEC": "0"}, 11), ({"LMCACHE_ASCEND_FLATTEN_MULTI_SPEC": "0"}, None)],
+    ids=["bundled", "exploded", "legacy"],
+)
+def test_register_honours_bundle_and_flatten_flags(patches, monkeypatch, environ, expected_layer_groups):
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from lmcache_ascend.kv_layout import LayoutError
+
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    fixture = dsv4_ascend_kv_cache_config()
+    config, engine = _engine()
+    try:
+        worker = _worker(fixture, config, engine)
+        if expected_layer_groups is None:
+            # Legacy handling rejects multi-plane layers at registration, naming the layer and the flag.
+            with pytest.raises(LayoutError, match="layers.c128_attn.0.*LMCACHE_ASCEND_FLATTEN_MULTI_SPEC=1"):
+                worker.register_kv_caches(dsv4_ascend_kv_caches("zeros").kv_caches)
+        else:
+            worker.register_kv_caches(dsv4_ascend_kv_caches("zeros").kv_caches)
+            assert len(engine.gpu_connector.layout.layer_groups) == expected_layer_groups
+    finally:
+        LMCacheEngineBuilder.destroy("ascend-adapter-e2e")
+
+
+def test_layerwise_mode_is_rejected_at_registration(patches):
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from lmcache_ascend.kv_layout import LayoutError
+
+    fixture = dsv4_ascend_kv_cache_config()
+    config, engine = _engine()
+    try:
+        worker = _worker(fixture, config, engine)
+        worker.use_layerwise = True
+        with pytest.raises(LayoutError, match="use_layerwise=True cannot move multi-group"):
+            worker.register_kv_caches(dsv4_ascend_kv_caches("zeros").kv_caches)
+    finally:
+        LMCacheEngineBuilder.destroy("ascend-adapter-e2e")

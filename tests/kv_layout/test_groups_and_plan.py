@@ -1,0 +1,166 @@
+"""Layer grouping (bundled / exploded, scheduler-group identity, skipped groups) and chunk plans."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmcache_ascend.kv_layout import (
+    REGION_ALIGNMENT,
+    ChunkLayout,
+    LayoutError,
+    RowWindow,
+    SchedulerGroupGeometry,
+    build_layer_groups,
+    detect_layer_layout,
+    row_window,
+)
+from lmcache_ascend.kv_layout.registration import needs_multigroup_connector, plane_groups_from_layer_names
+
+GEOMETRY = {
+    0: SchedulerGroupGeometry(0),
+    1: SchedulerGroupGeometry(1, compress_ratio=4),
+    2: SchedulerGroupGeometry(2, compress_ratio=4),  # same shape as 1, other block-ID namespace
+    3: SchedulerGroupGeometry(3, sliding_window=16),
+    4: SchedulerGroupGeometry(4, transferred=False),  # a skipped state group
+}
+
+
+def _layers(specs):
+    return [detect_layer_layout(name, cache, groups) for name, cache, groups in specs]
+
+
+def test_identical_shapes_in_two_scheduler_groups_never_merge():
+    layers = _layers(
+        [
+            ("a", torch.zeros(4, 8, 16), [1]),
+            ("b", torch.zeros(4, 8, 16), [2]),
+            ("c", torch.zeros(4, 8, 16), [1]),
+        ]
+    )
+    groups = build_layer_groups(layers, GEOMETRY)
+    assert [g.member_names for g in groups] == [("a", "c"), ("b",)]
+    assert [g.scheduler_groups for g in groups] == [(1,), (2,)]
+
+
+def test_layout_identity_splits_row_bytes_block_size_and_dtype():
+    layers = _layers(
+        [
+            ("a", torch.zeros(4, 8, 16), [0]),
+            ("b", torch.zeros(4, 8, 8), [0]),  # other row bytes
+            ("c", torch.zeros(4, 4, 16), [0]),  # other block size
+            ("d", torch.zeros(4, 8, 16, dtype=torch.bfloat16), [0]),  # other dtype (and row bytes)
+            ("e", torch.zeros(9, 8, 16), [0]),  # other block count only: same group
+        ]
+    )
+    groups = build_layer_groups(layers, GEOMETRY)
+    assert [g.member_names for g in groups] == [("a", "e"), ("b",), ("c",), ("d",)]
+
+
+def test_bundled_keeps_a_layer_in_one_group_exploded_splits_its_planes():
+    def multi_plane():
+        return (torch.zeros(4, 8, 16), torch.zeros(4, 2, 4), torch.zeros(6, 8, 2, dtype=torch.int8))
+
+    specs = [("l0", multi_plane(), [0, 1, 3]), ("l1", multi_plane(), [0, 1, 3])]
+    bundled = build_layer_groups(_layers(specs), GEOMETRY, bundle_multi_spec=True)
+    assert len(bundled) == 1 and bundled[0].num_planes == 3 and bundled[0].member_names == ("l0", "l1")
+    exploded = build_layer_groups(_layers(specs), GEOMETRY, bundle_multi_spec=False)
+    assert [g.member_names for g in exploded] == [("l0#p0", "l1#p0"), ("l0#p1", "l1#p1"), ("l0#p2", "l1#p2")]
+    assert all(g.num_planes == 1 for g in exploded)
+
+
+def test_planes_of_skipped_groups_are_dropped_and_empty_layers_vanish():
+    specs = [("l0", (torch.zeros(4, 8, 16), torch.zeros(4, 8, 4)), [0, 4]), ("state", torch.zeros(4, 8, 4), [4])]
+    groups = build_layer_groups(_layers(specs), GEOMETRY)
+    assert len(groups) == 1 and groups[0].scheduler_groups == (0,) and groups[0].member_names == ("l0",)
+
+
+def test_unknown_scheduler_group_is_an_error():
+    with pytest.raises(LayoutError, match="maps to scheduler group 7, which is not among the registered groups"):
+        build_layer_groups(_layers([("l", torch.zeros(4, 8, 16), [7])]), GEOMETRY)
+
+
+def test_kv_sharing_moves_shared_bytes_once():
+    shared = torch.zeros(4, 8, 16)
+    groups = build_layer_groups(_layers([("a", shared, [0]), ("b", shared, [0])]), GEOMETRY)
+    assert [g.member_names for g in groups] == [("a",)]
+
+
+def test_row_window_compressed_and_sliding_window():
+    assert row_window(SchedulerGroupGeometry(0), 256, 512) == RowWindow(256, 256)
+    assert row_window(SchedulerGroupGeometry(0, compress_ratio=4), 256, 510) == RowWindow(64, 64)  # ceil(254/4)
+    assert row_window(SchedulerGroupGeometry(0, sliding_window=128), 256, 512) == RowWindow(384, 128)
+    assert row_window(SchedulerGroupGeometry(0, compress_ratio=128, sliding_window=128), 256, 512) == RowWindow(3, 1)
+    assert row_window(SchedulerGroupGeometry(0, sliding_window=128), 512, 600) == RowWindow(512, 88)  # short chunk
+    with pytest.raises(LayoutError, match="chunk start 2 is not a multiple of compress_ratio=4"):
+        row_window(SchedulerGroupGeometry(0, compress_ratio=4), 2, 10)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"compress_ratio": 0}, "compress_ratio=0 must be a positive int"),
+        ({"compress_ratio": 4, "sliding_window": 2}, "sliding_window=2 must be a positive multiple"),
+        ({"compress_ratio": 4, "sliding_window": 6}, "sliding_window=6 must be a positive multiple"),
+    ],
+)
+def test_scheduler_geometry_is_validated(kwargs, message):
+    with pytest.raises(LayoutError, match=message):
+        SchedulerGroupGeometry(0, **kwargs)
+
+
+def test_chunk_plan_regions_are_aligned_packed_and_sized_per_group():
+    specs = [
+        ("full", torch.zeros(4, 8, 3, dtype=torch.int8), [0]),  # 3-byte rows: regions need padding
+        ("c4", (torch.zeros(4, 8, 16), torch.zeros(4, 8, 1, dtype=torch.float16)), [1]),
+        ("swa", torch.zeros(4, 8, 5, dtype=torch.int8), [3]),
+    ]
+    layout = ChunkLayout(build_layer_groups(_layers(specs), GEOMETRY), GEOMETRY, chunk_size=64)
+    plan = layout.full_plan
+    assert [r.plane_rows for r in plan.regions] == [(64,), (16, 16), (16,)]
+    cursor = 0
+    for region in plan.regions:
+        assert region.byte_offset == cursor and region.byte_offset % REGION_ALIGNMENT == 0
+        for plane, rows in enumerate(region.plane_rows):
+            assert region.plane_byte_offset(0, plane) % REGION_ALIGNMENT == 0
+            assert region.layout.plane_region_bytes[plane] >= rows * region.layout.row_bytes[plane]
+            assert region.layout.plane_region_bytes[plane] - rows * region.layout.row_bytes[plane] < REGION_ALIGNMENT
+        cursor += region.byte_size
+    assert plan.total_bytes == cursor == 192 + (16 * 64 + 32) + 96
+    # A short last chunk gets its own plan (computed once, then cached).
+    short = layout.plan(10)
+    assert [r.plane_rows for r in short.regions] == [(10,), (3, 3), (10,)]
+    assert layout.plan(10) is short and layout.plan(64) is plan
+    shape = layout.memory_shape(10)
+    assert shape[:3] == (1, 1, 10) and 0 <= shape[3] * 10 - short.total_bytes < 10
+
+
+def test_chunk_plan_errors():
+    groups = build_layer_groups(_layers([("c4", torch.zeros(4, 8, 16), [1])]), GEOMETRY)
+    with pytest.raises(LayoutError, match="chunk_size=6 is not a multiple of compress_ratio=4"):
+        ChunkLayout(groups, GEOMETRY, chunk_size=6)
+    with pytest.raises(LayoutError, match="no layer group to plan"):
+        ChunkLayout((), GEOMETRY, chunk_size=8)
+    layout = ChunkLayout(groups, GEOMETRY, chunk_size=8)
+    with pytest.raises(LayoutError, match="chunk length 9 must be in 1..chunk_size=8"):
+        layout.plan(9)
+
+
+def test_plane_groups_from_layer_names():
+    caches = {"a": torch.zeros(2, 2, 2), "b": (torch.zeros(2, 2, 2), torch.zeros(2, 2, 2))}
+    assert plane_groups_from_layer_names([["a", "b"], ["b"]], caches) == {"a": (0,), "b": (0, 1)}
+    with pytest.raises(LayoutError, match="no scheduler KV-cache group lists it"):
+        plane_groups_from_layer_names([["a"]], caches)
+    shared = {"a": caches["a"], "a_shared": caches["a"]}  # vLLM KV sharing: unlisted, same tensor
+    assert plane_groups_from_layer_names([["a"]], shared) == {"a": (0,), "a_shared": (0,)}
+    with pytest.raises(LayoutError, match="listed by scheduler groups \\[0, 1\\] but registers 1 planes"):
+        plane_groups_from_layer_names([["a"], ["a", "b"]], caches)
+
+
+def test_which_caches_need_the_multigroup_connector():
+    merged = {"l0": torch.zeros(2, 4, 8, 1, 8), "l1": torch.zeros(2, 4, 8, 1, 8)}
+    one_group = {"l0": (0,), "l1": (0,)}
+    assert needs_multigroup_connector(merged, one_group)  # CPU: LMCache has no connector here
+    assert needs_multigroup_connector(merged, {"l0": (0,), "l1": (1,)})
+    dsa = {"l0": (torch.zeros(4, 8, 16), torch.zeros(4, 8, 4), torch.zeros(4, 8, 2))}
+    assert needs_multigroup_connector(dsa, {"l0": (0,)})

@@ -1,0 +1,305 @@
+"""Pure multi-group logic: specs, state policy, tracker, slicing, slot mappings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lmcache_ascend.multigroup.connector_state import (
+    MultiGroupConfigError,
+    check_chunk_size,
+    check_discard_partial_chunks,
+    flag_or_config_value,
+    policy_for_config,
+)
+from lmcache_ascend.multigroup.slicing import (
+    block_counts_for_tokens,
+    group_block_range,
+    prefix_bound_in_vllm_blocks,
+    primary_group_index,
+)
+from lmcache_ascend.multigroup.slots import (
+    REQ_META_ATTRIBUTE,
+    GroupSlotMappings,
+    build_group_slot_mappings,
+    group_slots_of,
+    raw_slot_mapping_for_group,
+)
+from lmcache_ascend.multigroup.specs import (
+    KVGroupSpec,
+    MultiGroupLayout,
+    group_spec_from_attributes,
+    layout_from_groups,
+)
+from lmcache_ascend.multigroup.state_skip import (
+    DEFAULT_STATE_SPEC_CLASS_NAMES,
+    StateGroupPolicy,
+    policy_from_environment,
+    policy_from_values,
+)
+from lmcache_ascend.multigroup.tracker import GroupBlockTracker
+from tests.multigroup.reference import reference_load_slots, reference_raw_slots, reference_store_slots
+
+CUDA_BLOCK_SIZES = (256, 64, 64, 4, 8)
+
+
+# ----------------------------------------------------------------- slicing (seed 001)
+def test_seed_numbers_4096_tokens_per_group_block_counts():
+    assert block_counts_for_tokens(4096, CUDA_BLOCK_SIZES, 4) == (16, 64, 64, 1024, 512)
+
+
+def test_slice_rule_divides_for_larger_and_multiplies_for_smaller_group_blocks():
+    assert group_block_range(8, 1024, 256, 4) == (0, 16)
+    assert group_block_range(64, 128, 8, 4) == (32, 64)
+    assert group_block_range(3, 5, 4, 16) == (12, 20)  # group blocks smaller than vLLM's
+    assert group_block_range(3, 5, 16, 16) == (3, 5)
+
+
+def test_prefix_bound_counts_a_missing_group_as_zero():
+    sizes = dict(enumerate(CUDA_BLOCK_SIZES))
+    full = dict(enumerate((16, 64, 64, 1024, 512)))
+    assert prefix_bound_in_vllm_blocks(full, sizes, 4) == 1024
+    missing_group_3 = {g: n for g, n in full.items() if g != 3}
+    assert prefix_bound_in_vllm_blocks(missing_group_3, sizes, 4) == 0
+    short_group_0 = {**full, 0: 10}
+    assert prefix_bound_in_vllm_blocks(short_group_0, sizes, 4) == 640
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: group_block_range(0, 4, 6, 4), "must divide one another"),
+        (lambda: group_block_range(5, 4, 8, 4), "need 0 <= start <= end"),
+        (lambda: prefix_bound_in_vllm_blocks({0: 1}, {}, 4), "at least one KV-cache group"),
+        (lambda: prefix_bound_in_vllm_blocks({7: 1}, {0: 4}, 4), "unknown groups"),
+        (lambda: primary_group_index((1,), (4,), ()), "no candidate"),
+    ],
+)
+def test_slicing_rejects_bad_input_by_name(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    vllm_exp=st.integers(0, 5),
+    group_exp=st.integers(0, 9),
+    start=st.integers(0, 2000),
+    length=st.integers(0, 2000),
+)
+def test_slice_rule_matches_token_arithmetic(vllm_exp, group_exp, start, length):
+    vllm_bs, group_bs = 2**vllm_exp, 2**group_exp
+    end = start + length
+    got = group_block_range(start, end, group_bs, vllm_bs)
+    # Reference: convert to tokens and count whole group blocks from token 0.
+    assert got == (start * vllm_bs // group_bs, end * vllm_bs // group_bs)
+
+
+def test_primary_group_is_argmax_of_covered_tokens_first_on_ties():
+    assert primary_group_index((16, 64, 64, 1024, 512), CUDA_BLOCK_SIZES, (0, 1, 2, 3, 4)) == 0
+    assert primary_group_index((15, 64, 64, 1024, 512), CUDA_BLOCK_SIZES, (0, 1, 2, 3, 4)) == 1
+    assert primary_group_index((15, 64, 64, 1024, 513), CUDA_BLOCK_SIZES, (0, 3, 4)) == 4
+
+
+# ------------------------------------------------------------------------ specs / policy
+def test_group_spec_validation_names_the_bad_attribute():
+    with pytest.raises(ValueError, match="block_size=0"):
+        group_spec_from_attributes(2, "X", 0)
+    with pytest.raises(ValueError, match="compress_ratio=3"):
+        group_spec_from_attributes(2, "X", 128, compress_ratio=3)
+    with pytest.raises(ValueError, match="sliding_window=-1"):
+        group_spec_from_attributes(2, "X", 128, sliding_window=-1)
+    spec = group_spec_from_attributes(1, "C4", 512, compress_ratio=4, sliding_window=128)
+    assert (spec.rows_per_block, spec.num_rows(1001)) == (128, 251)
+
+
+def test_layout_rejects_groups_out_of_order_and_all_skipped():
+    groups = (KVGroupSpec(1, "A", 16), KVGroupSpec(0, "B", 16))
+    with pytest.raises(ValueError, match="vLLM's order"):
+        MultiGroupLayout(groups, 16, (True, True))
+    only_state = (KVGroupSpec(0, "C4AttnKVState", 16, is_state=True),)
+    with pytest.raises(ValueError, match="every KV-cache group would be skipped"):
+        layout_from_groups(only_state, 16, StateGroupPolicy())
+
+
+def test_state_policy_default_allowlist_and_switch():
+    assert "C4IndexerKV" not in DEFAULT_STATE_SPEC_CLASS_NAMES
+    assert len(DEFAULT_STATE_SPEC_CLASS_NAMES) == 6
+    default = policy_from_environment({})
+    assert default.skip_state_groups and default.state_spec_class_names == DEFAULT_STATE_SPEC_CLASS_NAMES
+    custom = policy_from_environment({"LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST": "Foo, Bar"})
+    assert custom.state_spec_class_names == frozenset({"Foo", "Bar"})
+    off = policy_from_environment({"LMCACHE_ASCEND_SKIP_STATE_GROUPS": "0"})
+    assert not off.skip_state_groups
+    with pytest.raises(ValueError, match="LMCACHE_ASCEND_SKIP_STATE_GROUPS='maybe'"):
+        policy_from_environment({"LMCACHE_ASCEND_SKIP_STATE_GROUPS": "maybe"})
+    with pytest.raises(ValueError, match="LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"):
+        policy_from_values(True, ("not a name",))
+
+
+def test_flag_beats_lmcache_config_value(monkeypatch):
+    class Config:
+        ascend_skip_state_groups = False
+        ascend_skip_state_spec_allowlist = ("OnlyThis",)
+
+    monkeypatch.delenv("LMCACHE_ASCEND_SKIP_STATE_GROUPS", raising=False)
+    monkeypatch.delenv("LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST", raising=False)
+    assert policy_for_config(Config()) == StateGroupPolicy(False, frozenset({"OnlyThis"}))
+    monkeypatch.setenv("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "1")
+    assert flag_or_config_value("LMCACHE_ASCEND_SKIP_STATE_GROUPS", Config()) is True
+    assert policy_for_config(None) == StateGroupPolicy()
+
+
+def test_config_checks_name_the_settings():
+    layout = layout_from_groups((KVGroupSpec(0, "A", 512, 4), KVGroupSpec(1, "B", 384, 128)), 128, StateGroupPolicy())
+    with pytest.raises(MultiGroupConfigError, match="discard_partial_chunks.*save_unfull_chunk"):
+        check_discard_partial_chunks(layout, False)
+    check_discard_partial_chunks(layout, True)
+    with pytest.raises(MultiGroupConfigError, match="chunk_size=192 is not a multiple of compress_ratio=128"):
+        check_chunk_size(layout, 192)
+    check_chunk_size(layout, 256)
+
+
+# ----------------------------------------------------------------------------- tracker
+def test_tracker_follows_new_cached_and_resumed_requests():
+    tracker = GroupBlockTracker.for_new_request(([1, 2], [0, 5], []), 3)
+    tracker.append_new_blocks(([3], None, [9]))
+    tracker.append_new_blocks(None)
+    assert tracker.block_ids_by_group == [[1, 2, 3], [0, 5], [9]]
+    tracker.reset_after_preemption(([7], [8], [0, 10]))
+    assert tracker.block_ids_by_group == [[7], [8], [0, 10]]
+    assert tracker.num_blocks_by_group() == (1, 1, 2)
+
+
+def test_tracker_copies_vllm_lists_and_rejects_wrong_group_counts():
+    source = ([1, 2], [3])
+    tracker = GroupBlockTracker.for_new_request(source, 2)
+    source[0].append(99)
+    assert tracker.block_ids_by_group[0] == [1, 2]
+    with pytest.raises(ValueError, match="block ids for 1 KV-cache groups, expected 2"):
+        tracker.append_new_blocks(([4],))
+    with pytest.raises(ValueError, match="flat list of 2 block ids but the model has 2"):
+        tracker.append_new_blocks([4, 5])
+    single = GroupBlockTracker.for_new_request([4, 5], 1)
+    assert single.block_ids_by_group == [[4, 5]]
+
+
+# ------------------------------------------------------------------------ slot mappings
+def test_raw_slots_compressed_group_with_null_block_row_by_row():
+    group = KVGroupSpec(0, "C4AttnKV", block_size=16, compress_ratio=4)  # 4 rows per block
+    slots = raw_slot_mapping_for_group(group, [5, 0, 9], 37)  # ceil(37/4)=10 rows
+    assert slots.dtype == torch.long
+    assert slots.tolist() == [20, 21, 22, 23, -1, -1, -1, -1, 36, 37]
+
+
+def test_raw_slots_need_enough_blocks():
+    group = KVGroupSpec(3, "Full", block_size=16)
+    with pytest.raises(ValueError, match="group 3 .*33 tokens need 3 blocks of 16 tokens but only 2"):
+        raw_slot_mapping_for_group(group, [1, 2], 33)
+
+
+def _layout(*groups: KVGroupSpec) -> MultiGroupLayout:
+    return layout_from_groups(groups, 4, StateGroupPolicy())
+
+
+def test_group_slot_mappings_skip_state_groups_and_mask_per_direction():
+    layout = _layout(
+        KVGroupSpec(0, "C4AttnKV", 16, 4),
+        KVGroupSpec(1, "C4AttnKVState", 4, is_state=True),
+        KVGroupSpec(2, "SWA", 8, 1, sliding_window=4),
+    )
+    tracker = GroupBlockTracker.for_new_request(([1, 2], [3, 4, 5, 6], [7, 8, 9, 10]), 3)
+    slots = build_group_slot_mappings(layout, tracker, num_tokens=32, chunk_size=16, vllm_cached_tokens=8)
+    assert slots.transferred_groups == (0, 2)
+    assert slots.slot_mappings[1] is None and slots.store_slot_mapping(1) is None and slots.load_slot_mapping(1) is None
+    assert slots.primary_group == 0  # 2*16 = 32 tokens, ties with group 2 (4*8): lowest index
+    assert slots.store_slot_mapping(0).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert slots.load_slot_mapping(0).tolist() == [-1, -1, 6, 7, 8, 9, 10, 11]
+    # Window of 4 tokens at the end of each 16-token chunk: tokens 12..15 and 28..31.
+    expected_store = [-1] * 12 + list(range(68, 72)) + [-1] * 12 + list(range(84, 88))
+    assert slots.store_slot_mapping(2).tolist() == expected_store
+    assert slots.load_slot_mapping(2).tolist() == [-1] * 8 + list(range(64, 88))
+    # The raw tensors are never modified by the masks.
+    assert slots.slot_mappings[2].tolist() == list(range(56, 88))
+
+
+def test_group_slots_of_reads_the_documented_attribute():
+    class Meta:
+        pass
+
+    meta = Meta()
+    assert group_slots_of(meta) is None
+    value = GroupSlotMappings((), (), 0, 0, 256)
+    setattr(meta, REQ_META_ATTRIBUTE, value)
+    assert group_slots_of(meta) is value and REQ_META_ATTRIBUTE == "ascend_group_slots"
+
+
+@st.composite
+def _group_case(draw):
+    compress_ratio = 2 ** draw(st.integers(0, 7))
+    rows_per_block = 2 ** draw(st.integers(0, 6))
+    block_size = compress_ratio * rows_per_block
+    chunk_size = compress_ratio * 2 ** draw(st.integers(0, 4)) * draw(st.sampled_from([1, 2, 4]))
+    num_tokens = draw(st.integers(0, 3000))
+    num_rows = -(-num_tokens // compress_ratio)
+    num_blocks = -(-num_rows // rows_per_block) + draw(st.integers(0, 2))
+    block_ids = draw(st.lists(st.integers(0, 500), min_size=num_blocks, max_size=num_blocks))
+    sliding_window = draw(st.one_of(st.none(), st.integers(1, 600)))
+    vllm_cached = draw(st.integers(0, num_tokens))
+    return compress_ratio, block_size, chunk_size, num_tokens, block_ids, sliding_window, vllm_cached
+
+
+@settings(max_examples=400, deadline=None)
+@given(_group_case())
+def test_slot_mappings_match_row_by_row_reference(case):
+    compress_ratio, block_size, chunk_size, num_tokens, block_ids, sliding_window, vllm_cached = case
+    group = KVGroupSpec(0, "G", block_size, compress_ratio, sliding_window)
+    layout = layout_from_groups((group,), 1, StateGroupPolicy())
+    tracker = GroupBlockTracker.for_new_request((block_ids,), 1)
+    slots = build_group_slot_mappings(layout, tracker, num_tokens, chunk_size, vllm_cached)
+    raw = reference_raw_slots(block_size, compress_ratio, block_ids, num_tokens)
+    assert slots.slot_mappings[0].tolist() == raw
+    assert slots.store_slot_mapping(0).tolist() == reference_store_slots(
+        block_size, compress_ratio, sliding_window, block_ids, num_tokens, chunk_size
+    )
+    assert slots.load_slot_mapping(0).tolist() == reference_load_slots(
+        block_size, compress_ratio, block_ids, num_tokens, vllm_cached
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows_per_block=st.sampled_from([1, 2, 8, 32]),
+    compress_ratio=st.sampled_from([1, 4, 128]),
+    steps=st.lists(st.lists(st.integers(0, 300), max_size=6), min_size=1, max_size=6),
+    reset_at=st.integers(0, 6),
+)
+def test_cached_rows_follow_appends_and_resets(rows_per_block, compress_ratio, steps, reset_at):
+    block_size = rows_per_block * compress_ratio
+    layout = layout_from_groups((KVGroupSpec(0, "G", block_size, compress_ratio),), 1, StateGroupPolicy())
+    tracker = GroupBlockTracker.for_new_request(([],), 1)
+    for index, new_ids in enumerate(steps):
+        if index == reset_at:
+            tracker.reset_after_preemption((list(reversed(tracker.block_ids_by_group[0])),))
+        tracker.append_new_blocks((new_ids,))
+        ids = tracker.block_ids_by_group[0]
+        for num_tokens in {0, len(ids) * block_size // 2, len(ids) * block_size}:
+            got = build_group_slot_mappings(layout, tracker, num_tokens, 1024).slot_mappings[0]
+            assert got.tolist() == reference_raw_slots(block_size, compress_ratio, ids, num_tokens)
+
+
+def test_store_hole_chunks_names_chunks_with_null_rows_that_must_be_stored():
+    layout = _layout(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "SWA", 8, sliding_window=8))
+    # Group 1 lost blocks 0 and 2 to the null block: block 0 (tokens 0..7) is
+    # outside chunk 0's window (tokens 8..15), block 2 (16..23) is outside
+    # chunk 1's window (24..31), so neither is a hole; group 0's null block 3
+    # (tokens 24..31) is one, in chunk 1.
+    tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 0], [0, 5, 0, 7]), 2)
+    slots = build_group_slot_mappings(layout, tracker, num_tokens=32, chunk_size=16)
+    assert slots.store_hole_chunks() == (1,)
+    tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 4], [0, 0, 6, 7]), 2)
+    assert build_group_slot_mappings(layout, tracker, 32, 16).store_hole_chunks() == (0,)
+    tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 4], [0, 5, 0, 7]), 2)
+    assert build_group_slot_mappings(layout, tracker, 32, 16).store_hole_chunks() == ()

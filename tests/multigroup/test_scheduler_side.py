@@ -1,0 +1,246 @@
+"""LMCache's real in-process adapter, scheduler side, with and without the multi-group patch.
+
+Real vLLM SchedulerOutput / NewRequestData / CachedRequestData / Request objects
+drive LMCache's real LMCacheConnectorV1Impl.build_connector_meta over a whole
+request life (chunked prefill, decode, preemption + load, finish); every row of
+every group's slot mapping is compared with the row-at-a-time reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmcache_ascend.multigroup.connector_state import MultiGroupConfigError
+from lmcache_ascend.multigroup.slots import group_slots_of
+from lmcache_ascend.patches import State, registry
+from tests.fixtures.kv_cache_configs import (
+    DSV4_ASCEND_STATE_GROUPS,
+    dsv4_ascend_kv_cache_config,
+    dsv4_cuda_kv_cache_config,
+    full_and_sliding_window_kv_cache_config,
+    single_group_kv_cache_config,
+)
+from tests.multigroup.reference import reference_load_slots, reference_raw_slots, reference_store_slots
+from tests.multigroup.scheduler_driver import RequestDriver, make_connector_impl
+
+PATCH = "lmcache-adapter-multigroup"
+STATE_GROUPS = {index for index, _ in DSV4_ASCEND_STATE_GROUPS}
+
+
+@pytest.fixture
+def patched():
+    assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
+    yield
+    assert registry.revert(PATCH) is State.REVERTED
+
+
+def _specs(fixture):
+    """(block_size, compress_ratio, sliding_window) per group, read off the real specs."""
+    out = []
+    for group in fixture.kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        inner = next(iter(spec.kv_cache_specs.values())) if hasattr(spec, "kv_cache_specs") else spec
+        out.append((spec.block_size, getattr(inner, "compress_ratio", 1), getattr(inner, "sliding_window", None)))
+    return out
+
+
+def _assert_rows(meta, fixture, block_ids_by_group, chunk_size=256, vllm_cached=0):
+    slots = group_slots_of(meta)
+    assert slots is not None
+    num_tokens = len(meta.token_ids)
+    assert slots.num_tokens == num_tokens and slots.chunk_size == chunk_size
+    assert slots.vllm_cached_tokens == vllm_cached
+    for group, (block_size, ratio, window) in enumerate(_specs(fixture)):
+        if group in STATE_GROUPS and fixture.name.startswith("dsv4-ascend"):
+            assert slots.slot_mappings[group] is None
+            continue
+        ids = block_ids_by_group[group]
+        assert slots.slot_mappings[group].tolist() == reference_raw_slots(block_size, ratio, ids, num_tokens)
+        assert slots.store_slot_mapping(group).tolist() == reference_store_slots(
+            block_size, ratio, window, ids, num_tokens, chunk_size
+        )
+        assert slots.load_slot_mapping(group).tolist() == reference_load_slots(
+            block_size, ratio, ids, num_tokens, vllm_cached
+        )
+    return slots
+
+
+def _dsv4_tables(first: int, num_tokens: int, one_state_block: bool = True) -> tuple[list[int], ...]:
+    """Block tables of the 11 DSv4 groups for `num_tokens` tokens, ids from `first` up."""
+    tables = []
+    for group, (block_size, _, _) in enumerate(_specs(dsv4_ascend_kv_cache_config())):
+        if group in STATE_GROUPS and one_state_block:
+            tables.append([first + 100 * group])  # state groups hold one state block
+        else:
+            blocks = -(-num_tokens // block_size)
+            tables.append([first + 100 * group + i for i in range(blocks)])
+    return tuple(tables)
+
+
+def _extension(old: tuple[list[int], ...], new: tuple[list[int], ...]) -> tuple[list[int], ...]:
+    return tuple(n[len(o) :] for o, n in zip(old, new))
+
+
+def test_dsv4_request_life_tracks_every_group_row_by_row(patched):
+    fixture = dsv4_ascend_kv_cache_config()
+    impl = make_connector_impl(fixture, chunk_size=256)
+    prompt = [(7 * i) % 1000 + 1 for i in range(1000)]
+    driver = RequestDriver(impl, "req-dsv4", prompt)
+
+    # 1. chunked prefill, first 512 tokens
+    tables_512 = _dsv4_tables(1, 512)
+    meta = driver.start(512, tables_512)
+    (req,) = meta.requests
+    assert req.token_ids == prompt[:512] and req.save_spec.can_save and req.save_spec.skip_leading_tokens == 0
+    tracker = impl._request_trackers["req-dsv4"]
+    assert tracker.ascend_block_tracker.block_ids_by_group == [list(t) for t in tables_512]
+    assert tracker.allocated_block_ids == tables_512[0]  # upstream's own field is untouched
+    slots = _assert_rows(req, fixture, tables_512)
+    assert slots.transferred_groups == (0, 1, 2, 3, 8)
+    assert slots.primary_group == 1  # one 16384-token block covers the most tokens
+    assert len(req.slot_mapping) == 512
+    # Sliding window 128 with compress ratio 128: one stored row per 256-token chunk.
+    sw_base = tables_512[8][0] * 128
+    assert slots.store_slot_mapping(8).tolist() == [-1, sw_base + 1, -1, sw_base + 3]
+
+    # 2. rest of the prompt (488 tokens); only growing groups get blocks
+    tables_1000 = _dsv4_tables(1, 1000)
+    meta = driver.advance(488, _extension(tables_512, tables_1000))
+    (req,) = meta.requests
+    assert req.is_last_prefill and len(req.token_ids) == 768 and req.save_spec.skip_leading_tokens == 512
+    assert tracker.ascend_block_tracker.block_ids_by_group == [list(t) for t in tables_1000]
+    _assert_rows(req, fixture, tables_1000)
+
+    # 3. decode one token: nothing to save or load, no new blocks
+    meta = driver.advance(1, None, output_token=5)
+    assert meta.requests == []
+    assert tracker.ascend_block_tracker.block_ids_by_group == [list(t) for t in tables_1000]
+
+    # 4. preempted and resumed: fresh tables (one null block in group 2), load from LMCache
+    resumed = list(_dsv4_tables(5000, 1001))
+    resumed[2] = [0] + resumed[2][1:]
+    meta = driver.resume_after_preemption(233, tuple(resumed), lmcache_cached_tokens=768, vllm_cached_tokens=256)
+    (req,) = meta.requests
+    assert req.load_spec.can_load and not req.save_spec.can_save
+    tracker = impl._request_trackers["req-dsv4"]
+    assert tracker.ascend_block_tracker.block_ids_by_group == resumed
+    slots = _assert_rows(req, fixture, resumed, vllm_cached=256)
+    assert slots.slot_mappings[2][:128].tolist() == [-1] * 128  # the null block is a hole
+    assert slots.load_slot_mapping(0)[:64].tolist() == [-1] * 64  # 256 vLLM-cached tokens / ratio 4
+
+    # 5. finish
+    driver.finish()
+    assert "req-dsv4" not in impl._request_trackers
+
+
+def test_cuda_five_groups_4096_tokens_seed_block_counts(patched):
+    fixture = dsv4_cuda_kv_cache_config()
+    impl = make_connector_impl(fixture, chunk_size=256)
+    counts = (16, 64, 64, 1024, 512)
+    tables = tuple([1 + 10_000 * g + i for i in range(n)] for g, n in enumerate(counts))
+    driver = RequestDriver(impl, "req-cuda", list(range(1, 4097)))
+    (req,) = driver.start(4096, tables).requests
+    groups = impl._request_trackers["req-cuda"].ascend_block_tracker
+    assert groups.num_blocks_by_group() == counts
+    slots = _assert_rows(req, fixture, tables)
+    assert [len(slots.slot_mappings[g]) for g in range(5)] == [4096] * 5
+    # Upstream's slot mapping now comes from the primary group (group 0, 256-token blocks).
+    assert req.slot_mapping.tolist() == reference_raw_slots(256, 1, tables[0], 4096)
+
+
+def test_multi_group_without_discard_partial_chunks_fails_naming_the_key(patched):
+    impl = make_connector_impl(full_and_sliding_window_kv_cache_config(), discard_partial_chunks=False)
+    driver = RequestDriver(impl, "r", list(range(100)))
+    with pytest.raises(MultiGroupConfigError, match="discard_partial_chunks"):
+        driver.start(100, ([1] * 7, [2] * 7))
+    single = make_connector_impl(single_group_kv_cache_config(), discard_partial_chunks=False)
+    RequestDriver(single, "r", list(range(100))).start(100, ([1, 2, 3, 4, 5, 6, 7],))
+
+
+def _single_group_life(impl):
+    """A single-group life; returns every ReqMeta and tracker snapshot it produced."""
+    prompt = list(range(3, 603))
+    driver = RequestDriver(impl, "req-single", prompt)
+    outputs = []
+    outputs.append(driver.start(300, ([4, 9, 2, 7, 1, 3, 8, 5, 6, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19],)))
+    outputs.append(driver.advance(300, ([20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38],)))
+    outputs.append(driver.advance(1, None, output_token=9))
+    tables = ([50 + i for i in range(38)],)
+    outputs.append(driver.resume_after_preemption(89, tables, lmcache_cached_tokens=512, vllm_cached_tokens=128))
+    snapshot = vars(impl._request_trackers["req-single"]).copy()
+    driver.finish()
+    return outputs, snapshot
+
+
+def _meta_fields(meta):
+    return [
+        (r.req_id, r.token_ids, r.slot_mapping.dtype, r.slot_mapping.tolist(), r.is_last_prefill, r.save_spec, r.load_spec)
+        for r in meta.requests
+    ]
+
+
+def test_single_group_results_identical_to_unpatched_lmcache():
+    fixture = single_group_kv_cache_config()
+    registry.revert(PATCH)
+    unpatched, unpatched_tracker = _single_group_life(make_connector_impl(fixture))
+    assert registry.apply_now(PATCH) is State.APPLIED
+    try:
+        patched_out, patched_tracker = _single_group_life(make_connector_impl(fixture))
+    finally:
+        registry.revert(PATCH)
+    assert [_meta_fields(m) for m in patched_out] == [_meta_fields(m) for m in unpatched]
+    for meta in patched_out:
+        for req in meta.requests:
+            assert group_slots_of(req) is None
+            assert torch.equal(req.slot_mapping, req.slot_mapping)
+    assert patched_tracker == unpatched_tracker  # no extra attribute on single-group trackers
+
+
+def test_state_groups_transferred_when_skipping_is_off(patched, monkeypatch):
+    monkeypatch.setenv("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "0")
+    fixture = dsv4_ascend_kv_cache_config()
+    impl = make_connector_impl(fixture)
+    tables = _dsv4_tables(1, 256, one_state_block=False)
+    (req,) = RequestDriver(impl, "r", list(range(1, 257))).start(256, tables).requests
+    slots = group_slots_of(req)
+    assert slots.transferred_groups == tuple(range(11))
+    assert slots.slot_mappings[4].tolist() == reference_raw_slots(128, 1, tables[4], 256)
+
+
+def test_metadata_with_group_slots_survives_pickling_to_workers(patched):
+    import pickle
+
+    fixture = dsv4_ascend_kv_cache_config()
+    impl = make_connector_impl(fixture)
+    tables = _dsv4_tables(1, 512)
+    meta = RequestDriver(impl, "r", list(range(1, 513))).start(512, tables)
+    copy = pickle.loads(pickle.dumps(meta))
+    original, restored = group_slots_of(meta.requests[0]), group_slots_of(copy.requests[0])
+    assert restored.groups == original.groups and restored.primary_group == original.primary_group
+    for mine, theirs in zip(original.slot_mappings, restored.slot_mappings):
+        assert (mine is None and theirs is None) or torch.equal(mine, theirs)
+    # Each tensor owns exactly its rows: no shared cache buffer travels along.
+    assert all(
+        t is None or t.untyped_storage().nbytes() == t.numel() * 8 for t in restored.slot_mappings
+    )
+
+
+def test_rollback_after_failed_load_keeps_tokens_all_groups_cover(patched):
+    fixture = dsv4_cuda_kv_cache_config()
+    impl = make_connector_impl(fixture, chunk_size=256)
+    prompt = list(range(1, 2049))
+    sizes = (256, 64, 64, 4, 8)
+    tables = tuple([1 + 10_000 * g + i for i in range(1024 // size)] for g, size in enumerate(sizes))
+    driver = RequestDriver(impl, "req-rb", prompt)
+    driver.start(1024, tables)
+    tracker = impl._request_trackers["req-rb"]
+    assert len(tracker.token_ids) == 1024
+    # vLLM's invalid-block handling lowered num_computed_tokens to 512.
+    driver.request.num_computed_tokens = 512
+    (req,) = driver.advance(256, None).requests
+    # Upstream would cap at len(group-0 blocks) * 4 = 16 tokens and lose the prefix.
+    assert tracker.token_ids == prompt[:768]
+    assert tracker.num_saved_tokens == 768 and req.token_ids == prompt[:768]
+    slots = _assert_rows(req, fixture, tables)
+    assert slots.num_tokens == 768

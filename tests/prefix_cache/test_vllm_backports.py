@@ -1,0 +1,256 @@
+"""The vLLM prefix-cache backports on the REAL vLLM block pool and managers.
+
+Stack A (vLLM 0.18.1): the patches apply; stack B (vLLM 0.23): they report
+skipped-upstream-has-it and upstream's own code runs. The same expectations
+hold on both, which is what proves patched A follows upstream's semantics.
+Where unpatched A must differ, the test asserts the legacy behaviour too, so
+each test can fail.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import py_compile
+
+import pytest
+from packaging.version import Version
+
+from lmcache_ascend.patches import State, registry
+from lmcache_ascend.patches.registry import Registry
+from tests.prefix_cache.harness import (
+    HybridLayout,
+    free_queue_ids,
+    make_manager,
+    make_request,
+    sliding_window_config,
+)
+
+PATCH_NAMES = (
+    "vllm-free-queue-prepend",
+    "vllm-block-pool-free-prepend",
+    "vllm-sliding-window-retention",
+    "vllm-coordinator-scheduler-block-size",
+    "vllm-kv-cache-manager-scheduler-block-size",
+    "vllm-scheduler-lcm-block-size",
+)
+VLLM_HAS_RETENTION = Version(metadata.version("vllm")) >= Version("0.23")
+
+
+def _apply_all() -> dict[str, State]:
+    return {name: registry.apply_now(name) for name in PATCH_NAMES}
+
+
+def _revert_all() -> None:
+    for name in reversed(PATCH_NAMES):
+        if registry.state(name) is State.APPLIED:
+            registry.revert(name)
+
+
+@pytest.fixture(scope="module")
+def backports():
+    states = _apply_all()
+    yield states
+    _revert_all()
+
+
+@pytest.fixture
+def unpatched(backports):
+    """The stack as shipped: stack A without our patches (stack B is always as shipped)."""
+    _revert_all()
+    yield
+    _apply_all()
+
+
+def test_states_per_stack(backports):
+    expected = State.SKIPPED_UPSTREAM if VLLM_HAS_RETENTION else State.APPLIED
+    assert backports == {name: expected for name in PATCH_NAMES}
+    for name in PATCH_NAMES:
+        assert "capability probe" in registry.record(name).reason
+
+
+# A hybrid model whose sliding-window checkpoints are sparse: full attention
+# with 64-token blocks, a 16-token window in 16-token blocks; hits align to 64.
+LAYOUT = HybridLayout(
+    mla_block_size=64, sliding_window_block_size=16, sliding_window=16, compressed_block_tokens=64, num_blocks=80
+)
+
+
+def _hybrid_manager(num_blocks: int = 64):
+    from tests.prefix_cache.harness import hybrid_config
+
+    layout = HybridLayout(
+        mla_block_size=LAYOUT.mla_block_size,
+        sliding_window_block_size=LAYOUT.sliding_window_block_size,
+        sliding_window=LAYOUT.sliding_window,
+        compressed_block_tokens=LAYOUT.compressed_block_tokens,
+        num_blocks=num_blocks,
+    )
+    return make_manager(hybrid_config(layout), layout.scheduler_block_size, layout.hash_block_size)
+
+
+def _prefill(manager, request) -> None:
+    blocks, num_hit = manager.get_computed_blocks(request)
+    assert manager.allocate_slots(
+        request, request.num_tokens - num_hit, num_new_computed_tokens=num_hit, new_computed_blocks=blocks
+    ) is not None
+    request.num_computed_tokens = request.num_tokens
+
+
+def _cached_positions(manager, request_id: str, group: int) -> list[int]:
+    blocks = manager.coordinator.single_type_managers[group].req_to_blocks[request_id]
+    return [index for index, block in enumerate(blocks) if block.block_hash is not None]
+
+
+def test_scheduler_block_size_threaded_to_every_manager(backports):
+    manager = _hybrid_manager()
+    assert manager.coordinator.scheduler_block_size == 64
+    assert [m.scheduler_block_size for m in manager.coordinator.single_type_managers] == [64, 64, 64]
+
+
+def test_dense_sliding_window_checkpoints(backports):
+    manager = _hybrid_manager()
+    prompt = list(range(1, 265))  # 264 tokens: 4 aligned segments + a tail
+    request = make_request("dense", prompt, LAYOUT.hash_block_size)
+    _prefill(manager, request)
+    assert _cached_positions(manager, "dense", group=0) == [0, 1, 2, 3]
+    # Window 16 = one block per hit; only the last block of each 64-token segment can serve one.
+    assert _cached_positions(manager, "dense", group=1) == [3, 7, 11, 15]
+
+
+def test_dense_checkpoints_legacy_on_unpatched_stack_a(unpatched):
+    manager = _hybrid_manager()
+    request = make_request("legacy", list(range(1, 265)), LAYOUT.hash_block_size)
+    _prefill(manager, request)
+    expected = [3, 7, 11, 15] if VLLM_HAS_RETENTION else list(range(16))
+    assert _cached_positions(manager, "legacy", group=1) == expected
+
+
+def test_retention_interval_checkpoints(backports, monkeypatch):
+    monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "128")
+    manager = _hybrid_manager()
+    request = make_request("sparse", list(range(1, 201)), LAYOUT.hash_block_size)  # 200 tokens
+    _prefill(manager, request)
+    # Every 128 tokens (block 7) plus the replay boundary 192 (block 11).
+    assert _cached_positions(manager, "sparse", group=1) == [7, 11]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [("100", "multiple of scheduler_block_size|multiple of the scheduler block size")],
+)
+def test_retention_interval_not_a_multiple_is_rejected(backports, monkeypatch, raw, message):
+    monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", raw)
+    with pytest.raises(ValueError, match=message):
+        _hybrid_manager()
+
+
+def test_retention_interval_without_sliding_window_group_is_rejected(backports, monkeypatch):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    import torch
+
+    monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "128")
+    spec = FullAttentionSpec(block_size=64, num_kv_heads=1, head_size=64, dtype=torch.float16)
+    config = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["f"], spec)])
+    with pytest.raises(ValueError, match="no sliding-window"):
+        make_manager(config, 64, 64)
+
+
+def test_free_puts_scratch_first_and_cached_last(backports):
+    manager = make_manager(sliding_window_config(block_size=16, sliding_window=32, num_blocks=16), 16, 16)
+    request = make_request("r", list(range(1, 101)), 16)  # 6 full (cached) blocks + 1 partial
+    _prefill(manager, request)
+    used = [block.block_id for block in manager.coordinator.single_type_managers[0].req_to_blocks["r"]]
+    assert used == [1, 2, 3, 4, 5, 6, 7]
+    manager.free(request)
+    # Upstream 0.23: the uncached partial block first, then never-used blocks,
+    # then the cached blocks tail-first.
+    assert free_queue_ids(manager) == [7, *range(8, 16), 6, 5, 4, 3, 2, 1]
+
+
+def test_free_order_legacy_on_unpatched_stack_a(unpatched):
+    manager = make_manager(sliding_window_config(block_size=16, sliding_window=32, num_blocks=16), 16, 16)
+    request = make_request("r", list(range(1, 101)), 16)
+    _prefill(manager, request)
+    manager.free(request)
+    expected = [7, *range(8, 16), 6, 5, 4, 3, 2, 1] if VLLM_HAS_RETENTION else [*range(8, 16), 7, 6, 5, 4, 3, 2, 1]
+    assert free_queue_ids(manager) == expected
+
+
+def test_skipped_blocks_split_scratch_first(backports):
+    manager = make_manager(sliding_window_config(block_size=16, sliding_window=32, num_blocks=16), 16, 16)
+    request = make_request("w", list(range(1, 97)), 16)  # 6 full blocks
+    _prefill(manager, request)
+    pool = manager.block_pool
+    # Drop the hash of block 2 so it is scratch, then let the window move past blocks 0..3.
+    blocks = manager.coordinator.single_type_managers[0].req_to_blocks["w"]
+    pool.cached_block_hash_to_block.pop(blocks[1].block_hash, blocks[1].block_id)
+    blocks[1].reset_hash()
+    manager.remove_skipped_blocks("w", 96)  # skips 96 - 32 + 1 = 65 tokens = 4 blocks
+    assert free_queue_ids(manager) == [2, *range(7, 16), 4, 3, 1]
+
+
+def _replay_hit_after_burst(manager) -> tuple[int, int]:
+    prompt = [7 + (i * 31) % 997 for i in range(264)]
+    first = make_request("first", prompt, LAYOUT.hash_block_size)
+    _prefill(manager, first)
+    manager.free(first)
+    replay = make_request("replay", prompt, LAYOUT.hash_block_size)
+    _, hit_before = manager.get_computed_blocks(replay)
+    # A burst of scratch allocations as large as the free queue minus what
+    # upstream keeps behind the scratch: 63 free blocks; the first request left
+    # 5 full-attention + 5 compressed blocks (4 cached + 1 partial each) and
+    # 17 window blocks (4 cached checkpoints). Upstream's queue is then
+    # [13 window scratch, 36 never used, mla partial, mla 3..0, window 15/11/7/3,
+    # compressed partial + 3..0], so 50 allocations stop right before mla block 3.
+    assert manager.block_pool.get_num_free_blocks() == 63
+    burst = 50
+    manager.block_pool.get_new_blocks(burst)
+    _, hit_after = manager.get_computed_blocks(make_request("replay2", prompt, LAYOUT.hash_block_size))
+    return hit_before, hit_after
+
+
+def test_cached_blocks_survive_a_burst_of_scratch_allocations(backports):
+    assert _replay_hit_after_burst(_hybrid_manager()) == (256, 256)
+
+
+def test_burst_evicts_the_prefix_on_unpatched_stack_a(unpatched):
+    expected = (256, 256) if VLLM_HAS_RETENTION else (256, 0)
+    assert _replay_hit_after_burst(_hybrid_manager()) == expected
+
+
+def test_guard_on_pyc_only_target_falls_back_to_versions(tmp_path, monkeypatch):
+    """Without source text the guard can't tell; the version gate alone decides."""
+    import dataclasses
+    import sys
+
+    from lmcache_ascend.compat.guards import evaluate_guard
+    from lmcache_ascend.patches.model import Verdict
+    from lmcache_ascend.patches.vllm import free_queue_prepend
+
+    package = tmp_path / "pyc_only_vllm_core"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    source = tmp_path / "kv_cache_utils_source.py"
+    source.write_text("class FreeKVCacheBlockQueue:\n    def append_n(self, blocks):\n        pass\n")
+    py_compile.compile(str(source), cfile=str(package / "kv_cache_utils.pyc"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    target = "pyc_only_vllm_core.kv_cache_utils"
+    guard = free_queue_prepend.PATCH.guard
+    result = evaluate_guard(guard, target, None)
+    assert result.verdict is Verdict.UNKNOWN and "no source" in result.how
+
+    for requirement, expected in ((">=0.18.0", State.APPLIED), ("<0.18", State.SKIPPED_VERSION)):
+        patch = dataclasses.replace(
+            free_queue_prepend.PATCH, target=target, guard=dataclasses.replace(guard, probe=None),
+            requires={"vllm": requirement},
+        )
+        local = Registry([patch])
+        state = local.apply_now(patch.name)
+        assert state is expected, local.record(patch.name).reason
+        if state is State.APPLIED:
+            module = sys.modules[target]
+            assert callable(module.FreeKVCacheBlockQueue.prepend_n)
+            local.revert(patch.name)
+            assert not hasattr(module.FreeKVCacheBlockQueue, "prepend_n")
+    sys.modules.pop(target, None)
+    sys.modules.pop("pyc_only_vllm_core", None)
