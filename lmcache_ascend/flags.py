@@ -4,7 +4,9 @@ The table is the single source of truth: activation validates all flags against
 it (one clear error naming the flag, its value and what is allowed), the CLI and
 the README render it, and rows with an ``lmcache_config_key`` are also
 registered as LMCache configuration keys, so they can be set in LMCache's YAML
-as well; as in LMCache, the environment wins over the file.
+as well (the file named by ``LMCACHE_CONFIG_FILE``, read here at activation too,
+so that even patches enabled by a flag follow it); as in LMCache, the
+environment wins over the file.
 
 Standard library only: this module is imported by the start-up path.
 """
@@ -12,6 +14,7 @@ Standard library only: this module is imported by the start-up path.
 from __future__ import annotations
 
 import enum
+import functools
 import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -129,7 +132,8 @@ FLAGS: tuple[Flag, ...] = (
         "VLLM_PREFIX_CACHE_RETENTION_INTERVAL",
         FlagKind.AUTO_OR_POSITIVE_INT,
         "auto",
-        "Backport of vLLM's sparse prefix-cache checkpoints: keep every N-th token position cached (a multiple of the block size), or auto.",
+        "Backport of vLLM's sparse prefix-cache checkpoints: keep every N-th token position cached (a multiple of the block size), or auto. "
+        "vLLM >= 0.23 reads this variable itself and takes integers only: do not set auto there.",
     ),
     Flag(
         "VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE",
@@ -220,20 +224,82 @@ def parse_flag(name: str, raw: str | None) -> object:
     return _PARSERS[flag.kind](flag, raw)
 
 
+CONFIG_FILE_VARIABLE = "LMCACHE_CONFIG_FILE"
+
+
+@functools.lru_cache(maxsize=4)
+def _config_file_texts(path: str, modified: float) -> dict[str, str]:
+    """Raw flag texts from LMCache's YAML file, for the flags that have an LMCache key."""
+    try:
+        import yaml  # LMCache's own dependency; only needed when its config file is used
+    except ImportError:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = yaml.safe_load(handle) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise FlagError(f"{CONFIG_FILE_VARIABLE}={path!r} can't be read: {error}") from None
+    if not isinstance(document, dict):
+        return {}
+    texts: dict[str, str] = {}
+    for flag in FLAGS:
+        value = document.get(flag.lmcache_config_key) if flag.lmcache_config_key else None
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            texts[flag.name] = "1" if value else "0"
+        elif isinstance(value, (list, tuple)):
+            texts[flag.name] = ",".join(str(item) for item in value)
+        else:
+            texts[flag.name] = str(value)
+    return texts
+
+
+def _raw_texts(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(flag name -> raw text, flag name -> where it came from); the environment wins, as in LMCache."""
+    texts: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    path = environ.get(CONFIG_FILE_VARIABLE, "").strip()
+    if path:
+        try:
+            modified = os.stat(path).st_mtime
+        except OSError as error:
+            raise FlagError(f"{CONFIG_FILE_VARIABLE}={path!r} can't be read: {error}") from None
+        for name, text in _config_file_texts(path, modified).items():
+            texts[name] = text
+            sources[name] = f"LMCache key {get_flag(name).lmcache_config_key!r} in {path}"
+    for flag in FLAGS:
+        raw = environ.get(flag.name)
+        if raw is not None and raw.strip() != "":
+            texts[flag.name] = raw
+            sources.pop(flag.name, None)
+    return texts, sources
+
+
+def _parse_from(name: str, texts: Mapping[str, str], sources: Mapping[str, str]) -> object:
+    try:
+        return parse_flag(name, texts.get(name))
+    except FlagError as error:
+        if name in sources:
+            raise FlagError(f"{error} (set by {sources[name]})") from None
+        raise
+
+
 def flag_value(name: str, environ: Mapping[str, str] | None = None) -> object:
-    """The validated value of flag `name` from the environment (read now)."""
-    env = os.environ if environ is None else environ
-    return parse_flag(name, env.get(name))
+    """The validated value of flag `name`: the environment, else LMCache's config file, else the default."""
+    get_flag(name)
+    texts, sources = _raw_texts(os.environ if environ is None else environ)
+    return _parse_from(name, texts, sources)
 
 
 def validate_all(environ: Mapping[str, str] | None = None) -> dict[str, object]:
     """Parse every flag; raise one FlagError listing every bad value."""
-    env = os.environ if environ is None else environ
+    texts, sources = _raw_texts(os.environ if environ is None else environ)
     values: dict[str, object] = {}
     problems: list[str] = []
     for flag in FLAGS:
         try:
-            values[flag.name] = parse_flag(flag.name, env.get(flag.name))
+            values[flag.name] = _parse_from(flag.name, texts, sources)
         except FlagError as error:
             problems.append(str(error))
     if problems:

@@ -45,16 +45,23 @@ VARIANTS = (
 )
 
 
-def _layout_and_workload(quick: bool):
+def _layout_and_workload(quick: bool, compressed_storage_block: int | None = None):
+    from lmcache_ascend.prefix_cache.block_sizes import compressed_kv_block_size, prefix_block_size
     from tests.prefix_cache.harness import HybridLayout, ReplayWorkload
 
     # MLA group (128-token blocks), sliding window 128 in 64-token blocks, and a
     # compressed group whose block covers 1024 prompt tokens (e.g. 8 rows x ratio 128).
+    compressed_tokens = 1024
+    if compressed_storage_block is not None:
+        # DeepSeek-V4 on vllm-ascend: a compress-ratio-128 block of `storage`
+        # rows covers storage x 128 prompt tokens (VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE).
+        rows = compressed_kv_block_size(128, compressed_storage_block)
+        compressed_tokens = prefix_block_size(_CompressedSpec(rows))
     layout = HybridLayout(
         mla_block_size=128,
         sliding_window_block_size=64,
         sliding_window=128,
-        compressed_block_tokens=1024,
+        compressed_block_tokens=compressed_tokens,
         num_blocks=1200 if quick else 2500,
     )
     workload = ReplayWorkload(
@@ -68,7 +75,16 @@ def _layout_and_workload(quick: bool):
     return layout, workload
 
 
-def worker(patched: bool, quick: bool) -> dict:
+class _CompressedSpec:
+    """The two fields prefix_block_size reads from a DSv4 compressed spec."""
+
+    compress_ratio = 128
+
+    def __init__(self, storage_block_size: int):
+        self.storage_block_size = self.block_size = storage_block_size
+
+
+def worker(patched: bool, quick: bool, compressed_storage_block: int | None = None) -> dict:
     sys.path.insert(0, str(REPO))
     states = {}
     if patched:
@@ -82,7 +98,13 @@ def worker(patched: bool, quick: bool) -> dict:
 
     from tests.prefix_cache.harness import hybrid_config, make_manager, run_replay
 
-    layout, workload = _layout_and_workload(quick)
+    layout, workload = _layout_and_workload(quick, compressed_storage_block)
+    if not patched:
+        from lmcache_ascend.patches import registry
+
+        applied = [name for name in PATCH_NAMES if registry.state(name).value == "applied"]
+        if applied:
+            raise SystemExit(f"unpatched run has patches applied: {applied}")
     manager = make_manager(hybrid_config(layout), layout.scheduler_block_size, layout.hash_block_size)
     started = time.perf_counter()
     stats = run_replay(manager, workload, layout.hash_block_size)
@@ -108,10 +130,11 @@ def main() -> int:
     parser.add_argument("--python-b", default=str(REPO / ".venvs/stack-b/bin/python"))
     parser.add_argument("--output", default=str(REPO / "results/bench_prefix_retention.json"))
     parser.add_argument("--worker", choices=("patched", "unpatched"), help=argparse.SUPPRESS)
+    parser.add_argument("--compressed-storage-block", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.worker:
-        print(json.dumps(worker(args.worker == "patched", args.quick)))
+        print(json.dumps(worker(args.worker == "patched", args.quick, args.compressed_storage_block)))
         return 0
 
     pythons = {"a": args.python_a, "b": args.python_b}
@@ -121,17 +144,29 @@ def main() -> int:
             return 2
     env = dict(os.environ, LMCACHE_ASCEND_AUTOLOAD="0", PYTHONHASHSEED="0")
     env.pop("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", None)  # compare the defaults
-    rows = []
-    for label, stack, patched in VARIANTS:
+    def run(label: str, stack: str, patched: bool, compressed_storage_block: int | None = None) -> dict | None:
         command = [pythons[stack], __file__, "--worker", "patched" if patched else "unpatched"]
         if args.quick:
             command.append("--quick")
-        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+        if compressed_storage_block is not None:
+            command += ["--compressed-storage-block", str(compressed_storage_block)]
+        # Importing lmcache_ascend activates every patch: the unpatched and the
+        # native runs switch the overlay off; the patched run applies ours.
+        variant_env = dict(env, LMCACHE_ASCEND_PATCHES="1" if patched else "0")
+        done = subprocess.run(command, cwd=REPO, env=variant_env, capture_output=True, text=True)
         if done.returncode != 0:
             print(f"{label}: worker failed\n{done.stderr[-3000:]}")
-            return 1
+            return None
         result = json.loads(done.stdout.strip().splitlines()[-1])
         result["variant"] = label
+        result["compressed_storage_block"] = compressed_storage_block
+        return result
+
+    rows = []
+    for label, stack, patched in VARIANTS:
+        result = run(label, stack, patched)
+        if result is None:
+            return 1
         rows.append(result)
 
     baseline = next(row for row in rows if row["variant"] == "B native")
@@ -145,9 +180,24 @@ def main() -> int:
             f"{row['variant']:<12} {row['vllm']:<8} {row['hit_rate'] * 100:>8.2f}% {points:>+10.2f} "
             f"{row['blocks_allocated']:>13} {ratio:>6.2f} {row['preemptions']:>8} {row['seconds']:>6.1f}"
         )
+    # DeepSeek-V4 compressed block size (the vllm-ascend switch), same workload:
+    # the compressed group's prefix block is storage rows x compress ratio 128.
+    compressed_rows = []
+    print()
+    print(f"{'compressed rows':<16} {'tokens/block':>12} {'A patched':>10} {'B native':>10} {'A-B (pt)':>9}")
+    for storage in (128, 32) if args.quick else (128, 64, 32):
+        pair = [run(f"{label} / {storage} rows", stack, patched, storage) for label, stack, patched in VARIANTS[1:]]
+        if None in pair:
+            return 1
+        patched_a, native_b = pair
+        compressed_rows += pair
+        print(
+            f"{storage:<16} {patched_a['layout']['compressed_block_tokens']:>12} {patched_a['hit_rate'] * 100:>9.2f}% "
+            f"{native_b['hit_rate'] * 100:>9.2f}% {(patched_a['hit_rate'] - native_b['hit_rate']) * 100:>+9.2f}"
+        )
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps({"quick": args.quick, "rows": rows}, indent=2))
+    output.write_text(json.dumps({"quick": args.quick, "rows": rows, "compressed_block_rows": compressed_rows}, indent=2))
     print(f"wrote {output}")
     return 0
 

@@ -377,14 +377,14 @@ def measure(device: torch.device, token_counts: list[int], calls: int, repeats: 
 
 
 def print_table(rows: list[Row]) -> None:
-    header = (f"{'layout':<13}{'T':>6} {'dir':<6}{'MB':>8}{'ours us':>9}{'host us':>8}{'GB/s':>8}{'copy':>8}{'index':>8}"
+    header = (f"{'layout':<13}{'T':>6} {'dir':<6}{'MB':>8} {'ours us':>9} {'host us':>8}{'GB/s':>8}{'copy':>8}{'index':>8}"
               f"{'explod':>8}{'/copy':>7}{'/index':>7}{'kern GB/s':>10}{'kern/copyk':>11}{'launch b/e':>11}")
     print(header)
     print("-" * len(header))
     for r in rows:
         kern = f"{r.kernel_gbps:>10}" if r.kernel_gbps is not None else f"{'-':>10}"
         kern_ratio = f"{r.vs_copy_kernel:>11}" if r.vs_copy_kernel is not None else f"{'-':>11}"
-        print(f"{r.layout:<13}{r.tokens:>6} {r.direction:<6}{r.payload_bytes / 1e6:>8.2f}{r.ours_us:>9}{r.host_us:>8}{r.ours_gbps:>8}"
+        print(f"{r.layout:<13}{r.tokens:>6} {r.direction:<6}{r.payload_bytes / 1e6:>8.2f} {r.ours_us:>9} {r.host_us:>8}{r.ours_gbps:>8}"
               f"{r.copy_gbps:>8}{r.index_gbps:>8}{r.exploded_gbps:>8}{r.vs_copy:>7}{r.vs_index:>7}{kern}{kern_ratio}"
               f"{f'{r.launches_bundled}/{r.launches_exploded}':>11}")
 

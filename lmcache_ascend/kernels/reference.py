@@ -48,13 +48,24 @@ def reference_transfer(transfer: ResolvedTransfer) -> None:
         slots = plane_slots.slots[plane_slots.start : plane_slots.start + count]
         row_bytes = plane.row_bytes
         block_size = plane.block_size
+        # Which rows move depends only on the cache's row count: worked out once
+        # per distinct count (layers of a plane almost always share it).
+        selections: dict[int, tuple[torch.Tensor, ...]] = {}
         for layer in range(group.layer_count):
             geometry = group.geometry[layer][plane_index]
-            valid = (slots >= 0) & (slots < geometry.num_blocks * block_size)
-            rows = torch.nonzero(valid).flatten()
+            cache_rows = geometry.num_blocks * block_size
+            selection = selections.get(cache_rows)
+            if selection is None:
+                valid = (slots >= 0) & (slots < cache_rows)
+                rows = torch.nonzero(valid).flatten()
+                valid_slots = slots[rows]
+                blocks = torch.div(valid_slots, block_size, rounding_mode="floor")
+                selection = (rows, valid_slots, blocks, valid_slots - blocks * block_size)
+                selections[cache_rows] = selection
+            rows, valid_slots, blocks, in_block = selection
+            every_row = rows.numel() == count
             if rows.numel() == 0:
                 continue
-            valid_slots = slots[rows]
             region_start = chunk_base + layout.region_offset(layer, plane_index)
             width = _integer_width(row_bytes, geometry.storage_offset_bytes, geometry.block_stride_bytes, region_start)
             cache = plane.caches[layer]
@@ -64,16 +75,16 @@ def reference_transfer(transfer: ResolvedTransfer) -> None:
                 # Blocks back to back: the cache is one run of rows, index it directly.
                 paged_rows = _view(cache.untyped_storage(), cache.device, width, geometry.storage_offset_bytes,
                                    (geometry.num_blocks * block_size, row_bytes // width), (row_bytes, width))
-                if transfer.store:
+                if transfer.store and every_row:  # no holes: index straight into the region
+                    torch.index_select(paged_rows, 0, valid_slots, out=region)
+                elif transfer.store:
                     region.index_copy_(0, rows, paged_rows.index_select(0, valid_slots))
                 else:
-                    paged_rows.index_copy_(0, valid_slots, region.index_select(0, rows))
+                    paged_rows.index_copy_(0, valid_slots, region if every_row else region.index_select(0, rows))
                 continue
             paged = _view(cache.untyped_storage(), cache.device, width, geometry.storage_offset_bytes,
                           (geometry.num_blocks, block_size, row_bytes // width),
                           (geometry.block_stride_bytes, row_bytes, width))
-            blocks = torch.div(valid_slots, block_size, rounding_mode="floor")
-            in_block = valid_slots - blocks * block_size
             if transfer.store:
                 region.index_copy_(0, rows, paged[blocks, in_block])
             else:

@@ -20,7 +20,9 @@ and region bytes below 2**31).
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from array import array
 
 import torch
@@ -31,21 +33,24 @@ from lmcache_ascend.kernels.spec import ResolvedTransfer, widest_element_width
 
 __all__ = ["supports_device", "triton_transfer"]
 
+logger = logging.getLogger(__name__)
+
 # Vectors per tile and bytes each program moves (tuned on H100, see
 # scripts/bench_transfer.py --tune).
 VECTORS_PER_TILE = 512
 BYTES_PER_PROGRAM = 8192
 NUM_WARPS = 4
 
-# Field order of the cached per-(layer, plane) table and the per-call plane table.
-_STATIC_FIELDS = 5  # cache address, rows in the cache, block stride, block size, row bytes
-_DYNAMIC_FIELDS = 5  # slot offset (elements from the slot anchor), count, region offset, width, unused
+# The kernel reads two int64 tables of 5 fields per entry:
+#   static (per layer x plane, cached on the group): cache address, rows in the
+#     cache (num_blocks * block_size), block stride (bytes), block size, row bytes;
+#   plane (per plane, per call): slot offset (elements from the slot anchor,
+#     start included), count, region offset (bytes from the data anchor, for
+#     layer 0), element width (bytes), unused.
 
 
 def supports_device(device: torch.device) -> bool:
     """Whether this kernel can run on `device` in this process."""
-    import os
-
     if device.type == "cpu":
         return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     if device.type == "cuda":
@@ -266,14 +271,32 @@ _compiled: dict[tuple, object] = {}
 _direct_launch = {"enabled": True}
 
 
+def _integer_type(value: int) -> str:
+    """The type Triton gives an unspecialized int argument (part of the compiled kernel's key)."""
+    if -(2**31) <= value < 2**31:
+        return "i32"
+    if 2**63 <= value < 2**64:
+        return "u64"
+    return "i64"
+
+
 def _launch(grid, arguments, store, tile, bytes_per_program, num_warps, device) -> None:
-    aligned = tuple(argument.data_ptr() % 16 == 0 for argument in arguments if isinstance(argument, torch.Tensor))
-    key = (str(device), store, tile, bytes_per_program, num_warps, aligned)
+    signature = tuple(
+        argument.data_ptr() % 16 == 0 if isinstance(argument, torch.Tensor) else _integer_type(argument)
+        for argument in arguments
+    )
+    key = (str(device), store, tile, bytes_per_program, num_warps, signature)
     compiled = _compiled.get(key) if _direct_launch["enabled"] else None
     constants = (store, tile, bytes_per_program)
     if compiled is not None:
-        compiled[grid](*arguments, *constants)
-        return
+        try:
+            compiled[(grid[0], grid[1], 1)](*arguments, *constants)  # a compiled kernel wants all 3 grid dims
+            return
+        except (TypeError, IndexError, AttributeError) as error:  # argument binding, before any launch
+            # A Triton build whose compiled-kernel call differs: use the JIT entry from now on.
+            logger.warning("direct Triton launch failed (%s); using the JIT entry", error)
+            _direct_launch["enabled"] = False
+            _compiled.clear()
     compiled = _paged_chunk_kernel[grid](
         *arguments, STORE=store, TILE=tile, BYTES_PER_PROGRAM=bytes_per_program, num_warps=num_warps
     )

@@ -140,6 +140,13 @@ class Registry:
         # Only a cheap file lookup here: versions are read when the target is imported
         # (importlib.metadata alone would cost more than activation may).
         if not module_is_locatable(patch.target):
+            # A package that exists but lacks the module is usually a version the
+            # patch is not for (vllm-ascend 0.18 has no DeepSeek-V4 code): say so.
+            if module_is_locatable(patch.target.partition(".")[0]):
+                skip_state, note = self._version_gate(record)
+                if skip_state is State.SKIPPED_VERSION:
+                    record.set(skip_state, note)
+                    return False
             record.set(State.TARGET_MISSING, f"module {patch.target} not found")
             return False
         return True

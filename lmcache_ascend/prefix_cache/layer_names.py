@@ -24,7 +24,14 @@ def summarize_tensors(tensors_by_layer: Mapping[str, object], limit: int = 8) ->
     for name in list(tensors_by_layer)[:limit]:
         value = tensors_by_layer[name]
         shape = getattr(value, "shape", None)
-        parts.append(f"{name}: {tuple(shape) if shape is not None else type(value).__name__}")
+        size = getattr(value, "size", None)
+        if shape is not None:
+            described = str(tuple(shape))
+        elif isinstance(size, int):
+            described = f"{type(value).__name__}({size} bytes)"
+        else:
+            described = type(value).__name__
+        parts.append(f"{name}: {described}")
     more = len(tensors_by_layer) - limit
     return ", ".join(parts) + (f", ... (+{more} more)" if more > 0 else "") if parts else "(none)"
 

@@ -291,7 +291,8 @@ def test_blender_without_a_hole_lookup_runs_upstream(hole_patches):
     connector = FakeBufferConnector([old.clone() for _ in range(NUM_LAYERS)], [old.clone() for _ in range(NUM_LAYERS)])
     blender, _ = make_blender(connector, ratio=0.5)
     k = torch.randn(count, HIDDEN)
-    result = blender.process_qkv(torch.randn(count, HIDDEN), k, k.clone(), k.clone(), 1, None, attention_metadata(count))
+    q = torch.randn(count, HIDDEN)
+    result = blender.process_qkv(q, k, k.clone(), k.clone(), 1, None, attention_metadata(count))
     # upstream: top int(6 * 0.5) = 3 over ALL tokens, no hole notion
     assert blender.metadata.imp_indices.numel() == 3
     assert result[0].shape[0] == 3
@@ -321,3 +322,54 @@ def test_blend_layer_hands_the_engine_a_sink_only_if_it_accepts_one(hole_patches
     LMCBlender.blend(blender, torch.tensor(MISSING), None, slot_mapping=torch.arange(3))
     lookup, start = getattr(blender, HOLE_STATE_ATTRIBUTE)
     assert lookup.num_tokens == 3 and lookup.num_cached_tokens == 0 and start == 0
+
+
+def test_retrieve_layer_refuses_a_leading_hole_instead_of_leaving_stale_kv(engine, stored, hole_patches):
+    """Lookup reports 0 for a prompt whose first document misses; if the
+    blender is still asked to load it (a pinned entry lost in between), the
+    buffer would not cover the leading hole: a clear error, not stale KV."""
+    engine.gpu_connector = RecordingLayerwiseConnector()
+    tokens = torch.tensor(rag_prompt(MISSING, DOC_A))
+    assert engine.lookup(tokens=tokens.tolist()) == 0
+    with pytest.raises(RuntimeError, match=r"found cached documents only in \[5, 9\) but the first document starts at 0"):
+        drain(engine.retrieve_layer(tokens, None, **{HOLE_SINK_KWARG: lambda *a: None}))
+    assert engine.gpu_connector.calls == []
+
+
+def test_blender_rejects_a_lookup_for_another_request(hole_patches):
+    count = 4
+    zeros = [torch.zeros(count, HIDDEN)] * NUM_LAYERS
+    connector = FakeBufferConnector(zeros, zeros)
+    blender, _ = make_blender(connector)
+    setattr(blender, HOLE_STATE_ATTRIBUTE, (lookup_from_ranges(9, [(0, 9, True)]), 0))
+    x = torch.zeros(count, HIDDEN)
+    with pytest.raises(ValueError, match="retrieval covered 9 tokens but layer 0 computes 4"):
+        blender.process_qkv(x, x, x, x, 0, None, attention_metadata(count))
+
+
+def test_blender_with_a_buffer_starting_after_vllm_cached_tokens(hole_patches):
+    """vLLM's prefix cache already holds tokens [0, 2): retrieval starts at 2,
+    so LMCache's buffer covers [2, 8).  Those leading tokens count as holes
+    (recomputed for attention), their keys still reach attention, and only
+    buffer rows are written."""
+    count, start = 8, 2
+    lookup = lookup_from_ranges(count, [(2, 8, True)])
+    buffer_k = [torch.zeros(count - start, HIDDEN) for _ in range(NUM_LAYERS)]
+    buffer_v = [torch.zeros(count - start, HIDDEN) for _ in range(NUM_LAYERS)]
+    blender, rotary = make_blender(FakeBufferConnector(buffer_k, buffer_v), ratio=0.5)
+    setattr(blender, HOLE_STATE_ATTRIBUTE, (lookup, start))
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(count, HIDDEN, generator=generator) for _ in range(3))
+    _, rotated_k = rotary(torch.arange(count), q, k)
+    # layer 0: fresh KV of the buffered tokens lands in the buffer, nothing else
+    blender.process_qkv(q, k, v, q, 0, None, attention_metadata(count))
+    assert torch.equal(buffer_k[0], rotated_k[start:]) and torch.equal(buffer_v[0], v[start:])
+    # layer 1 (check): tokens 0, 1 always chosen; 3 of the 6 cached ones by deviation
+    buffer_k[1].copy_(rotated_k[start:])
+    buffer_k[1][[1, 4]] += 10.0  # tokens 3 and 6 deviate most, then token 2 a little
+    buffer_k[1][0] += 1.0
+    _, keys, values, _, _, _ = blender.process_qkv(q, k, v, q, 1, None, attention_metadata(count))
+    assert blender.metadata.imp_indices.tolist() == [0, 1, 2, 3, 6]
+    assert keys.shape == (count, HIDDEN) and values.shape == (count, HIDDEN)
+    assert torch.equal(keys[:start], rotated_k[:start]) and torch.equal(values[:start], v[:start])
+    assert torch.equal(keys[start:], buffer_k[1]) and torch.equal(buffer_k[1], rotated_k[start:])

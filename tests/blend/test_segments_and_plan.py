@@ -118,24 +118,54 @@ def test_lookup_continues_past_a_miss():
 
 
 @pytest.mark.parametrize(
-    "cached, prefix, reach, stretches",
+    "cached, prefix, reach, loadable, stretches",
     [
-        (set(), 0, 0, []),  # all miss
-        ({(1, 1), (2, 2, 2), (3,)}, 10, 10, [(0, 10)]),  # all hit
-        ({(2, 2, 2), (3,)}, 0, 10, [(4, 10)]),  # hole at the very start
-        ({(1, 1), (2, 2, 2)}, 7, 7, [(0, 7)]),  # hole at the very end
+        (set(), 0, 0, 0, []),  # all miss
+        ({(1, 1), (2, 2, 2), (3,)}, 10, 10, 10, [(0, 10)]),  # all hit
+        ({(2, 2, 2), (3,)}, 0, 10, 0, [(4, 10)]),  # hole at the very start: prefilled
+        ({(1, 1), (2, 2, 2)}, 7, 7, 7, [(0, 7)]),  # hole at the very end
+        ({(1, 1), (3,)}, 2, 10, 10, [(0, 2), (9, 10)]),  # hole in the middle
     ],
-    ids=["all-miss", "all-hit", "hole-at-start", "hole-at-end"],
+    ids=["all-miss", "all-hit", "hole-at-start", "hole-at-end", "hole-in-middle"],
 )
-def test_lookup_ordinary_edge_cases(cached, prefix, reach, stretches):
+def test_lookup_ordinary_edge_cases(cached, prefix, reach, loadable, stretches):
     tokens = prompt([1, 1], [2, 2, 2], [3])
     result, _ = lookup_with(tokens, cached)
     assert result.prefix_hit_tokens == prefix
     assert result.hole_mode_hit_tokens == reach
+    assert result.loadable_hit_tokens == loadable
     assert result.cached_stretches() == stretches
     runs = result.runs()
     assert runs[0].start == 0 and runs[-1].end == len(tokens)
     assert all(a.end == b.start and a.cached != b.cached for a, b in zip(runs, runs[1:]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(min_value=1, max_value=4), st.booleans()), max_size=12))
+def test_lookup_invariants_on_random_hit_patterns(documents):
+    """For any documents and hits: runs tile the prompt, alternate, and agree
+    with the mask; stretches hold exactly the cached tokens; standard's view
+    is a prefix of hole mode's."""
+    tokens: list[int] = []
+    cached: set[tuple[int, ...]] = set()
+    for index, (length, hit) in enumerate(documents):
+        document = [10 + index] * length  # distinct documents
+        if hit:
+            cached.add(tuple(document))
+        tokens += (list(SEP) if index else []) + document
+    result, asked = lookup_with(tokens, cached)
+    assert asked == list(range(len(documents)))
+    mask = result.cached_token_mask()
+    runs = result.runs()
+    assert sum(run.length for run in runs) == len(tokens)
+    assert all(a.end == b.start and a.cached != b.cached for a, b in zip(runs, runs[1:]))
+    assert all(mask[i] == run.cached for run in runs for i in range(run.start, run.end))
+    in_stretches = sum(mask[a:b].count(True) for a, b in result.cached_stretches())
+    assert in_stretches == result.num_cached_tokens == sum(mask)
+    assert result.prefix_hit_tokens <= result.loadable_hit_tokens <= result.hole_mode_hit_tokens
+    standard = result.truncated_to_prefix()
+    assert standard.hole_mode_hit_tokens == result.prefix_hit_tokens
+    assert all(s <= h for s, h in zip(standard.hit, result.hit))
 
 
 def test_empty_prompt_lookup():

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from lmcache_ascend.compat.source import module_is_locatable
 from lmcache_ascend.compat.versions import installed_version
 from lmcache_ascend.patches import registry as registry_module
 
@@ -22,7 +23,7 @@ IMPORTABLE_TARGETS = sorted(
     {
         record.patch.target
         for record in REGISTRY.records()
-        if all(installed_version(dist) for dist in record.patch.requires)
+        if module_is_locatable(record.patch.target) and all(installed_version(d) for d in record.patch.requires)
     }
     | {"vllm.v1.core.kv_cache_utils"}
 )

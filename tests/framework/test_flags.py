@@ -69,3 +69,31 @@ def test_table_is_consistent():
     for flag in flag_table.FLAGS:
         assert parse_flag(flag.name, None) == flag.default
         assert flag.help.strip()
+
+
+def test_lmcache_config_file_sets_flags_and_the_environment_wins(tmp_path):
+    config = tmp_path / "lmcache.yaml"
+    config.write_text(
+        "chunk_size: 256\n"
+        "ascend_blend_holes: true\n"
+        "ascend_skip_state_spec_allowlist: [C4AttnKVState, C128AttnScoreState]\n"
+        "ascend_transfer_backend: torch\n"
+    )
+    environ = {"LMCACHE_CONFIG_FILE": str(config), "LMCACHE_ASCEND_TRANSFER_BACKEND": "triton"}
+    values = validate_all(environ)
+    assert values["LMCACHE_ASCEND_BLEND_HOLES"] is True
+    assert values["LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"] == ("C4AttnKVState", "C128AttnScoreState")
+    assert values["LMCACHE_ASCEND_TRANSFER_BACKEND"] == "triton"  # env wins
+    assert flag_value("LMCACHE_ASCEND_BLEND_HOLES", environ) is True
+    # Flags without an LMCache key are never read from the file.
+    config.write_text("LMCACHE_ASCEND_PATCHES: 0\n")
+    assert validate_all({"LMCACHE_CONFIG_FILE": str(config)})["LMCACHE_ASCEND_PATCHES"] is True
+
+
+def test_bad_value_in_the_config_file_names_the_key_and_the_file(tmp_path):
+    config = tmp_path / "lmcache.yaml"
+    config.write_text("ascend_transfer_backend: cuda\n")
+    with pytest.raises(FlagError, match=r"LMCACHE_ASCEND_TRANSFER_BACKEND='cuda' is not allowed.*LMCache key 'ascend_transfer_backend' in .*lmcache.yaml"):
+        validate_all({"LMCACHE_CONFIG_FILE": str(config)})
+    with pytest.raises(FlagError, match="LMCACHE_CONFIG_FILE=.*can't be read"):
+        validate_all({"LMCACHE_CONFIG_FILE": str(tmp_path / "missing.yaml")})

@@ -27,7 +27,9 @@ def main(examples: int) -> None:
     widths_seen: set[int] = set()
     calls = 0
 
-    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    # derandomize: CI sees the same cases every run (the coverage assertion on widths must not flake).
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+              derandomize=True)
     @given(case=layout_cases(max_tokens=12, max_layers=2))
     def check(case):
         nonlocal calls

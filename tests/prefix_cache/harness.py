@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from vllm import SamplingParams
@@ -126,7 +126,6 @@ class ReplayStats:
     hit_tokens: int = 0
     blocks_allocated: int = 0
     preemptions: int = 0
-    hit_rates: list[float] = field(default_factory=list)
 
     @property
     def hit_rate(self) -> float:

@@ -22,10 +22,6 @@ def _has_prepend_parameter(module) -> bool:
 
 
 def _build(ctx: PatchContext) -> dict[str, object]:
-    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
-
-    if not hasattr(FreeKVCacheBlockQueue, "prepend_n"):
-        raise RuntimeError("FreeKVCacheBlockQueue.prepend_n is missing: apply vllm-free-queue-prepend first")
     original_free_blocks = ctx.original_function("BlockPool.free_blocks")
 
     def free_blocks(self, ordered_blocks, prepend: bool = False) -> None:
@@ -50,6 +46,7 @@ PATCH = Patch(
     target="vllm.v1.core.block_pool",
     attributes=("BlockPool.free_blocks",),
     kind=PatchKind.WRAP,
+    after=("vllm-free-queue-prepend",),
     requires={"vllm": ">=0.18.0"},
     guard=UpstreamGuard(
         probe=_has_prepend_parameter,
@@ -61,4 +58,8 @@ PATCH = Patch(
     why="uncached scratch blocks are reused first, cached blocks last, so the prefix cache survives",
     mirrors="vLLM 0.23 BlockPool.free_blocks(prepend=) (sliding-window prefix-cache retention work)",
     delete_when="the oldest supported vLLM is >= 0.23",
+    # Fingerprints of the targets as shipped in vLLM 0.18.1 (stack A; B skips).
+    tested_fingerprints={
+        "BlockPool.free_blocks": ("d8825b31501c",),
+    },
 )

@@ -73,8 +73,6 @@ def _has_sliding_window_group(coordinator) -> bool:
 def _build(ctx: PatchContext) -> dict[str, object]:
     from vllm.v1.core import single_type_kv_cache_manager as managers_module
 
-    if "retention_interval" not in inspect.signature(managers_module.SingleTypeKVCacheManager.cache_blocks).parameters:
-        raise RuntimeError("managers take no retention_interval: apply vllm-sliding-window-retention first")
     sliding_window_manager = managers_module.SlidingWindowManager
     hybrid_coordinator = ctx.module.HybridKVCacheCoordinator
     original_init = ctx.original_function("KVCacheCoordinator.__init__")
@@ -120,6 +118,7 @@ PATCH = Patch(
     target="vllm.v1.core.kv_cache_coordinator",
     attributes=("KVCacheCoordinator.__init__", "KVCacheCoordinator.cache_blocks", "get_kv_cache_coordinator"),
     kind=PatchKind.WRAP,
+    after=("vllm-sliding-window-retention",),
     requires={"vllm": ">=0.18.0"},
     flags=("VLLM_PREFIX_CACHE_RETENTION_INTERVAL",),
     guard=UpstreamGuard(
@@ -132,4 +131,10 @@ PATCH = Patch(
     why="vLLM 0.18's managers never learn the hit alignment, so they cannot keep sparse checkpoints",
     mirrors="vLLM 0.23 KVCacheCoordinator(scheduler_block_size=), retention validation, hybrid cache_blocks alignment",
     delete_when="the oldest supported vLLM is >= 0.23",
+    # Fingerprints of the targets as shipped in vLLM 0.18.1 (stack A; B skips).
+    tested_fingerprints={
+        "KVCacheCoordinator.__init__": ("658fa28fab8c",),
+        "KVCacheCoordinator.cache_blocks": ("30b0d15e0b53",),
+        "get_kv_cache_coordinator": ("239b7f630035",),
+    },
 )

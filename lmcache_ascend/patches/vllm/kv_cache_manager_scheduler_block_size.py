@@ -44,6 +44,7 @@ PATCH = Patch(
     target="vllm.v1.core.kv_cache_manager",
     attributes=("KVCacheManager.__init__",),
     kind=PatchKind.WRAP,
+    after=("vllm-coordinator-scheduler-block-size",),
     requires={"vllm": ">=0.18.0"},
     guard=UpstreamGuard(
         probe=_has_scheduler_block_size,
@@ -55,4 +56,8 @@ PATCH = Patch(
     why="vLLM 0.18 cannot hand the hit alignment from the scheduler to the KV-cache managers",
     mirrors="vLLM 0.23 KVCacheManager(scheduler_block_size=)",
     delete_when="the oldest supported vLLM is >= 0.23",
+    # Fingerprints of the targets as shipped in vLLM 0.18.1 (stack A; B skips).
+    tested_fingerprints={
+        "KVCacheManager.__init__": ("e3bf7cf6f4ee",),
+    },
 )

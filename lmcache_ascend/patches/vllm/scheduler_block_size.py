@@ -55,6 +55,7 @@ PATCH = Patch(
     target="vllm.v1.core.sched.scheduler",
     attributes=("Scheduler.__init__",),
     kind=PatchKind.WRAP,
+    after=("vllm-kv-cache-manager-scheduler-block-size",),
     requires={"vllm": ">=0.18.0"},
     guard=UpstreamGuard(
         probe=_has_hash_block_size,
@@ -66,4 +67,8 @@ PATCH = Patch(
     why="vLLM 0.18 schedules a hybrid model at its smallest group block size; hits align to the LCM",
     mirrors="vLLM 0.23 resolve_kv_cache_block_sizes and Scheduler -> KVCacheManager(scheduler_block_size=)",
     delete_when="the oldest supported vLLM is >= 0.23",
+    # Fingerprints of the targets as shipped in vLLM 0.18.1 (stack A; B skips).
+    tested_fingerprints={
+        "Scheduler.__init__": ("d902624eb5d7",),
+    },
 )

@@ -41,10 +41,6 @@ def _is_cached(block) -> bool:
 
 
 def _build(ctx: PatchContext) -> dict[str, object]:
-    from vllm.v1.core.block_pool import BlockPool
-
-    if "prepend" not in inspect.signature(BlockPool.free_blocks).parameters:
-        raise RuntimeError("BlockPool.free_blocks has no prepend=: apply vllm-block-pool-free-prepend first")
     sliding_window_manager = ctx.module.SlidingWindowManager
     original_init = ctx.original_function("SingleTypeKVCacheManager.__init__")
     original_cache_blocks = ctx.original_function("SingleTypeKVCacheManager.cache_blocks")
@@ -140,6 +136,7 @@ PATCH = Patch(
         "SingleTypeKVCacheManager.remove_skipped_blocks",
     ),
     kind=PatchKind.REPLACE,
+    after=("vllm-block-pool-free-prepend",),
     requires={"vllm": ">=0.18.0"},
     flags=("VLLM_PREFIX_CACHE_RETENTION_INTERVAL",),
     guard=UpstreamGuard(
@@ -152,4 +149,11 @@ PATCH = Patch(
     why="on vLLM 0.18 scratch allocations evict the sliding-window blocks a replay needs (DSv4: ~0% hits)",
     mirrors="vLLM 0.23 SlidingWindowManager.reachable_block_mask/free and the split in remove_skipped_blocks",
     delete_when="the oldest supported vLLM is >= 0.23",
+    # Fingerprints of the targets as shipped in vLLM 0.18.1 (stack A; B skips).
+    tested_fingerprints={
+        "SingleTypeKVCacheManager.__init__": ("5611abf9a9cf",),
+        "SingleTypeKVCacheManager.cache_blocks": ("30fa7ba1db4a",),
+        "SingleTypeKVCacheManager.free": ("c586ee01571f",),
+        "SingleTypeKVCacheManager.remove_skipped_blocks": ("8a74571ec17e",),
+    },
 )

@@ -1,0 +1,46 @@
+"""Configurable DeepSeek-V4 compressed KV block size for vllm-ascend's indexer cache spec.
+
+What: ``AscendDeepseekV4IndexerCache.get_kv_cache_spec`` applies
+``VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE`` exactly as the DSA attention
+patch does (only compress ratio 128; default 128 = the original object).
+Why: the indexer cache must keep the same block size as the DSA attention
+cache it indexes, or the two groups' blocks stop lining up.
+Mirrors: vllm-ascend #10193 (the indexer calls the same resolver).
+Delete when: vllm-ascend reads the switch itself.
+"""
+
+from __future__ import annotations
+
+from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
+from lmcache_ascend.patches.vllm_ascend.dsv4_compressed_block_size_attention import with_compressed_block_size
+from lmcache_ascend.prefix_cache.block_sizes import COMPRESSED_BLOCK_SIZE_FLAG
+
+
+def _build(ctx: PatchContext) -> dict[str, object]:
+    original = ctx.original_function("AscendDeepseekV4IndexerCache.get_kv_cache_spec")
+
+    def get_kv_cache_spec(self, vllm_config):
+        return with_compressed_block_size(original(self, vllm_config))
+
+    return {"AscendDeepseekV4IndexerCache.get_kv_cache_spec": get_kv_cache_spec}
+
+
+PATCH = Patch(
+    name="vllm-ascend-dsv4-indexer-block-size",
+    target="vllm_ascend.models.deepseek_v4",
+    attributes=("AscendDeepseekV4IndexerCache.get_kv_cache_spec",),
+    kind=PatchKind.WRAP,
+    # DeepSeek-V4 support (and these targets) first shipped in vllm-ascend 0.23.
+    requires={"vllm-ascend": ">=0.23.0rc1"},
+    flags=(COMPRESSED_BLOCK_SIZE_FLAG,),
+    guard=UpstreamGuard(fixed_if_source_contains=(COMPRESSED_BLOCK_SIZE_FLAG,)),
+    build=_build,
+    summary="DSv4 indexer cache spec follows VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE like the DSA attention spec",
+    why="indexer and DSA attention caches must share one compressed block size",
+    mirrors="vllm-ascend #10193 AscendDeepseekV4IndexerCache.get_kv_cache_spec",
+    delete_when="vllm-ascend reads VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE itself",
+    # Fingerprints of the targets as shipped in vllm-ascend 0.23.0.post1.
+    tested_fingerprints={
+        "AscendDeepseekV4IndexerCache.get_kv_cache_spec": ("1869e0962c34",),
+    },
+)

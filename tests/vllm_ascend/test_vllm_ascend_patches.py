@@ -1,0 +1,53 @@
+"""vllm-ascend DeepSeek-V4 patches: absent vllm-ascend here, its real sdist in a subprocess."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import importlib.metadata as metadata
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from lmcache_ascend.patches import State, registry
+
+REPO = Path(__file__).resolve().parents[2]
+PATCH_MODULES = {
+    "vllm-ascend-dsv4-prefix-block-size": "lmcache_ascend.patches.vllm_ascend.dsv4_prefix_block_size",
+    "vllm-ascend-dsv4-attention-block-size": "lmcache_ascend.patches.vllm_ascend.dsv4_compressed_block_size_attention",
+    "vllm-ascend-dsv4-indexer-block-size": "lmcache_ascend.patches.vllm_ascend.dsv4_compressed_block_size_indexer",
+    "vllm-ascend-kv-cache-layer-names": "lmcache_ascend.patches.vllm_ascend.kv_cache_layer_names",
+}
+# The vllm-ascend release built on each stack's vLLM (fetched by scripts/fetch-vllm-ascend).
+SDIST_VERSION = "0.23.0.post1" if Version(metadata.version("vllm")) >= Version("0.23") else "0.18.0"
+
+
+def test_patch_modules_import_without_vllm_ascend_and_report_target_missing():
+    assert importlib.util.find_spec("vllm_ascend") is None, "this process must not see vllm-ascend"
+    for name, module_name in PATCH_MODULES.items():
+        module = importlib.import_module(module_name)
+        assert module.PATCH.name == name
+        assert registry.apply_now(name) is State.TARGET_MISSING
+        assert "not found" in registry.record(name).reason
+
+
+@pytest.mark.subprocess
+def test_against_real_vllm_ascend_source():
+    sdist = REPO / ".venvs" / "sdists" / f"vllm-ascend-{SDIST_VERSION}"
+    assert (sdist / "vllm_ascend").is_dir(), f"missing {sdist}: run scripts/fetch-vllm-ascend"
+    env = dict(os.environ, LMCACHE_ASCEND_AUTOLOAD="0", VLLM_ASCEND_SDIST=str(sdist))
+    env.pop("VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).with_name("sdist_checks.py"))],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout
