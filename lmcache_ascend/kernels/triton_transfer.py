@@ -16,6 +16,10 @@ cache addresses, chunk region offsets and the data anchor; 16 bytes are four
 int32 the compiler is told are 16-byte aligned, so it emits 128-bit accesses.
 Slot and row arithmetic is int32 where the host guarantees it fits (cache rows
 and region bytes below 2**31).
+
+Host cost per call is kept to a dictionary lookup, a few integer operations per
+plane and a direct launch of the cached compiled kernel: every table is built
+and uploaded once (see `_device_table`), per-call values are scalar arguments.
 """
 
 from __future__ import annotations
@@ -23,13 +27,20 @@ from __future__ import annotations
 import logging
 import math
 import os
-from array import array
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from lmcache_ascend.kernels.spec import ResolvedTransfer, widest_element_width
+from lmcache_ascend.kernels.spec import (
+    MAX_PLANES,
+    ChunkLayout,
+    PagedGroup,
+    ResolvedTransfer,
+    TransferError,
+    widest_element_width,
+)
 
 __all__ = ["supports_device", "triton_transfer"]
 
@@ -41,12 +52,18 @@ VECTORS_PER_TILE = 512
 BYTES_PER_PROGRAM = 8192
 NUM_WARPS = 4
 
-# The kernel reads two int64 tables of 5 fields per entry:
-#   static (per layer x plane, cached on the group): cache address, rows in the
-#     cache (num_blocks * block_size), block stride (bytes), block size, row bytes;
-#   plane (per plane, per call): slot offset (elements from the slot anchor,
-#     start included), count, region offset (bytes from the data anchor, for
-#     layer 0), element width (bytes), unused.
+# The kernel reads one int64 device table, built and uploaded ONCE per (group,
+# chunk shape, chunk offset, chunk-buffer alignment) and cached on the group:
+#   [layers * planes] rows of 5: cache address, rows in the cache
+#     (num_blocks * block_size), block stride (bytes), block size, row bytes;
+#   then [planes] rows of 2: region offset (bytes from the chunk buffer's start,
+#     layer 0), element width (bytes).
+# What changes per call (each plane's slot offset and count) travels as scalar
+# kernel arguments, so a call uploads nothing.
+_GEOMETRY_FIELDS = 5
+_REGION_FIELDS = 2
+# Cached tables per group (chunk shapes are few in practice; bounded anyway).
+_MAX_CACHED_TABLES = 64
 
 
 def supports_device(device: torch.device) -> bool:
@@ -126,10 +143,53 @@ def _move_region(
             tl.store(cache_ptrs, tl.load(chunk_ptrs, mask=mask), mask=mask)
 
 
+# Per-call values (each plane's slot offset and count) are scalar arguments, one
+# per possible plane (MAX_PLANES); planes past the group's count get 0 and are
+# never read (PLANES is a compile-time constant).
+_SLOT_OFFSET_NAMES = tuple(f"slot_offset_{plane}" for plane in range(MAX_PLANES))
+_COUNT_NAMES = tuple(f"count_{plane}" for plane in range(MAX_PLANES))
 # Integer arguments are not specialized on their values; pointers are (on 16-byte
 # alignment, which the 128-bit accesses need), so a compiled binary is reused
-# exactly when the direction, tile shape and the pointers' alignment match.
-_UNSPECIALIZED_INTEGERS = ("data_anchor_address", "plane_count", "layer_stride")
+# exactly when the direction, tile shape, plane count, the pointers' alignment
+# and the integers' widths (i32/i64) match.
+_UNSPECIALIZED_INTEGERS = ("data_anchor_address", "layer_stride", *_SLOT_OFFSET_NAMES, *_COUNT_NAMES)
+
+
+@triton.jit
+def _pick(plane, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, PLANES: tl.constexpr):
+    """v[plane] as int64; only the first PLANES candidates are compiled in."""
+    value = v0.to(tl.int64)
+    if PLANES > 1:
+        value = tl.where(plane == 1, v1.to(tl.int64), value)
+    if PLANES > 2:
+        value = tl.where(plane == 2, v2.to(tl.int64), value)
+    if PLANES > 3:
+        value = tl.where(plane == 3, v3.to(tl.int64), value)
+    if PLANES > 4:
+        value = tl.where(plane == 4, v4.to(tl.int64), value)
+    if PLANES > 5:
+        value = tl.where(plane == 5, v5.to(tl.int64), value)
+    if PLANES > 6:
+        value = tl.where(plane == 6, v6.to(tl.int64), value)
+    if PLANES > 7:
+        value = tl.where(plane == 7, v7.to(tl.int64), value)
+    if PLANES > 8:
+        value = tl.where(plane == 8, v8.to(tl.int64), value)
+    if PLANES > 9:
+        value = tl.where(plane == 9, v9.to(tl.int64), value)
+    if PLANES > 10:
+        value = tl.where(plane == 10, v10.to(tl.int64), value)
+    if PLANES > 11:
+        value = tl.where(plane == 11, v11.to(tl.int64), value)
+    if PLANES > 12:
+        value = tl.where(plane == 12, v12.to(tl.int64), value)
+    if PLANES > 13:
+        value = tl.where(plane == 13, v13.to(tl.int64), value)
+    if PLANES > 14:
+        value = tl.where(plane == 14, v14.to(tl.int64), value)
+    if PLANES > 15:
+        value = tl.where(plane == 15, v15.to(tl.int64), value)
+    return value
 
 
 @triton.jit(do_not_specialize=_UNSPECIALIZED_INTEGERS)
@@ -137,27 +197,35 @@ def _paged_chunk_kernel(
     data_anchor,  # uint8*: the chunk buffer; every data address is relative to it
     data_anchor_address,  # its address as an int64
     slot_anchor,  # int64*: one slot array; every slot array is relative to it
-    static_table,  # int64 [layers * planes, 5]
-    plane_table,  # int64 [planes, 5]
-    plane_count,
+    table,  # int64: [layers * planes, 5] geometry, then [planes, 2] regions
     layer_stride,
+    slot_offset_0, slot_offset_1, slot_offset_2, slot_offset_3, slot_offset_4, slot_offset_5, slot_offset_6,
+    slot_offset_7, slot_offset_8, slot_offset_9, slot_offset_10, slot_offset_11, slot_offset_12, slot_offset_13,
+    slot_offset_14, slot_offset_15,
+    count_0, count_1, count_2, count_3, count_4, count_5, count_6, count_7, count_8, count_9, count_10, count_11,
+    count_12, count_13, count_14, count_15,
+    PLANES: tl.constexpr,
     STORE: tl.constexpr,
     TILE: tl.constexpr,
     BYTES_PER_PROGRAM: tl.constexpr,
 ):
     program = tl.program_id(0)
     layer_plane = tl.program_id(1)
-    layer = layer_plane // plane_count
-    plane = layer_plane - layer * plane_count
-    plane_entry = plane_table + plane * 5
-    count = tl.load(plane_entry + 1)
-    entry = static_table + layer_plane.to(tl.int64) * 5
+    layer = layer_plane // PLANES
+    plane = layer_plane - layer * PLANES
+    count = _pick(plane, count_0, count_1, count_2, count_3, count_4, count_5, count_6, count_7, count_8, count_9,
+                  count_10, count_11, count_12, count_13, count_14, count_15, PLANES)
+    entry = table + layer_plane.to(tl.int64) * 5
     row_bytes = tl.load(entry + 4)
     first_byte = program.to(tl.int64) * BYTES_PER_PROGRAM
     if first_byte < count * row_bytes:
-        slot_ptr = slot_anchor + tl.load(plane_entry + 0)
-        region_offset = tl.load(plane_entry + 2) + layer * layer_stride
-        width = tl.load(plane_entry + 3)
+        slot_offset = _pick(plane, slot_offset_0, slot_offset_1, slot_offset_2, slot_offset_3, slot_offset_4,
+                            slot_offset_5, slot_offset_6, slot_offset_7, slot_offset_8, slot_offset_9, slot_offset_10,
+                            slot_offset_11, slot_offset_12, slot_offset_13, slot_offset_14, slot_offset_15, PLANES)
+        slot_ptr = slot_anchor + slot_offset
+        region_entry = table + tl.num_programs(1).to(tl.int64) * 5 + plane * 2
+        region_offset = tl.load(region_entry) + layer.to(tl.int64) * layer_stride
+        width = tl.load(region_entry + 1)
         cache_delta = tl.load(entry + 0) - data_anchor_address
         cache_rows = tl.load(entry + 1)
         block_stride = tl.load(entry + 2)
@@ -176,99 +244,87 @@ def _paged_chunk_kernel(
                          row_bytes, region_offset, STORE, tl.int8, 1, 1, TILE, BYTES_PER_PROGRAM)
 
 
-def _static_tables(transfer: ResolvedTransfer) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """Per-(layer, plane) geometry on the device, and each plane's alignment gcd; cached on the group."""
-    group = transfer.group
-    cached = group.backend_cache.get("triton")
+@dataclass(frozen=True)
+class _GroupGeometry:
+    """What the kernel needs of a group that never changes: built once per group."""
+
+    rows: tuple[int, ...]  # flat [layers * planes, 5] geometry rows (see the table layout above)
+    plane_gcds: tuple[int, ...]  # per plane: gcd of its row bytes, block strides and cache addresses
+    row_bytes: tuple[int, ...]
+    layer_planes: int  # grid rows: layers x planes
+
+
+@dataclass(frozen=True)
+class _DeviceTable:
+    """The uploaded table for one chunk shape / offset / buffer alignment, and the widths in it."""
+
+    table: torch.Tensor
+    widths: tuple[int, ...]
+    table_aligned: bool  # table address % 16 == 0 (part of the compiled kernel's key)
+
+
+def _group_geometry(group: PagedGroup) -> _GroupGeometry:
+    cached = group.backend_cache.get("triton.geometry")
     if cached is not None:
         return cached
-    rows: list[list[int]] = []  # built once per group, so plain lists are fine
+    rows: list[int] = []
     plane_gcds = [plane.row_bytes for plane in group.planes]
     for layer in range(group.layer_count):
         for plane_index, plane in enumerate(group.planes):
             geometry = group.geometry[layer][plane_index]
-            rows.append(
-                [
-                    geometry.address,
-                    geometry.num_blocks * plane.block_size,
-                    geometry.block_stride_bytes,
-                    plane.block_size,
-                    plane.row_bytes,
-                ]
-            )
-            plane_gcds[plane_index] = math.gcd(
-                plane_gcds[plane_index], geometry.address, geometry.block_stride_bytes
-            )
-    table = torch.tensor(rows, dtype=torch.int64).to(group.device)
-    cached = (table, tuple(plane_gcds))
-    group.backend_cache["triton"] = cached
+            rows.extend((geometry.address, geometry.num_blocks * plane.block_size, geometry.block_stride_bytes,
+                         plane.block_size, plane.row_bytes))
+            plane_gcds[plane_index] = math.gcd(plane_gcds[plane_index], geometry.address, geometry.block_stride_bytes)
+    cached = _GroupGeometry(tuple(rows), tuple(plane_gcds), tuple(plane.row_bytes for plane in group.planes),
+                            group.layer_count * group.plane_count)
+    group.backend_cache["triton.geometry"] = cached
     return cached
 
 
-def plane_widths(transfer: ResolvedTransfer) -> tuple[int, ...]:
-    """The element width (bytes) each plane of this transfer moves with."""
-    _, plane_gcds = _static_tables(transfer)
-    anchor = transfer.chunk_bytes.data_ptr()
-    layout = transfer.layout
+def _widths(geometry: _GroupGeometry, layout: ChunkLayout, chunk_offset: int, anchor: int) -> tuple[int, ...]:
     widths = []
-    for plane_index, plane_gcd in enumerate(plane_gcds):
-        region = transfer.chunk_offset + layout.plane_offsets[plane_index]
-        quantities = [plane_gcd, anchor, region]
+    for plane_index, plane_gcd in enumerate(geometry.plane_gcds):
+        quantities = [plane_gcd, anchor, chunk_offset + layout.plane_offsets[plane_index]]
         if layout.layer_count > 1:
             quantities.append(layout.layer_stride)
         widths.append(widest_element_width(*quantities))
     return tuple(widths)
 
 
-def triton_transfer(transfer: ResolvedTransfer, *, tile: int = VECTORS_PER_TILE,
-                    bytes_per_program: int = BYTES_PER_PROGRAM, num_warps: int = NUM_WARPS) -> None:
-    """Run one validated transfer in a single kernel launch."""
-    if bytes_per_program % (tile * 16):
-        raise ValueError(f"bytes_per_program={bytes_per_program} must be a multiple of tile={tile} x 16 bytes")
-    static_table, _ = _static_tables(transfer)
-    widths = plane_widths(transfer)
-    layout = transfer.layout
-    slot_anchor = transfer.slots[0].slots
-    slot_anchor_address = slot_anchor.data_ptr()
-    plane_values = array("q")  # flat [planes, 5]; frombuffer avoids building a tensor from lists
-    max_region_bytes = 0
-    for plane_index, (plane, plane_slots) in enumerate(zip(transfer.group.planes, transfer.slots)):
-        distance = plane_slots.slots.data_ptr() - slot_anchor_address
-        # int64 arrays are 8-byte aligned, so the distance is whole elements.
-        plane_values.extend(
-            (
-                distance // 8 + plane_slots.start,
-                plane_slots.count,
-                transfer.chunk_offset + layout.plane_offsets[plane_index],
-                widths[plane_index],
-                0,
-            )
-        )
-        max_region_bytes = max(max_region_bytes, plane_slots.count * plane.row_bytes)
-    if max_region_bytes == 0:
-        return
-    # From pageable memory the copy is staged before .to() returns, so the
-    # array may go away at once; no device synchronization happens.
-    plane_table = torch.frombuffer(plane_values, dtype=torch.int64).to(static_table.device, non_blocking=True)
+def _device_table(transfer: ResolvedTransfer, anchor: int) -> _DeviceTable:
+    """The kernel's table for this transfer's chunk shape: built and uploaded once, then looked up.
+
+    Everything in it is a function of the group (fixed), the layout (region rows and
+    alignment), the chunk offset and the chunk buffer's address modulo 16, which
+    together are the cache key.
+    """
     group = transfer.group
-    grid = (triton.cdiv(max_region_bytes, bytes_per_program), group.layer_count * group.plane_count)
-    arguments = (
-        transfer.chunk_bytes,
-        transfer.chunk_bytes.data_ptr(),
-        slot_anchor,
-        static_table,
-        plane_table,
-        group.plane_count,
-        layout.layer_stride,
-    )
-    _launch(grid, arguments, transfer.store, tile, bytes_per_program, num_warps, static_table.device)
+    layout = transfer.layout
+    tables = group.backend_cache.get("triton.tables")
+    if tables is None:
+        tables = group.backend_cache["triton.tables"] = {}
+    key = (layout.region_rows, layout.alignment, transfer.chunk_offset, anchor % 16)
+    cached = tables.get(key)
+    if cached is not None:
+        return cached
+    geometry = _group_geometry(group)
+    widths = _widths(geometry, layout, transfer.chunk_offset, anchor)
+    values = list(geometry.rows)
+    for plane_index, width in enumerate(widths):
+        values.extend((transfer.chunk_offset + layout.plane_offsets[plane_index], width))
+    # A blocking copy from a tensor of its own: nothing on the host can change
+    # under it, and it happens once per chunk shape, not per call.
+    table = torch.tensor(values, dtype=torch.int64).to(group.device)
+    if len(tables) >= _MAX_CACHED_TABLES:
+        tables.clear()
+    cached = _DeviceTable(table, widths, table.data_ptr() % 16 == 0)
+    tables[key] = cached
+    return cached
 
 
-# Compiled kernels by (device, direction, tile, bytes per program, warps, pointer
-# alignments): the same key Triton's JIT derives for this kernel, whose entry
-# re-derives it on every call (tens of microseconds); a hit launches directly.
-_compiled: dict[tuple, object] = {}
-_direct_launch = {"enabled": True}
+def plane_widths(transfer: ResolvedTransfer) -> tuple[int, ...]:
+    """The element width (bytes) each plane of this transfer moves with."""
+    return _device_table(transfer, transfer.chunk_bytes.data_ptr()).widths
 
 
 def _integer_type(value: int) -> str:
@@ -280,17 +336,74 @@ def _integer_type(value: int) -> str:
     return "i64"
 
 
-def _launch(grid, arguments, store, tile, bytes_per_program, num_warps, device) -> None:
-    signature = tuple(
-        argument.data_ptr() % 16 == 0 if isinstance(argument, torch.Tensor) else _integer_type(argument)
-        for argument in arguments
+def triton_transfer(transfer: ResolvedTransfer, *, tile: int = VECTORS_PER_TILE,
+                    bytes_per_program: int = BYTES_PER_PROGRAM, num_warps: int = NUM_WARPS) -> None:
+    """Run one validated transfer in a single kernel launch (no host-to-device copy after the first)."""
+    if bytes_per_program % (tile * 16):
+        raise ValueError(f"bytes_per_program={bytes_per_program} must be a multiple of tile={tile} x 16 bytes")
+    chunk = transfer.chunk_bytes
+    anchor = chunk.data_ptr()
+    device_table = _device_table(transfer, anchor)
+    geometry = _group_geometry(transfer.group)
+    planes = len(geometry.row_bytes)
+    # The slot anchor is the first plane that moves rows (an empty tensor may have
+    # no address at all); other planes' slots are reached by their distance from it.
+    slot_anchor = None
+    slot_anchor_address = 0
+    slot_offsets = [0] * MAX_PLANES
+    counts = [0] * MAX_PLANES
+    max_region_bytes = 0
+    for plane_index, plane_slots in enumerate(transfer.slots):
+        count = plane_slots.count
+        if count == 0:
+            continue  # offset 0, count 0: the plane's programs return at once
+        slots = plane_slots.slots
+        address = slots.data_ptr()
+        if address % 8:
+            raise TransferError(
+                f"slots[{plane_index}] starts at address {address:#x}, not a multiple of 8; "
+                "allowed: an int64 tensor aligned to its element size"
+            )
+        if slot_anchor is None:
+            slot_anchor, slot_anchor_address = slots, address
+        slot_offsets[plane_index] = (address - slot_anchor_address) // 8 + plane_slots.start
+        counts[plane_index] = count
+        region_bytes = count * geometry.row_bytes[plane_index]
+        if region_bytes > max_region_bytes:
+            max_region_bytes = region_bytes
+    if slot_anchor is None:
+        return  # no plane moves a row
+    grid = (-(-max_region_bytes // bytes_per_program), geometry.layer_planes)
+    layer_stride = transfer.layout.layer_stride
+    arguments = (chunk, anchor, slot_anchor, device_table.table, layer_stride, *slot_offsets, *counts)
+    # The compiled kernel's key: pointer alignments and integer widths (counts
+    # are always i32: regions stay below 2**31 bytes).
+    signature = (
+        anchor % 16 == 0,
+        slot_anchor_address % 16 == 0,
+        device_table.table_aligned,
+        _integer_type(anchor),
+        _integer_type(layer_stride),
+        tuple(_integer_type(offset) for offset in slot_offsets[:planes]),
     )
-    key = (str(device), store, tile, bytes_per_program, num_warps, signature)
+    _launch(grid, arguments, signature, planes, transfer.store, tile, bytes_per_program, num_warps,
+            transfer.group.device)
+
+
+# Compiled kernels by (device, plane count, direction, tile, bytes per program,
+# warps, signature): the key Triton's JIT derives for this kernel, whose entry
+# re-derives it on every call (tens of microseconds); a hit launches directly.
+_compiled: dict[tuple, object] = {}
+_direct_launch = {"enabled": True}
+
+
+def _launch(grid, arguments, signature, planes, store, tile, bytes_per_program, num_warps, device) -> None:
+    key = (device, planes, store, tile, bytes_per_program, num_warps, signature)
     compiled = _compiled.get(key) if _direct_launch["enabled"] else None
-    constants = (store, tile, bytes_per_program)
     if compiled is not None:
         try:
-            compiled[(grid[0], grid[1], 1)](*arguments, *constants)  # a compiled kernel wants all 3 grid dims
+            # A compiled kernel wants all 3 grid dims and every argument, constexprs included.
+            compiled[(grid[0], grid[1], 1)](*arguments, planes, store, tile, bytes_per_program)
             return
         except (TypeError, IndexError, AttributeError) as error:  # argument binding, before any launch
             # A Triton build whose compiled-kernel call differs: use the JIT entry from now on.
@@ -298,7 +411,7 @@ def _launch(grid, arguments, store, tile, bytes_per_program, num_warps, device) 
             _direct_launch["enabled"] = False
             _compiled.clear()
     compiled = _paged_chunk_kernel[grid](
-        *arguments, STORE=store, TILE=tile, BYTES_PER_PROGRAM=bytes_per_program, num_warps=num_warps
+        *arguments, PLANES=planes, STORE=store, TILE=tile, BYTES_PER_PROGRAM=bytes_per_program, num_warps=num_warps
     )
     # The interpreter returns no compiled kernel; only a real one is cached.
     if compiled is not None and hasattr(compiled, "run") and _direct_launch["enabled"]:

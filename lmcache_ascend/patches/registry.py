@@ -147,6 +147,8 @@ class Registry:
                 if skip_state is State.SKIPPED_VERSION:
                     record.set(skip_state, note)
                     return False
+            else:
+                record.distribution_installed = False  # not even its top-level package is there
             record.set(State.TARGET_MISSING, f"module {patch.target} not found")
             return False
         return True
@@ -249,6 +251,12 @@ class Registry:
         for prerequisite in record.patch.after:
             if prerequisite in self._records and self._records[prerequisite].state is not State.APPLIED:
                 self.apply_now(prerequisite, values)
+        with self._lock:
+            # A version the patch is not for is not even imported (its import may need other packages).
+            skip_state, note = self._version_gate(record)
+            if skip_state is not None:
+                record.set(skip_state, note)
+                return record.state
         try:
             module = importlib.import_module(record.patch.target)
         except Exception as error:
@@ -272,36 +280,42 @@ class Registry:
 
     def _apply_locked(self, record: PatchRecord, module: types.ModuleType) -> None:
         patch = record.patch
-        # 1. Resolve every attribute; a missing owner or a missing original is target-missing.
+        # 1. Resolve every attribute; what is missing is reported after the version gate.
         owners: dict[str, object] = {}
+        missing: str | None = None
         for path in patch.attributes:
             owner_path, attribute = split_attribute_path(path)
             try:
                 owner = resolve_owner(module, owner_path)
             except AttributeError:
-                record.set(State.TARGET_MISSING, f"{patch.target} has no {owner_path}")
-                return
-            owners[path] = owner
+                missing = f"{patch.target} has no {owner_path}"
+                break
             raw = read_raw(owner, attribute)
             if patch.kind is not PatchKind.ADD and raw is MISSING and not hasattr(owner, attribute):
-                record.set(State.TARGET_MISSING, f"{patch.target} has no {path}")
-                return
+                missing = f"{patch.target} has no {path}"
+                break
+            owners[path] = owner
             record.originals[path] = raw
-            record.fingerprints[path] = fingerprint(raw) if raw is not MISSING else None
 
-        # 2. Never twice: a mark of this patch on a current value means it is already in.
-        for path in patch.attributes:
-            if patch.name in markers.patch_names_on(record.originals[path]):
-                # Another copy of the registry installed it: ours to report, not to revert.
-                record.installed = {}
-                record.originals.clear()
-                record.set(State.APPLIED, "already applied (marked objects found)")
-                return
+        # 2. Never twice: a mark of this patch on a current value means it is already in
+        #    (checked before the guard, which would take our own work for upstream's).
+        if missing is None and any(patch.name in markers.patch_names_on(raw) for raw in record.originals.values()):
+            # Another copy of the registry installed it: ours to report, not to revert.
+            record.originals.clear()
+            record.set(State.APPLIED, "already applied (marked objects found)")
+            return
 
-        # 3. Upstream guard and version gate.
+        # 3. Upstream guard and version gate, then a missing target.
         if self._decide(record, module) is not None:
             record.originals.clear()
             return
+        if missing is not None:
+            record.originals.clear()
+            record.set(State.TARGET_MISSING, missing)
+            return
+        record.fingerprints = {
+            path: fingerprint(raw) if raw is not MISSING else None for path, raw in record.originals.items()
+        }
 
         # 4. ADD must not shadow an attribute upstream now defines itself.
         if patch.kind is PatchKind.ADD:

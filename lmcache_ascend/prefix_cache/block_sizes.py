@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Iterable
 
@@ -56,6 +57,18 @@ def compressed_kv_block_size(compress_ratio: int, configured: int) -> int:
     if compress_ratio != CONFIGURABLE_COMPRESS_RATIO:
         return LEGACY_COMPRESSED_BLOCK_SIZE
     return configured
+
+
+def with_compressed_block_size(spec: object, configured: int) -> object:
+    """`spec` with the configured compressed block size; the same object when nothing changes
+    (the default 128, a compress ratio other than 128, or a spec already at that size)."""
+    if spec is None or configured == LEGACY_COMPRESSED_BLOCK_SIZE:
+        return spec
+    compress_ratio = getattr(spec, "compress_ratio", 1)
+    block_size = compressed_kv_block_size(compress_ratio, configured)
+    if compress_ratio != 128 or block_size == spec.block_size:
+        return spec
+    return dataclasses.replace(spec, block_size=block_size)
 
 
 def unpack_uniform_spec(spec: object) -> object:

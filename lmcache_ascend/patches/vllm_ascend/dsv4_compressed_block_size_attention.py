@@ -14,37 +14,23 @@ Delete when: vllm-ascend reads the same switch itself.
 
 from __future__ import annotations
 
-import dataclasses
-
 from lmcache_ascend.flags import flag_value
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
-from lmcache_ascend.prefix_cache.block_sizes import (
-    COMPRESSED_BLOCK_SIZE_FLAG,
-    LEGACY_COMPRESSED_BLOCK_SIZE,
-    compressed_kv_block_size,
-)
+from lmcache_ascend.prefix_cache.block_sizes import COMPRESSED_BLOCK_SIZE_FLAG, with_compressed_block_size
 
 
-def with_compressed_block_size(spec):
-    """`spec` with the configured compressed block size (the same object when nothing changes)."""
-    if spec is None:
-        return spec
-    configured = flag_value(COMPRESSED_BLOCK_SIZE_FLAG)
-    if configured == LEGACY_COMPRESSED_BLOCK_SIZE:
-        return spec
-    block_size = compressed_kv_block_size(getattr(spec, "compress_ratio", 1), configured)
-    if getattr(spec, "compress_ratio", 1) != 128 or block_size == spec.block_size:
-        return spec
-    return dataclasses.replace(spec, block_size=block_size)
+def spec_getter_build(attribute: str):
+    """A build that makes ``attribute`` (a ``get_kv_cache_spec``) honour the flag."""
 
+    def build(ctx: PatchContext) -> dict[str, object]:
+        original = ctx.original_function(attribute)
 
-def _build(ctx: PatchContext) -> dict[str, object]:
-    original = ctx.original_function("DSAAttention.get_kv_cache_spec")
+        def get_kv_cache_spec(self, vllm_config):
+            return with_compressed_block_size(original(self, vllm_config), flag_value(COMPRESSED_BLOCK_SIZE_FLAG))
 
-    def get_kv_cache_spec(self, vllm_config):
-        return with_compressed_block_size(original(self, vllm_config))
+        return {attribute: get_kv_cache_spec}
 
-    return {"DSAAttention.get_kv_cache_spec": get_kv_cache_spec}
+    return build
 
 
 PATCH = Patch(
@@ -56,7 +42,7 @@ PATCH = Patch(
     requires={"vllm-ascend": ">=0.23.0rc1"},
     flags=(COMPRESSED_BLOCK_SIZE_FLAG,),
     guard=UpstreamGuard(fixed_if_source_contains=(COMPRESSED_BLOCK_SIZE_FLAG,)),
-    build=_build,
+    build=spec_getter_build("DSAAttention.get_kv_cache_spec"),
     summary="DSA attention spec of compress-ratio-128 layers uses VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE",
     why="a 128-row compressed block spans 16K tokens, so unaligned 8K prompts never hit",
     mirrors="vllm-ascend #10193 get_dsv4_compressed_kv_block_size in DSAAttention.get_kv_cache_spec",

@@ -11,18 +11,9 @@ Delete when: vllm-ascend reads the switch itself.
 
 from __future__ import annotations
 
-from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
-from lmcache_ascend.patches.vllm_ascend.dsv4_compressed_block_size_attention import with_compressed_block_size
+from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
+from lmcache_ascend.patches.vllm_ascend.dsv4_compressed_block_size_attention import spec_getter_build
 from lmcache_ascend.prefix_cache.block_sizes import COMPRESSED_BLOCK_SIZE_FLAG
-
-
-def _build(ctx: PatchContext) -> dict[str, object]:
-    original = ctx.original_function("AscendDeepseekV4IndexerCache.get_kv_cache_spec")
-
-    def get_kv_cache_spec(self, vllm_config):
-        return with_compressed_block_size(original(self, vllm_config))
-
-    return {"AscendDeepseekV4IndexerCache.get_kv_cache_spec": get_kv_cache_spec}
 
 
 PATCH = Patch(
@@ -34,7 +25,7 @@ PATCH = Patch(
     requires={"vllm-ascend": ">=0.23.0rc1"},
     flags=(COMPRESSED_BLOCK_SIZE_FLAG,),
     guard=UpstreamGuard(fixed_if_source_contains=(COMPRESSED_BLOCK_SIZE_FLAG,)),
-    build=_build,
+    build=spec_getter_build("AscendDeepseekV4IndexerCache.get_kv_cache_spec"),
     summary="DSv4 indexer cache spec follows VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE like the DSA attention spec",
     why="indexer and DSA attention caches must share one compressed block size",
     mirrors="vllm-ascend #10193 AscendDeepseekV4IndexerCache.get_kv_cache_spec",
