@@ -31,13 +31,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PATCH_NAMES = (
-    "vllm-free-queue-prepend",
-    "vllm-block-pool-free-prepend",
-    "vllm-sliding-window-retention",
-    "vllm-coordinator-scheduler-block-size",
-    "vllm-kv-cache-manager-scheduler-block-size",
-)
 VARIANTS = (
     ("A unpatched", "a", False),
     ("A patched", "a", True),
@@ -86,11 +79,13 @@ class _CompressedSpec:
 
 def worker(patched: bool, quick: bool, compressed_storage_block: int | None = None) -> dict:
     sys.path.insert(0, str(REPO))
+    from tests.prefix_cache.harness import CORE_BACKPORT_PATCHES
+
     states = {}
     if patched:
         from lmcache_ascend.patches import registry
 
-        states = {name: registry.apply_now(name).value for name in PATCH_NAMES}
+        states = {name: registry.apply_now(name).value for name in CORE_BACKPORT_PATCHES}
         not_applied = {name: state for name, state in states.items() if state != "applied"}
         if not_applied:
             raise SystemExit(f"patches did not apply: {not_applied}")
@@ -102,7 +97,7 @@ def worker(patched: bool, quick: bool, compressed_storage_block: int | None = No
     if not patched:
         from lmcache_ascend.patches import registry
 
-        applied = [name for name in PATCH_NAMES if registry.state(name).value == "applied"]
+        applied = [name for name in CORE_BACKPORT_PATCHES if registry.state(name).value == "applied"]
         if applied:
             raise SystemExit(f"unpatched run has patches applied: {applied}")
     manager = make_manager(hybrid_config(layout), layout.scheduler_block_size, layout.hash_block_size)

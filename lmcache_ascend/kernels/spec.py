@@ -275,6 +275,10 @@ class PlaneSlots:
         _non_negative_int("region_rows", self.region_rows)
 
 
+def _device_signature(tensor: torch.Tensor) -> tuple[bool, bool, int]:
+    return (tensor.is_cpu, tensor.is_cuda, tensor.get_device())
+
+
 @dataclass(frozen=True)
 class PagedGroup:
     """A layer group: all planes of all its layers, moved by one launch.
@@ -319,6 +323,17 @@ class PagedGroup:
             geometry.append(tuple(per_plane))
         object.__setattr__(self, "geometry", tuple(geometry))
         object.__setattr__(self, "device", device)
+        # Reading `tensor.device` builds a Python object (over a microsecond); the
+        # per-call checks compare these cheap attributes instead where they decide
+        # equality on their own (CPU and CUDA tensors), see `on_group_device`.
+        object.__setattr__(self, "_device_signature", _device_signature(planes[0].caches[0]))
+        object.__setattr__(self, "_device_signature_exact", device is not None and device.type in ("cpu", "cuda"))
+
+    def on_group_device(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` lives on this group's device (exact; cheap for CPU and CUDA)."""
+        if _device_signature(tensor) != self._device_signature:
+            return False
+        return self._device_signature_exact or tensor.device == self.device
 
     @property
     def layer_count(self) -> int:
@@ -405,7 +420,7 @@ def resolve_transfer(
                 f"slots[{index}] has shape {tuple(tensor.shape)} strides {tensor.stride()}; "
                 "allowed: a contiguous 1-D tensor"
             )
-        if tensor.device != group.device:
+        if not group.on_group_device(tensor):
             raise TransferError(
                 f"slots[{index}] is on {tensor.device} but the caches are on {group.device}; "
                 "all tensors of a transfer must be on one device"
@@ -426,7 +441,7 @@ def resolve_transfer(
                 "the region must hold every moved row"
             )
     chunk_bytes = _chunk_as_bytes(chunk)
-    if chunk_bytes.device != group.device:
+    if not group.on_group_device(chunk_bytes):
         raise TransferError(
             f"chunk is on {chunk_bytes.device} but the caches are on {group.device}; "
             "all tensors of a transfer must be on one device"

@@ -98,6 +98,17 @@ def make_manager(config: KVCacheConfig, scheduler_block_size: int, hash_block_si
     return KVCacheManager(**kwargs)
 
 
+# The vLLM core backports the KV-cache manager depends on, in the order they build
+# on each other; the Scheduler's LCM block size comes on top where a Scheduler runs.
+CORE_BACKPORT_PATCHES = (
+    "vllm-free-queue-prepend",
+    "vllm-block-pool-free-prepend",
+    "vllm-sliding-window-retention",
+    "vllm-coordinator-scheduler-block-size",
+    "vllm-kv-cache-manager-scheduler-block-size",
+)
+SCHEDULER_BACKPORT_PATCH = "vllm-scheduler-lcm-block-size"
+
 _HASHER_READY = False
 
 

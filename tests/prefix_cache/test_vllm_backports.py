@@ -18,6 +18,8 @@ from packaging.version import Version
 from lmcache_ascend.patches import State, registry
 from lmcache_ascend.patches.registry import Registry
 from tests.prefix_cache.harness import (
+    CORE_BACKPORT_PATCHES,
+    SCHEDULER_BACKPORT_PATCH,
     HybridLayout,
     free_queue_ids,
     make_manager,
@@ -25,14 +27,7 @@ from tests.prefix_cache.harness import (
     sliding_window_config,
 )
 
-PATCH_NAMES = (
-    "vllm-free-queue-prepend",
-    "vllm-block-pool-free-prepend",
-    "vllm-sliding-window-retention",
-    "vllm-coordinator-scheduler-block-size",
-    "vllm-kv-cache-manager-scheduler-block-size",
-    "vllm-scheduler-lcm-block-size",
-)
+PATCH_NAMES = CORE_BACKPORT_PATCHES + (SCHEDULER_BACKPORT_PATCH,)
 VLLM_HAS_RETENTION = Version(metadata.version("vllm")) >= Version("0.23")
 
 
