@@ -118,3 +118,9 @@ def test_flag_table_in_readme_is_current():
     for line in result.stdout.strip().splitlines():
         assert line in readme, f"README flag table is stale; regenerate with `python -m lmcache_ascend.patches flags --markdown`: {line}"
     assert len(result.stdout.strip().splitlines()) == len(flag_table.FLAGS) + 2
+
+
+def test_readme_lists_every_patch():
+    readme = (REPO_ROOT / "README.md").read_text()
+    for record in REGISTRY.records():
+        assert f"| `{record.patch.name}` | {record.patch.summary} |" in readme, f"README lacks {record.patch.name}"
