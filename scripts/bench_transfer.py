@@ -239,7 +239,16 @@ def check_triton_on_device(examples: int, device: torch.device) -> dict:
     from tests.kernels._layouts import build, layout_cases, poisoned_chunk
     from tests.kernels.test_transfer_roundtrip import round_trip
 
+    import dataclasses
+
+    from tests.kernels._regressions import MINIMAL_OUT_OF_RANGE, out_of_range_slot_cases
+
     checked = {"examples": 0, "store_equal_reference": 0, "load_equal_reference": 0}
+    # The fixed cases of past failures first (the out-of-range slot with poisoned neighbours).
+    checked["regressions"] = out_of_range_slot_cases("triton", str(device))
+    for seed in range(4):
+        round_trip(dataclasses.replace(MINIMAL_OUT_OF_RANGE, seed=seed), backend="triton", device=str(device))
+        checked["regressions"] += 1
 
     @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(case=layout_cases(max_tokens=300, max_layers=3))
@@ -310,11 +319,14 @@ def host_breakdown(device: torch.device, calls: int = 500) -> dict:
         "select_backend": per_call(lambda: select_backend(device)),
         "resolve_transfer": per_call(lambda: resolve_transfer(group, slots, chunk, store=True)),
         "device_table_lookup": per_call(lambda: tt._device_table(transfer, chunk.data_ptr())),
-        "triton_transfer_direct_launch": per_call(lambda: tt.triton_transfer(transfer)),
+        "triton_transfer_raw_launch": per_call(lambda: tt.triton_transfer(transfer)),
     }
+    tt._raw_launch["enabled"] = False
+    result["triton_transfer_runner_launch"] = per_call(lambda: tt.triton_transfer(transfer))
     tt._direct_launch["enabled"] = False
     result["triton_transfer_jit_launch"] = per_call(lambda: tt.triton_transfer(transfer))
     tt._direct_launch["enabled"] = True
+    tt._raw_launch["enabled"] = True
     result["transfer_group_total"] = per_call(lambda: transfer_group(group, slots, chunk, store=True))
     # A bare launch of an empty Triton kernel through the same direct path: the floor.
     try:

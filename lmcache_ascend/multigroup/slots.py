@@ -102,6 +102,15 @@ class GroupSlotMappings:
             holes.update((hole_rows * group.compress_ratio // self.chunk_size).tolist())
         return tuple(sorted(holes))
 
+    def first_storable_token(self) -> int:
+        """Where a store may start so that no chunk with an unfillable row is persisted.
+
+        LMCache's store mask can only skip a leading run of tokens, so every chunk up
+        to the last hole chunk is left out: better recomputed later than loaded stale.
+        """
+        holes = self.store_hole_chunks()
+        return min(self.num_tokens, (holes[-1] + 1) * self.chunk_size) if holes else 0
+
     def load_slot_mapping(self, group_index: int) -> torch.Tensor | None:
         """Slots to copy LMCache -> paged for `group_index` (None: group skipped)."""
         slots = self.slot_mappings[group_index]

@@ -34,9 +34,9 @@ PATCHES = (
     "lmcache-gpu-connector-npu",
     "lmcache-adapter-worker-multigroup",
 )
-# Block ids per scheduler group (11 groups). Group 0's first block is vLLM's null block.
+# Block ids per scheduler group (11 groups).
 BLOCK_IDS = (
-    [0, 5],
+    [6, 5],
     [3],
     [7, 2, 5, 1, 6, 4, 3],
     [6, 2],
@@ -238,5 +238,35 @@ def test_layerwise_mode_is_rejected_at_registration(patches):
         worker.use_layerwise = True
         with pytest.raises(LayoutError, match="use_layerwise=True cannot move multi-group"):
             worker.register_kv_caches(dsv4_ascend_kv_caches("zeros").kv_caches)
+    finally:
+        LMCacheEngineBuilder.destroy("ascend-adapter-e2e")
+
+
+def test_chunks_with_rows_on_the_null_block_are_not_persisted(patches, pipeline_group):
+    """Group 0's first block is vLLM's null block: its rows in chunks 0 and 1 have no data.
+
+    Storing those chunks would persist stale buffer bytes as KV; only chunk 2 may be stored.
+    """
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from lmcache_ascend.multigroup.slots import REQ_META_ATTRIBUTE
+
+    fixture = dsv4_ascend_kv_cache_config()
+    scheduler = make_connector_impl(fixture, chunk_size=CHUNK)
+    driver = RequestDriver(scheduler, "req-holes", list(range(2000, 2000 + PROMPT_TOKENS)))
+    block_ids_with_null = ([0, 5],) + BLOCK_IDS[1:]
+    store_meta = driver.start(PROMPT_TOKENS, block_ids_with_null)
+    (request,) = store_meta.requests
+    assert getattr(request, REQ_META_ATTRIBUTE).store_hole_chunks() == (0, 1)
+
+    config, engine = _engine()
+    try:
+        saver = _worker(fixture, config, engine)
+        saver.register_kv_caches(dsv4_ascend_kv_caches("random", seed=5).kv_caches)
+        saver._parent._connector_metadata = store_meta
+        saver.wait_for_save()
+        assert engine.gpu_connector.launches == 1 * 5  # chunk 2 only, 5 layer groups
+        # Chunk 0 was not stored, so the prompt has no LMCache prefix hit at all.
+        assert engine.lookup(list(range(2000, 2000 + PROMPT_TOKENS))) == 0
     finally:
         LMCacheEngineBuilder.destroy("ascend-adapter-e2e")

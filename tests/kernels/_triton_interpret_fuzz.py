@@ -7,6 +7,7 @@ expected bytes, and prints the element widths the kernel used.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from lmcache_ascend.kernels import launch_counter, resolve_transfer, select_backend  # noqa: E402
 from lmcache_ascend.kernels.triton_transfer import plane_widths  # noqa: E402
 from tests.kernels._layouts import build, layout_cases  # noqa: E402
+from tests.kernels._regressions import MINIMAL_OUT_OF_RANGE, out_of_range_slot_cases  # noqa: E402
 from tests.kernels.test_transfer_roundtrip import round_trip  # noqa: E402
 
 
@@ -24,6 +26,12 @@ def main(examples: int) -> None:
     import torch
 
     assert select_backend(torch.device("cpu"), "auto") == "triton"
+    # Fixed cases from past failures first: deterministic, whatever hypothesis draws.
+    regressions = out_of_range_slot_cases("triton")
+    for seed in range(4):
+        round_trip(dataclasses.replace(MINIMAL_OUT_OF_RANGE, seed=seed), backend="triton")
+        regressions += 1
+    print(f"REGRESSIONS_OK {regressions}")
     widths_seen: set[int] = set()
     calls = 0
 

@@ -20,6 +20,7 @@ def test_triton_kernel_matches_the_contract_under_the_interpreter(fresh_python):
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert re.search(r"REGRESSIONS_OK 12", result.stdout), result.stdout[-4000:]
     summary = re.search(r"TRITON_INTERPRET_OK examples=(\d+) widths=(\[.*\])", result.stdout)
     assert summary, result.stdout[-4000:]
     assert int(summary.group(1)) >= INTERPRETED_EXAMPLES // 2, summary.group(0)

@@ -303,3 +303,16 @@ def test_store_hole_chunks_names_chunks_with_null_rows_that_must_be_stored():
     assert build_group_slot_mappings(layout, tracker, 32, 16).store_hole_chunks() == (0,)
     tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 4], [0, 5, 0, 7]), 2)
     assert build_group_slot_mappings(layout, tracker, 32, 16).store_hole_chunks() == ()
+
+
+def test_first_storable_token_skips_past_the_last_hole_chunk():
+    layout = _layout(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "SWA", 8, sliding_window=8))
+    # Hole in chunk 1 (group 0's null block 3): nothing before token 32 may be stored.
+    tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 0], [0, 5, 0, 7]), 2)
+    assert build_group_slot_mappings(layout, tracker, 32, 16).first_storable_token() == 32
+    # Hole in chunk 0 only: chunk 1 may still be stored.
+    tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 4], [0, 0, 6, 7]), 2)
+    assert build_group_slot_mappings(layout, tracker, 32, 16).first_storable_token() == 16
+    # No hole: everything may be stored.
+    tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 4], [0, 5, 0, 7]), 2)
+    assert build_group_slot_mappings(layout, tracker, 32, 16).first_storable_token() == 0

@@ -7,7 +7,9 @@ multi-group or multi-plane (or the device has no LMCache connector), and
 ``start_load_kv`` / ``wait_for_save`` hand that connector the per-group slot
 mappings the scheduler attached to each ``ReqMeta`` (``ascend_group_slots``)
 for the duration of the call; LMCache forwards ``req_id`` to the connector,
-which picks the request's slots. Single-group CUDA models keep upstream's
+which picks the request's slots. ``wait_for_save`` never persists a chunk that
+has a row to store on vLLM's null block (e.g. a sliding-window tail released
+after a vLLM prefix hit): such a chunk would be loaded later as if it were KV. Single-group CUDA models keep upstream's
 connector and path unchanged.
 Why: upstream moves one homogeneous layer set with the slot mapping of group 0,
 so every other group's KV (and every multi-plane layer) is lost or rejected.
@@ -19,6 +21,7 @@ group with its own slot mapping.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 
@@ -60,8 +63,22 @@ def _build(ctx: PatchContext) -> dict[str, object]:
     def start_load_kv(self, forward_context, **kwargs):
         return run_with_request_slots(self, original_start_load, forward_context, **kwargs)
 
+    def skip_unfillable_chunks(adapter) -> None:
+        """Raise each request's store start past its last chunk with a row on vLLM's null block."""
+        metadata = adapter._parent._get_connector_metadata()
+        for request in getattr(metadata, "requests", ()) or ():
+            slots = group_slots_of(request)
+            save_spec = getattr(request, "save_spec", None)
+            if slots is None or save_spec is None or not save_spec.can_save:
+                continue
+            first = slots.first_storable_token()
+            if first > save_spec.skip_leading_tokens:
+                _log_skipped_store(request.req_id, save_spec.skip_leading_tokens, first)
+                request.save_spec = dataclasses.replace(save_spec, skip_leading_tokens=first)
+
     @functools.wraps(original_wait_for_save)
     def wait_for_save(self):
+        skip_unfillable_chunks(self)
         return run_with_request_slots(self, original_wait_for_save)
 
     return {
@@ -69,6 +86,15 @@ def _build(ctx: PatchContext) -> dict[str, object]:
         "LMCacheConnectorV1Impl.start_load_kv": start_load_kv,
         "LMCacheConnectorV1Impl.wait_for_save": wait_for_save,
     }
+
+
+def _log_skipped_store(request_id: str, requested_start: int, start: int) -> None:
+    import logging
+
+    logging.getLogger("lmcache_ascend").info(
+        "request %s: not storing tokens %d..%d: a group's rows there are on vLLM's null block (nothing to copy)",
+        request_id, requested_start, start,
+    )
 
 
 def _upstream_moves_groups(module) -> bool | None:
