@@ -7,7 +7,7 @@ Why: callers free uncached scratch blocks with ``prepend=True`` and cached
 blocks normally, so scratch churn does not evict prefix-cache entries.
 Mirrors: vLLM 0.23 ``BlockPool.free_blocks(ordered_blocks, prepend=False)``.
 Delete when: the oldest supported vLLM is >= 0.23.
-Needs `vllm-free-queue-prepend` (``prepend_n``); building fails clearly without it.
+Comes after `vllm-free-queue-prepend` (``prepend_n``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,17 @@ import inspect
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
 
 
-def _has_prepend_parameter(module) -> bool:
-    return "prepend" in inspect.signature(module.BlockPool.free_blocks).parameters
+def _orders_frees_upstream(module) -> bool | None:
+    """vLLM 0.23 lets callers pass ``prepend=``; vLLM 0.33 has ``free_blocks`` put
+    uncached blocks first by itself (``prepend_n``). Either way upstream has it."""
+    free_blocks = module.BlockPool.free_blocks
+    if "prepend" in inspect.signature(free_blocks).parameters:
+        return True
+    try:
+        source = inspect.getsource(free_blocks)
+    except (OSError, TypeError):
+        return None
+    return "prepend_n(" in source
 
 
 def _build(ctx: PatchContext) -> dict[str, object]:
@@ -49,7 +58,7 @@ PATCH = Patch(
     after=("vllm-free-queue-prepend",),
     requires={"vllm": ">=0.18.0"},
     guard=UpstreamGuard(
-        probe=_has_prepend_parameter,
+        probe=_orders_frees_upstream,
         fixed_if_source_contains=("free_block_queue.prepend_n(",),
         unfixed_if_source_contains=("def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:",),
     ),

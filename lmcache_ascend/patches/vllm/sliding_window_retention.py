@@ -20,7 +20,7 @@ Mirrors: vLLM 0.23 ``SingleTypeKVCacheManager.cache_blocks(retention_interval=)`
 ``remove_skipped_blocks``. The mask logic lives in
 `lmcache_ascend.prefix_cache.retention`.
 Delete when: the oldest supported vLLM is >= 0.23.
-Needs `vllm-block-pool-free-prepend`; building fails clearly without it.
+Comes after `vllm-block-pool-free-prepend`.
 """
 
 from __future__ import annotations
