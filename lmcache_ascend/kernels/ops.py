@@ -106,6 +106,20 @@ def select_backend(device: torch.device, requested: str | None = None) -> str:
     the reference elsewhere (CPU, or no Triton).
     """
     choice = _requested_backend() if requested is None else requested
+    # The answer depends only on these (Triton's usability is fixed per process):
+    # remembered, since it is asked on every transfer.
+    key = (device, choice, _triton_interpreting())
+    selected = _selected_backends.get(key)
+    if selected is None:
+        selected = _select_backend(device, choice)
+        _selected_backends[key] = selected  # bad choices raised above and are never stored
+    return selected
+
+
+_selected_backends: dict[tuple, str] = {}
+
+
+def _select_backend(device: torch.device, choice: str) -> str:
     if choice not in ("auto", *BACKENDS):
         raise TransferError(f"backend={choice!r} is not allowed; allowed: auto, torch, triton")
     if choice == "torch":
@@ -119,6 +133,7 @@ def select_backend(device: torch.device, requested: str | None = None) -> str:
             "(triton-ascend on NPU), or TRITON_INTERPRET=1 on CPU"
         )
     if device.type in ("cuda", "npu"):
+        # Once per device and choice (the answer is remembered).
         logger.warning("Triton is not usable on %s; transfers use the slower torch reference", device)
     return "torch"
 

@@ -194,3 +194,17 @@ def test_backend_choice_on_cpu(monkeypatch):
         select_backend(cpu)
     with pytest.raises(TransferError, match=r"backend='fast' is not allowed"):
         select_backend(cpu, "fast")
+
+
+def test_backend_choice_follows_a_flag_changed_after_it_was_remembered(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cpu = torch.device("cpu")
+    for _ in range(2):  # the second round answers from the remembered choices
+        monkeypatch.setenv("LMCACHE_ASCEND_TRANSFER_BACKEND", "auto")
+        assert select_backend(cpu) == "torch"
+        monkeypatch.setenv("LMCACHE_ASCEND_TRANSFER_BACKEND", "triton")
+        with pytest.raises(TransferError, match=r"backend 'triton' cannot run on device cpu"):
+            select_backend(cpu)
+        monkeypatch.setenv("LMCACHE_ASCEND_TRANSFER_BACKEND", "cuda")
+        with pytest.raises(FlagError, match=r"LMCACHE_ASCEND_TRANSFER_BACKEND='cuda' is not allowed"):
+            select_backend(cpu)

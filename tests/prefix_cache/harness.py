@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import random
 from dataclasses import dataclass
 
@@ -85,8 +86,41 @@ def sliding_window_config(block_size: int, sliding_window: int, num_blocks: int)
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["swa.0"], swa)])
 
 
-def make_manager(config: KVCacheConfig, scheduler_block_size: int, hash_block_size: int, max_model_len: int = 32768):
-    """A real KVCacheManager, given the arguments each stack's Scheduler would pass."""
+RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
+
+
+def make_manager(
+    config: KVCacheConfig,
+    scheduler_block_size: int,
+    hash_block_size: int,
+    max_model_len: int = 32768,
+    retention_interval: int | None = None,
+):
+    """A real KVCacheManager, given the arguments each stack's Scheduler would pass.
+
+    `retention_interval` goes where the stack takes it: vLLM 0.33 reads
+    ``KVCacheConfig.prefix_cache_retention_interval``; vLLM 0.23 and the
+    stack-A backport read the environment while the manager is built.
+    """
+    if retention_interval is not None and "prefix_cache_retention_interval" in getattr(
+        KVCacheConfig, "__dataclass_fields__", {}
+    ):
+        config.prefix_cache_retention_interval = retention_interval
+        retention_interval = None
+    previous = os.environ.get(RETENTION_ENV)
+    if retention_interval is not None:
+        os.environ[RETENTION_ENV] = str(retention_interval)
+    try:
+        return _make_manager(config, scheduler_block_size, hash_block_size, max_model_len)
+    finally:
+        if retention_interval is not None:
+            if previous is None:
+                os.environ.pop(RETENTION_ENV, None)
+            else:
+                os.environ[RETENTION_ENV] = previous
+
+
+def _make_manager(config: KVCacheConfig, scheduler_block_size: int, hash_block_size: int, max_model_len: int):
     parameters = inspect.signature(KVCacheManager.__init__).parameters
     kwargs: dict[str, object] = dict(
         kv_cache_config=config, max_model_len=max_model_len, hash_block_size=hash_block_size, enable_caching=True
@@ -96,6 +130,12 @@ def make_manager(config: KVCacheConfig, scheduler_block_size: int, hash_block_si
     if "scheduler_block_size" in parameters:  # vLLM >= 0.23, or 0.18 patched
         kwargs["scheduler_block_size"] = scheduler_block_size
     return KVCacheManager(**kwargs)
+
+
+def computed_blocks(manager: KVCacheManager, request: Request) -> tuple[object, int]:
+    """(cached blocks, cached tokens) of `request`: vLLM 0.33 returns a third value."""
+    result = manager.get_computed_blocks(request)
+    return result[0], result[1]
 
 
 # The vLLM core backports the KV-cache manager depends on, in the order they build
@@ -193,13 +233,13 @@ def run_replay(manager, workload: ReplayWorkload, hash_block_size: int) -> Repla
         for state in running:
             request: Request = state["request"]
             if not state["admitted"]:
-                computed_blocks, num_hit = manager.get_computed_blocks(request)
+                hit_blocks, num_hit = computed_blocks(manager, request)
                 num_new = min(request.num_tokens - num_hit, budget)
                 if num_new <= 0:
                     still_running.append(state)
                     continue
                 new_blocks = manager.allocate_slots(
-                    request, num_new, num_new_computed_tokens=num_hit, new_computed_blocks=computed_blocks
+                    request, num_new, num_new_computed_tokens=num_hit, new_computed_blocks=hit_blocks
                 )
                 if new_blocks is None:  # no room this step: try again next step
                     still_running.append(state)

@@ -21,6 +21,7 @@ from tests.prefix_cache.harness import (
     CORE_BACKPORT_PATCHES,
     SCHEDULER_BACKPORT_PATCH,
     HybridLayout,
+    computed_blocks,
     free_queue_ids,
     make_manager,
     make_request,
@@ -70,7 +71,7 @@ LAYOUT = HybridLayout(
 )
 
 
-def _hybrid_manager(num_blocks: int = 64):
+def _hybrid_manager(num_blocks: int = 64, retention_interval: int | None = None):
     from tests.prefix_cache.harness import hybrid_config
 
     layout = HybridLayout(
@@ -80,11 +81,13 @@ def _hybrid_manager(num_blocks: int = 64):
         compressed_block_tokens=LAYOUT.compressed_block_tokens,
         num_blocks=num_blocks,
     )
-    return make_manager(hybrid_config(layout), layout.scheduler_block_size, layout.hash_block_size)
+    return make_manager(
+        hybrid_config(layout), layout.scheduler_block_size, layout.hash_block_size, retention_interval=retention_interval
+    )
 
 
 def _prefill(manager, request) -> None:
-    blocks, num_hit = manager.get_computed_blocks(request)
+    blocks, num_hit = computed_blocks(manager, request)
     assert manager.allocate_slots(
         request, request.num_tokens - num_hit, num_new_computed_tokens=num_hit, new_computed_blocks=blocks
     ) is not None
@@ -120,9 +123,8 @@ def test_dense_checkpoints_legacy_on_unpatched_stack_a(unpatched):
     assert _cached_positions(manager, "legacy", group=1) == expected
 
 
-def test_retention_interval_checkpoints(backports, monkeypatch):
-    monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "128")
-    manager = _hybrid_manager()
+def test_retention_interval_checkpoints(backports):
+    manager = _hybrid_manager(retention_interval=128)
     request = make_request("sparse", list(range(1, 201)), LAYOUT.hash_block_size)  # 200 tokens
     _prefill(manager, request)
     # Every 128 tokens (block 7) plus the replay boundary 192 (block 11).
@@ -131,23 +133,21 @@ def test_retention_interval_checkpoints(backports, monkeypatch):
 
 @pytest.mark.parametrize(
     ("raw", "message"),
-    [("100", "multiple of scheduler_block_size|multiple of the scheduler block size")],
+    [(100, "multiple of scheduler_block_size|multiple of the scheduler block size")],
 )
-def test_retention_interval_not_a_multiple_is_rejected(backports, monkeypatch, raw, message):
-    monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", raw)
+def test_retention_interval_not_a_multiple_is_rejected(backports, raw, message):
     with pytest.raises(ValueError, match=message):
-        _hybrid_manager()
+        _hybrid_manager(retention_interval=raw)
 
 
-def test_retention_interval_without_sliding_window_group_is_rejected(backports, monkeypatch):
+def test_retention_interval_without_sliding_window_group_is_rejected(backports):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     import torch
 
-    monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "128")
     spec = FullAttentionSpec(block_size=64, num_kv_heads=1, head_size=64, dtype=torch.float16)
     config = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["f"], spec)])
     with pytest.raises(ValueError, match="no sliding-window"):
-        make_manager(config, 64, 64)
+        make_manager(config, 64, 64, retention_interval=128)
 
 
 def test_free_puts_scratch_first_and_cached_last(backports):
@@ -190,7 +190,7 @@ def _replay_hit_after_burst(manager) -> tuple[int, int]:
     _prefill(manager, first)
     manager.free(first)
     replay = make_request("replay", prompt, LAYOUT.hash_block_size)
-    _, hit_before = manager.get_computed_blocks(replay)
+    _, hit_before = computed_blocks(manager, replay)
     # A burst of scratch allocations as large as the free queue minus what
     # upstream keeps behind the scratch: 63 free blocks; the first request left
     # 5 full-attention + 5 compressed blocks (4 cached + 1 partial each) and
@@ -200,7 +200,7 @@ def _replay_hit_after_burst(manager) -> tuple[int, int]:
     assert manager.block_pool.get_num_free_blocks() == 63
     burst = 50
     manager.block_pool.get_new_blocks(burst)
-    _, hit_after = manager.get_computed_blocks(make_request("replay2", prompt, LAYOUT.hash_block_size))
+    _, hit_after = computed_blocks(manager, make_request("replay2", prompt, LAYOUT.hash_block_size))
     return hit_before, hit_after
 
 
