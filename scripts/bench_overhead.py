@@ -3,11 +3,13 @@
 
     .venvs/stack-b/bin/python scripts/bench_overhead.py [--runs 10]
 
-Three measurements, each the median over --runs fresh interpreters, the variants
-interleaved run by run so that machine noise hits them alike:
+Three measurements over --runs fresh interpreters each, the variants interleaved
+run by run so that machine noise hits them alike; median and minimum are both
+reported (the minimum is the noise-free estimate: noise only adds time):
 
 1. ``import lmcache_ascend`` alone (activation included: flags validated, every
-   patch declaration loaded, post-import hooks registered). Target <= 20 ms.
+   patch declaration loaded, post-import hooks registered), beside the standard
+   library modules it needs (which vLLM imports anyway). Target <= 20 ms.
 2. ``import vllm; import lmcache`` without the overlay, and with it active through
    the wheel's .pth start-up hook (the way users get it). Target <= 2 % added.
 3. The same plus the patch targets themselves (so every patch is really applied),
@@ -69,21 +71,41 @@ def run_child(imports: str, overlay: bool) -> tuple[float, int]:
     return float(elapsed.split("=")[1]), int(applied.split("=")[1])
 
 
+# The standard-library modules lmcache_ascend needs (vLLM imports them too): the
+# baseline of the "alone" row, so that the package's own share shows.
+STDLIB_NEEDED = "import dataclasses, enum, functools, inspect, threading, typing"
+
+
+def summarize(baseline: list[float], overlay: list[float], applied: int | None) -> dict[str, object]:
+    """Median and minimum of each side; the minimum is the noise-free estimate
+    (scheduling noise only ever adds time to an import)."""
+    row: dict[str, object] = {"runs": len(baseline)}
+    for label, pick in (("median", statistics.median), ("min", min)):
+        base_ms, with_ms = pick(baseline) * 1e3, pick(overlay) * 1e3
+        row[f"baseline_ms_{label}"] = round(base_ms, 2)
+        row[f"with_overlay_ms_{label}"] = round(with_ms, 2)
+        row[f"added_ms_{label}"] = round(with_ms - base_ms, 2)
+        row[f"added_ratio_{label}"] = round((with_ms - base_ms) / base_ms, 4)
+    if applied is not None:
+        row["patches_applied"] = applied
+    return row
+
+
 def measure(imports: str, runs: int) -> dict[str, object]:
     baseline, overlay, applied = [], [], 0
     for _ in range(runs):
         baseline.append(run_child(imports, overlay=False)[0])
         seconds, applied = run_child(imports, overlay=True)
         overlay.append(seconds)
-    base_ms, with_ms = statistics.median(baseline) * 1e3, statistics.median(overlay) * 1e3
-    return {
-        "baseline_ms": round(base_ms, 2),
-        "with_overlay_ms": round(with_ms, 2),
-        "added_ms": round(with_ms - base_ms, 2),
-        "added_ratio": round((with_ms - base_ms) / base_ms, 4),
-        "patches_applied": applied,
-        "runs": runs,
-    }
+    return summarize(baseline, overlay, applied)
+
+
+def measure_alone(runs: int) -> dict[str, object]:
+    stdlib, package = [], []
+    for _ in range(runs):
+        stdlib.append(run_child(STDLIB_NEEDED, overlay=False)[0])
+        package.append(run_child("import lmcache_ascend", overlay=False)[0])
+    return summarize(stdlib, package, None)
 
 
 def main() -> None:
@@ -94,10 +116,9 @@ def main() -> None:
     if args.runs < 1:
         parser.error(f"--runs must be >= 1, got {args.runs}")
 
-    alone = [run_child("import lmcache_ascend", overlay=False)[0] * 1e3 for _ in range(args.runs)]
     targets = patch_targets()
     rows = {
-        "import lmcache_ascend (alone)": {"with_overlay_ms": round(statistics.median(alone), 2), "runs": args.runs},
+        "import lmcache_ascend (vs its stdlib)": measure_alone(args.runs),
         "import vllm + lmcache": measure("import vllm\nimport lmcache", args.runs),
         "import vllm + lmcache + patch targets": measure(
             "import importlib\nfor name in %r:\n    importlib.import_module(name)" % (targets,), args.runs
@@ -112,15 +133,15 @@ def main() -> None:
         except Exception:
             versions[dist] = None
 
-    print(f"import overhead, median of {args.runs} fresh processes ({', '.join(f'{k} {v}' for k, v in versions.items())})")
-    print(f"{'measurement':<40} {'baseline ms':>12} {'overlay ms':>12} {'added ms':>10} {'added':>8} {'applied':>8}")
+    print(f"import overhead, {args.runs} fresh processes per cell ({', '.join(f'{k} {v}' for k, v in versions.items())})")
+    print(f"{'measurement':<40} {'stat':>6} {'baseline ms':>12} {'overlay ms':>12} {'added ms':>10} {'added':>8} {'applied':>8}")
     for label, row in rows.items():
-        base = row.get("baseline_ms")
-        print(
-            f"{label:<40} {base if base is not None else '-':>12} {row['with_overlay_ms']:>12} "
-            f"{row.get('added_ms', '-'):>10} "
-            f"{(format(row['added_ratio'], '.2%') if 'added_ratio' in row else '-'):>8} {row.get('patches_applied', '-'):>8}"
-        )
+        for stat in ("median", "min"):
+            print(
+                f"{label if stat == 'median' else '':<40} {stat:>6} {row[f'baseline_ms_{stat}']:>12} "
+                f"{row[f'with_overlay_ms_{stat}']:>12} {row[f'added_ms_{stat}']:>10} "
+                f"{row[f'added_ratio_{stat}']:>8.2%} {row.get('patches_applied', '-'):>8}"
+            )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps({"versions": versions, "targets": targets, "rows": rows}, indent=2))
     print(f"wrote {args.output}")
