@@ -8,6 +8,7 @@ hardware (``torch_npu``, ``torch.npu``, the SoC build info) is faked.
 
 from __future__ import annotations
 
+import inspect
 import os
 import types
 
@@ -220,3 +221,113 @@ def test_matching_layer_names_allocate_as_before():
         assert sorted(tensors) == ["layers.0.attn", "layers.1.attn"]
     finally:
         registry.revert(LAYER_NAMES_PATCH)
+
+
+PAGE_SIZE_PATCH = "vllm-ascend-dsv4-aggregated-page-size"
+
+
+def _dsv4_groups():
+    """DSv4-like groups: C4 (attention + one indexer), C128 at block size 32, sliding window, MTP.
+
+    Page sizes (bytes per block): C4 attention 131072, C4 indexer 16384, C128 at
+    block 32: 32768 (absent from group 0), sliding window 131072, MTP 131072.
+    Group 0 has one indexer for two attentions, so its 16384 slot 1 is empty.
+    """
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec, SlidingWindowMLASpec, UniformTypeKVCacheSpecs
+    from vllm_ascend.core.kv_cache_interface import AscendMLAAttentionSpec
+
+    def dsa(block_size, compress_ratio, head_size=512, dtype=torch.bfloat16):
+        return AscendMLAAttentionSpec(
+            block_size=block_size,
+            num_kv_heads=1,
+            head_size=head_size,
+            dtype=dtype,
+            model_version="deepseek_v4",
+            compress_ratio=compress_ratio,
+            cache_dtype_str="auto",
+        )
+
+    swa = SlidingWindowMLASpec(block_size=128, num_kv_heads=1, head_size=512, dtype=torch.bfloat16, sliding_window=128)
+    layers_by_group = [
+        {"layers.0.attn": dsa(128, 4), "layers.0.indexer": dsa(128, 4, 128, torch.int8), "layers.2.attn": dsa(128, 4), "mtp.0.attn": dsa(128, 4)},
+        {"layers.1.attn": dsa(32, 128), "layers.3.attn": dsa(32, 128)},
+        {"layers.0.swa": swa, "layers.1.swa": swa},
+    ]
+    groups = [
+        KVCacheGroupSpec(layer_names=list(layers), kv_cache_spec=UniformTypeKVCacheSpecs(block_size=128, kv_cache_specs=layers))
+        for layers in layers_by_group
+    ]
+    page_sizes = {name: spec.page_size_bytes for layers in layers_by_group for name, spec in layers.items()}
+    # The premise of the test: group 1's page size is not among group 0's.
+    assert page_sizes["layers.1.attn"] == 32768
+    assert {page_sizes["layers.0.attn"], page_sizes["layers.0.indexer"]} == {131072, 16384}
+    return groups, page_sizes
+
+
+def _layout(groups, available_memory):
+    """Through vLLM's own caller, which vllm-ascend redirected to its DSv4 layout."""
+    from vllm.config import CacheConfig
+    from vllm.v1.core import kv_cache_utils
+
+    engine_config = types.SimpleNamespace(cache_config=CacheConfig(block_size=128))
+    config = kv_cache_utils.get_kv_cache_config_from_groups(engine_config, groups, available_memory)
+    return config.num_blocks, [(tensor.size, list(tensor.shared_by)) for tensor in config.kv_cache_tensors]
+
+
+def test_dsv4_page_size_aggregated_across_groups():
+    state = registry.apply_now(PAGE_SIZE_PATCH)
+    if not needs_dsv4:
+        assert state is State.SKIPPED_VERSION
+        return
+    assert state is State.APPLIED, registry.record(PAGE_SIZE_PATCH).reason
+    groups, page_sizes = _dsv4_groups()
+    every_layer = sorted(page_sizes)
+    bytes_per_block = 16384 + 2 * 32768 + 2 * 131072 + 131072  # every planned tensor once, nothing else
+    try:
+        num_blocks, tensors = _layout(groups, 7 * bytes_per_block + bytes_per_block - 1)
+    finally:
+        registry.revert(PAGE_SIZE_PATCH)
+    assert num_blocks == 7
+    assert tensors == [
+        (16384 * 7, ["layers.0.indexer"]),
+        (32768 * 7, ["layers.1.attn"]),
+        (131072 * 7, ["layers.0.attn", "layers.0.swa"]),
+        (32768 * 7, ["layers.3.attn"]),
+        (131072 * 7, ["layers.2.attn", "layers.1.swa"]),
+        (131072 * 7, ["mtp.0.attn"]),
+    ]
+    covered = [name for _, shared_by in tensors for name in shared_by]
+    assert sorted(covered) == every_layer  # each layer in exactly one tensor
+    for size, shared_by in tensors:
+        assert all(size == page_sizes[name] * num_blocks for name in shared_by)
+
+    # As shipped: group 0's page sizes only -> the C128 layers get no tensor, an
+    # empty tensor is planned, and the block budget counts a whole tuple per MTP layer.
+    num_blocks, tensors = _layout(groups, 7 * bytes_per_block + bytes_per_block - 1)
+    shipped_covered = {name for _, shared_by in tensors for name in shared_by}
+    assert set(every_layer) - shipped_covered == {"layers.1.attn", "layers.3.attn"}
+    assert any(not shared_by for _, shared_by in tensors)
+    assert num_blocks == (8 * bytes_per_block - 1) // ((131072 + 16384) * 3)
+
+
+def test_dsv4_page_size_patch_guard_and_revert():
+    if not needs_dsv4:
+        assert registry.apply_now(PAGE_SIZE_PATCH) is State.SKIPPED_VERSION
+        return
+    from vllm.v1.core import kv_cache_utils
+    from vllm_ascend.patch.platform import patch_kv_cache_utils
+
+    shipped = patch_kv_cache_utils._get_kv_cache_config_deepseek_v4
+    assert kv_cache_utils._get_kv_cache_config_deepseek_v4 is shipped  # vllm-ascend's own redirect
+    state = registry.apply_now(PAGE_SIZE_PATCH)
+    try:
+        assert state is State.APPLIED
+        # Both the vllm-ascend attribute and vLLM's binding (the one its caller uses) are ours.
+        assert kv_cache_utils._get_kv_cache_config_deepseek_v4 is patch_kv_cache_utils._get_kv_cache_config_deepseek_v4
+        assert registry.apply_now(PAGE_SIZE_PATCH) is State.APPLIED  # no double apply
+    finally:
+        registry.revert(PAGE_SIZE_PATCH)
+    assert registry.state(PAGE_SIZE_PATCH) is State.REVERTED
+    assert patch_kv_cache_utils._get_kv_cache_config_deepseek_v4 is shipped
+    assert kv_cache_utils._get_kv_cache_config_deepseek_v4 is shipped
+    assert "full_mla_spec.get_page_sizes()" in inspect.getsource(kv_cache_utils._get_kv_cache_config_deepseek_v4)

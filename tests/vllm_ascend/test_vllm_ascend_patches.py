@@ -21,6 +21,7 @@ PATCH_MODULES = {
     "vllm-ascend-dsv4-attention-block-size": "lmcache_ascend.patches.vllm_ascend.dsv4_compressed_block_size_attention",
     "vllm-ascend-dsv4-indexer-block-size": "lmcache_ascend.patches.vllm_ascend.dsv4_compressed_block_size_indexer",
     "vllm-ascend-kv-cache-layer-names": "lmcache_ascend.patches.vllm_ascend.kv_cache_layer_names",
+    "vllm-ascend-dsv4-aggregated-page-size": "lmcache_ascend.patches.vllm_ascend.dsv4_aggregated_page_size",
 }
 # The vllm-ascend release built on each stack's vLLM (fetched by scripts/fetch-vllm-ascend).
 VLLM_VERSION = Version(metadata.version("vllm"))
