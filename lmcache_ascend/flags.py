@@ -285,11 +285,35 @@ def _parse_from(name: str, texts: Mapping[str, str], sources: Mapping[str, str])
         raise
 
 
+@functools.lru_cache(maxsize=256)
+def _parse_memoized(name: str, raw: str) -> object:
+    # Parsing is pure and values are immutable; a FlagError is not memoized, so it repeats.
+    return parse_flag(name, raw)
+
+
 def flag_value(name: str, environ: Mapping[str, str] | None = None) -> object:
-    """The validated value of flag `name`: the environment, else LMCache's config file, else the default."""
-    get_flag(name)
-    texts, sources = _raw_texts(os.environ if environ is None else environ)
-    return _parse_from(name, texts, sources)
+    """The validated value of flag `name`: the environment, else LMCache's config file, else the default.
+
+    Reads only this flag, and cheaply: hot paths (every KV transfer) call it.
+    """
+    flag = get_flag(name)
+    env = os.environ if environ is None else environ
+    raw = env.get(name)
+    if raw is not None and raw.strip() != "":
+        return _parse_memoized(name, raw)
+    path = env.get(CONFIG_FILE_VARIABLE, "").strip()
+    if path and flag.lmcache_config_key:
+        try:
+            modified = os.stat(path).st_mtime
+        except OSError as error:
+            raise FlagError(f"{CONFIG_FILE_VARIABLE}={path!r} can't be read: {error}") from None
+        text = _config_file_texts(path, modified).get(name)
+        if text is not None:
+            try:
+                return _parse_memoized(name, text)
+            except FlagError as error:
+                raise FlagError(f"{error} (set by LMCache key {flag.lmcache_config_key!r} in {path})") from None
+    return flag.default
 
 
 def validate_all(environ: Mapping[str, str] | None = None) -> dict[str, object]:

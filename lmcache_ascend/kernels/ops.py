@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from lmcache_ascend.flags import CONFIG_FILE_VARIABLE, flag_value
+from lmcache_ascend.flags import flag_value
 from lmcache_ascend.kernels.reference import reference_transfer
 from lmcache_ascend.kernels.spec import (
     DEFAULT_REGION_ALIGNMENT,
@@ -66,35 +66,10 @@ def _triton_available_for(device: torch.device) -> bool:
 
 
 _BACKEND_FLAG = "LMCACHE_ASCEND_TRANSFER_BACKEND"
-# The parsed flag, by the raw inputs it is parsed from (the variable itself and,
-# when it is unset, LMCache's config file and that file's modification time):
-# parsing every flag of the table costs tens of microseconds, and this is read
-# on every transfer.
-_backend_choice: dict[tuple, str] = {}
 
 
 def _requested_backend() -> str:
-    raw = os.environ.get(_BACKEND_FLAG)
-    if raw is not None and raw.strip():
-        key: tuple = ("env", raw)
-    else:
-        path = os.environ.get(CONFIG_FILE_VARIABLE, "").strip()
-        try:
-            modified = os.stat(path).st_mtime_ns if path else None
-        except OSError:
-            modified = None  # flag_value below reports the unreadable file
-            key = None
-        else:
-            key = ("config", path, modified)
-        if key is None:
-            return flag_value(_BACKEND_FLAG)
-    choice = _backend_choice.get(key)
-    if choice is None:
-        choice = flag_value(_BACKEND_FLAG)  # raises FlagError naming a bad value, every time
-        if len(_backend_choice) > 64:
-            _backend_choice.clear()
-        _backend_choice[key] = choice
-    return choice
+    return flag_value(_BACKEND_FLAG)  # cheap, and raises FlagError naming a bad value every time
 
 
 def select_backend(device: torch.device, requested: str | None = None) -> str:
