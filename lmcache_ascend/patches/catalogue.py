@@ -19,6 +19,7 @@ PATCH_MODULES: tuple[str, ...] = (
     "lmcache_ascend.patches.vllm_ascend.kv_cache_layer_names",
     "lmcache_ascend.patches.vllm_ascend.dsv4_aggregated_page_size",
     "lmcache_ascend.patches.lmcache.config_flag_keys",
+    "lmcache_ascend.patches.lmcache.stable_token_hash",
     "lmcache_ascend.patches.lmcache.adapter_multigroup",
     "lmcache_ascend.patches.lmcache.connector_supports_hma",
     "lmcache_ascend.patches.vllm.lmcache_connector_supports_hma",

@@ -14,7 +14,7 @@ from lmcache_ascend.patches import registry as registry_module
 from tests.conftest import REPO_ROOT
 
 REGISTRY = registry_module.process_registry()
-JSON_KEYS = {"schema_version", "mode", "python", "versions", "flag_error", "load_errors", "patches", "strict_problems"}
+JSON_KEYS = {"schema_version", "mode", "python", "versions", "distributions", "flag_error", "load_errors", "patches", "strict_problems"}
 ROW_KEYS = {
     "name", "target", "attributes", "kind", "state", "reason", "untested_target", "error", "requires", "flags",
     "enabled_by", "after", "fingerprints",

@@ -1,0 +1,118 @@
+"""Tiny random-weight models for the engine tests, built at test time from a config and a seed.
+
+No hub, no tokenizer: the engine runs with ``skip_tokenizer_init`` on token ids.
+Weights are drawn by transformers' own initialisation (``initializer_range`` 0.02)
+from a fixed seed, and saved as a local checkpoint vLLM loads like any other.
+`sensitivity` prompts check that a model's greedy output depends on the first
+token of a long prompt (the tests assert it), so that equal outputs with and
+without KV reuse mean the reused KV was right.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["MODELS", "TinyModel", "build"]
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    name: str
+    architecture: str  # transformers class that writes the checkpoint
+    config: dict  # the config class's keyword arguments
+    seed: int
+    # What vLLM's hybrid KV-cache manager makes of it: one entry per KV-cache group.
+    expected_groups: tuple[str, ...]
+    sliding_window: int | None
+
+    @property
+    def cache_key(self) -> str:
+        return json.dumps([self.architecture, self.config, self.seed], sort_keys=True)
+
+
+_GEMMA3 = dict(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,  # vLLM's CPU attention takes head sizes that are multiples of 32
+    query_pre_attn_scalar=32,
+    max_position_embeddings=4096,
+    initializer_range=0.02,
+)
+
+MODELS: dict[str, TinyModel] = {
+    model.name: model
+    for model in (
+        # Gemma-3 style: sliding and full attention layers alternate; 2 KV-cache groups.
+        TinyModel(
+            name="gemma3-sliding128",
+            architecture="Gemma3ForCausalLM",
+            config=dict(
+                _GEMMA3,
+                num_hidden_layers=4,
+                sliding_window=128,
+                layer_types=["sliding_attention", "full_attention"] * 2,
+            ),
+            seed=1,
+            expected_groups=("SlidingWindowSpec", "FullAttentionSpec"),
+            sliding_window=128,
+        ),
+        # Another group structure: a 64-token window, 3 sliding layers per full one.
+        # The hybrid manager groups layers in equal-sized groups: 3 sliding groups of
+        # 2 layers and 1 full-attention group.
+        TinyModel(
+            name="gemma3-sliding64-3to1",
+            architecture="Gemma3ForCausalLM",
+            config=dict(
+                _GEMMA3,
+                num_hidden_layers=8,
+                sliding_window=64,
+                layer_types=["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"],
+            ),
+            seed=1,
+            expected_groups=("SlidingWindowSpec",) * 3 + ("FullAttentionSpec",),
+            sliding_window=64,
+        ),
+        # The control: full attention only, one KV-cache group.
+        TinyModel(
+            name="llama-full",
+            architecture="LlamaForCausalLM",
+            config=dict(
+                vocab_size=512,
+                hidden_size=128,
+                intermediate_size=256,
+                num_hidden_layers=4,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=32,
+                max_position_embeddings=4096,
+                initializer_range=0.02,
+            ),
+            seed=1,
+            expected_groups=("FullAttentionSpec",),
+            sliding_window=None,
+        ),
+    )
+}
+
+
+def build(model: TinyModel, directory: Path) -> Path:
+    """Write `model`'s checkpoint under `directory` (reused when already written)."""
+    import torch
+    import transformers
+
+    target = Path(directory) / model.name
+    stamp = target / "lmcache_ascend_model.json"
+    if stamp.exists() and stamp.read_text() == model.cache_key:
+        return target
+    architecture = getattr(transformers, model.architecture)
+    config = architecture.config_class(**model.config)
+    torch.manual_seed(model.seed)
+    network = architecture(config).to(torch.float32)
+    network.save_pretrained(target)
+    stamp.write_text(model.cache_key)
+    return target

@@ -1,0 +1,100 @@
+"""One engine run in a process of its own: ``python -m tests.engine.runner SPEC OUT``.
+
+SPEC (JSON) names the model checkpoint, whether LMCache is the KV connector, its
+environment, and rounds of prompts (token ids); each round is one
+``LLM.generate`` call, so the prompts of a round are batched together.  OUT gets,
+per round and prompt, the greedy tokens with their logprobs and vLLM's
+``num_cached_tokens``; vLLM's prefix-cache counters; the KV-cache groups the
+worker really allocated; and what lmcache-ascend's connector moved.
+
+The engine runs as shipped: engine core and worker processes of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def worker_report(worker) -> dict:
+    """Runs inside each vLLM worker (through ``LLM.collective_rpc``)."""
+    config = worker.model_runner.kv_cache_config
+    groups = [
+        {"spec": type(group.kv_cache_spec).__name__, "layers": list(group.layer_names),
+         "block_size": group.kv_cache_spec.block_size,
+         "sliding_window": getattr(group.kv_cache_spec, "sliding_window", None)}
+        for group in config.kv_cache_groups
+    ]
+    moved = None
+    try:
+        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+        if has_kv_transfer_group():
+            connector = get_kv_transfer_group()
+            impl = getattr(connector, "_lmcache_engine", None)
+            engine = getattr(impl, "lmcache_engine", None)
+            gpu_connector = getattr(engine, "gpu_connector", None)
+            moved = {
+                "connector": type(gpu_connector).__name__ if gpu_connector is not None else None,
+                "launches": getattr(gpu_connector, "launches", None),
+            }
+    except Exception as error:  # the report must not hide the outputs
+        moved = {"error": repr(error)}
+    return {"groups": groups, "connector": moved}
+
+
+def main(spec_path: str, out_path: str) -> None:
+    started = time.monotonic()
+    with open(spec_path) as handle:
+        spec = json.load(handle)
+    os.environ.update(spec.get("env", {}))
+
+    from vllm import LLM, SamplingParams
+
+    options = dict(
+        model=spec["model"],
+        skip_tokenizer_init=True,
+        enable_prefix_caching=False,  # every reuse must come from LMCache
+        dtype="float32",
+        max_model_len=spec.get("max_model_len", 2048),
+        max_num_batched_tokens=spec.get("max_num_batched_tokens", 2048),
+        seed=0,
+        gpu_memory_utilization=0.05,
+        kv_cache_memory_bytes=256 << 20,
+        disable_log_stats=False,
+        disable_hybrid_kv_cache_manager=spec.get("disable_hybrid_kv_cache_manager", False),
+    )
+    if spec.get("lmcache"):
+        from vllm.config import KVTransferConfig
+
+        options["kv_transfer_config"] = KVTransferConfig(kv_connector="LMCacheConnectorV1", kv_role="kv_both")
+    llm = LLM(**options)
+    ready = time.monotonic()
+    sampling = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 12), logprobs=0, detokenize=False)
+    rounds = []
+    for prompts in spec["rounds"]:
+        outputs = llm.generate([{"prompt_token_ids": prompt} for prompt in prompts], sampling, use_tqdm=False)
+        rounds.append([
+            {
+                "tokens": list(output.outputs[0].token_ids),
+                "logprobs": [step[token].logprob for step, token in zip(output.outputs[0].logprobs, output.outputs[0].token_ids)],
+                "num_cached_tokens": output.num_cached_tokens,
+            }
+            for output in outputs
+        ])
+    metrics = {metric.name: metric.value for metric in llm.get_metrics() if hasattr(metric, "value")}
+    workers = llm.collective_rpc(worker_report)
+    result = {
+        "rounds": rounds,
+        "metrics": {name: value for name, value in metrics.items() if "prefix_cache" in name},
+        "workers": workers,
+        "seconds": {"start": ready - started, "total": time.monotonic() - started},
+    }
+    with open(out_path, "w") as handle:
+        json.dump(result, handle)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

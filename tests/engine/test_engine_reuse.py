@@ -1,0 +1,145 @@
+"""The real engine: vLLM with LMCache reusing KV gives the tokens vLLM gives alone.
+
+Stack D (vLLM's CPU build + LMCache 0.5.6).  Each model runs once without a KV
+connector (the baseline) and once with LMCache in process (``LMCacheConnectorV1``,
+local CPU backend, 256-token chunks, vLLM's own prefix caching off), on the same
+rounds of prompts:
+
+1. cold: A (700 tokens), B (A's first 600 + 100 others), L (1400 tokens, more
+   than ten 128-token windows), C (A with its first token changed), one batch;
+2. warm: the same four again, each now found in LMCache;
+3. shared prefixes: A's first 600 and L's first 300 tokens under new tails.
+
+Every output token must equal the baseline's (logprobs within 1e-4), and vLLM's
+own counters must show LMCache supplying exactly the chunk-aligned prefixes.
+Control C proves the models see every cached token: its output differs from A's.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from tests.engine.harness import run_engine
+from tests.engine.models import MODELS, build
+
+CHUNK = 256
+LOGPROB_TOLERANCE = 1e-4
+
+
+def _prompts(seed: int = 7) -> list[list[list[int]]]:
+    draw = random.Random(seed)
+
+    def tokens(count: int) -> list[int]:
+        return [draw.randrange(3, 500) for _ in range(count)]
+
+    a, long = tokens(700), tokens(1400)
+    b = a[:600] + tokens(100)
+    control = [(a[0] + 1) % 500 or 3] + a[1:]
+    return [[a, b, long, control], [a, b, long, control], [a[:600] + tokens(150), long[:300] + tokens(400)]]
+
+
+ROUNDS = _prompts()
+# vLLM computes at least the last prompt token itself, so LMCache serves at most
+# floor((len - 1) / chunk) chunks of a prompt it holds whole.
+EXPECTED_WARM_HITS = [[(len(p) - 1) // CHUNK * CHUNK for p in ROUNDS[1]], [512, 256]]
+
+LMCACHE_ENV = {
+    "LMCACHE_CHUNK_SIZE": str(CHUNK),
+    "LMCACHE_LOCAL_CPU": "True",
+    "LMCACHE_MAX_LOCAL_CPU_SIZE": "1",
+}
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+def _spec(model_dir, name: str, *, lmcache: bool, env: dict | None = None, **options) -> dict:
+    spec = {"model": str(build(MODELS[name], model_dir)), "rounds": ROUNDS, "lmcache": lmcache, **options}
+    if lmcache:
+        spec["env"] = {**LMCACHE_ENV, **(env or {})}
+    return spec
+
+
+def _assert_same_outputs(baseline: dict, run: dict) -> None:
+    for round_index, (expected_round, got_round) in enumerate(zip(baseline["rounds"], run["rounds"], strict=True)):
+        for prompt_index, (expected, got) in enumerate(zip(expected_round, got_round, strict=True)):
+            where = f"round {round_index + 1}, prompt {prompt_index}"
+            assert got["tokens"] == expected["tokens"], f"{where}: tokens differ from the no-connector baseline"
+            worst = max(abs(x - y) for x, y in zip(got["logprobs"], expected["logprobs"], strict=True))
+            assert worst <= LOGPROB_TOLERANCE, f"{where}: logprobs differ by {worst:.2e}"
+
+
+def _hits(run: dict, round_index: int) -> list[int]:
+    return [output["num_cached_tokens"] for output in run["rounds"][round_index]]
+
+
+def _groups(run: dict) -> list[str]:
+    (worker,) = run["workers"]
+    return [group["spec"] for group in worker["groups"]]
+
+
+MODEL_NAMES = list(MODELS)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_model_sees_every_cached_token(model_dir, name):
+    """Control: A with only its first token changed gives other tokens."""
+    baseline = run_engine(_spec(model_dir, name, lmcache=False))
+    a, control = baseline["rounds"][0][0], baseline["rounds"][0][3]
+    assert a["tokens"] != control["tokens"], f"{name}: output does not depend on the first prompt token"
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_lmcache_reuse_gives_baseline_tokens(model_dir, name):
+    baseline = run_engine(_spec(model_dir, name, lmcache=False))
+    run = run_engine(_spec(model_dir, name, lmcache=True))
+    assert sum(_hits(run, 1)) > 0, "nothing was reused: the comparison would prove nothing"
+    _assert_same_outputs(baseline, run)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_lmcache_supplies_the_chunk_aligned_prefix(model_dir, name):
+    run = run_engine(_spec(model_dir, name, lmcache=True))
+    assert _hits(run, 0) == [0, 0, 0, 0], "cold round: nothing can be in LMCache yet"
+    assert _hits(run, 1) == EXPECTED_WARM_HITS[0]
+    assert _hits(run, 2) == EXPECTED_WARM_HITS[1]
+    # vLLM's own counter of tokens supplied by the KV connector agrees.
+    assert run["metrics"]["vllm:external_prefix_cache_hits"] == sum(EXPECTED_WARM_HITS[0] + EXPECTED_WARM_HITS[1])
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_hybrid_manager_kept_with_lmcache(model_dir, name):
+    model = MODELS[name]
+    baseline = run_engine(_spec(model_dir, name, lmcache=False))
+    run = run_engine(_spec(model_dir, name, lmcache=True))
+    assert _groups(baseline) == list(model.expected_groups)
+    assert _groups(run) == list(model.expected_groups), "LMCache must not turn vLLM's hybrid KV-cache manager off"
+    (worker,) = run["workers"]
+    assert worker["connector"]["launches"] > 0
+
+
+def test_hybrid_manager_disabled(model_dir):
+    """With vLLM's hybrid manager off every layer is one full-attention group."""
+    name = "gemma3-sliding128"
+    baseline = run_engine(_spec(model_dir, name, lmcache=False))
+    run = run_engine(_spec(model_dir, name, lmcache=True, disable_hybrid_kv_cache_manager=True))
+    assert _groups(run) == ["FullAttentionSpec"]
+    assert _hits(run, 1) == EXPECTED_WARM_HITS[0]
+    _assert_same_outputs(baseline, run)
+
+
+def test_eviction_under_a_tiny_buffer(model_dir):
+    """A 2 MB LMCache buffer holds about 5 of the 11 chunks stored: evicted chunks
+    are recomputed, the rest reused, and every token still equals the baseline."""
+    name = "gemma3-sliding128"
+    baseline = run_engine(_spec(model_dir, name, lmcache=False))
+    full = run_engine(_spec(model_dir, name, lmcache=True))
+    tiny = run_engine(_spec(model_dir, name, lmcache=True, env={"LMCACHE_MAX_LOCAL_CPU_SIZE": "0.002"}))
+    reused = sum(_hits(tiny, 1))
+    assert 0 < reused < sum(_hits(full, 1)), f"tiny buffer reused {reused} tokens"
+    _assert_same_outputs(baseline, tiny)
