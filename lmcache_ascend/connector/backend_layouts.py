@@ -37,11 +37,18 @@ def _attention_layers(vllm_config: Any, names: list[str]) -> dict[str, Any]:
     return get_layers_from_vllm_config(vllm_config, AttentionLayerBase, names)
 
 
-def _stride_order(backend: type) -> tuple[int, ...] | None:
-    try:
-        return tuple(backend.get_kv_cache_stride_order())
-    except (AttributeError, NotImplementedError):
-        return None
+def _stride_order(backend: type, vllm_config: Any) -> tuple[int, ...] | None:
+    # Some backends read the connector's cache layout from the current vLLM config.
+    import contextlib
+
+    from vllm.config import set_current_vllm_config
+
+    scope = set_current_vllm_config(vllm_config) if vllm_config is not None else contextlib.nullcontext()
+    with scope:
+        try:
+            return tuple(backend.get_kv_cache_stride_order())
+        except (AttributeError, NotImplementedError):
+            return None
 
 
 def backend_layout_of(backend: type, vllm_config: Any = None, kv_cache_spec: Any = None) -> BackendLayout:
@@ -64,7 +71,7 @@ def backend_layout_of(backend: type, vllm_config: Any = None, kv_cache_spec: Any
         num_kv_heads=probe.num_kv_heads,
         head_size=probe.head_size,
     )
-    return layout_from_probe(name, tuple(shape), probe, _stride_order(backend))
+    return layout_from_probe(name, tuple(shape), probe, _stride_order(backend, vllm_config))
 
 
 def describe_kv_caches(vllm_config: Any, kv_caches: Mapping[str, object]) -> dict[str, BackendLayout]:
