@@ -48,8 +48,13 @@ def plan_for_engine(
     bundle_multi_spec: bool,
     flatten_multi_spec: bool,
     backend: str | None = None,
+    backend_layouts: Mapping[str, Any] | None = None,
 ):
-    """Register `kv_caches` with a MultiGroupGPUConnector and make `engine` use it."""
+    """Register `kv_caches` with a MultiGroupGPUConnector and make `engine` use it.
+
+    `backend_layouts`: the attention backend's `BackendLayout` of each layer
+    registered as a single tensor (see `connector.backend_layouts`).
+    """
     from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
 
     chunk_size = engine.config.chunk_size
@@ -60,6 +65,7 @@ def plan_for_engine(
         chunk_size,
         bundle_multi_spec=bundle_multi_spec,
         flatten_multi_spec=flatten_multi_spec,
+        backend_layouts=backend_layouts,
     )
     connector = engine.gpu_connector
     if not isinstance(connector, MultiGroupGPUConnector):
@@ -107,8 +113,11 @@ def install_multigroup_connector(adapter: Any):
                 "is the lmcache-adapter-multigroup patch applied?"
             )
         geometry = {0: SchedulerGroupGeometry(0)}
+    from lmcache_ascend.connector.backend_layouts import describe_kv_caches
+
+    backend_layouts = describe_kv_caches(getattr(adapter, "_vllm_config", None), kv_caches)
     ours = isinstance(engine.gpu_connector, MultiGroupGPUConnector)
-    if not ours and not needs_multigroup_connector(kv_caches, plane_groups):
+    if not ours and not needs_multigroup_connector(kv_caches, plane_groups, backend_layouts):
         return None
     if getattr(adapter, "use_layerwise", False):
         raise LayoutError(
@@ -123,4 +132,5 @@ def install_multigroup_connector(adapter: Any):
         geometry,
         bundle_multi_spec=bool(flag_or_config_value("LMCACHE_ASCEND_BUNDLE_MULTI_SPEC", config)),
         flatten_multi_spec=bool(flag_or_config_value("LMCACHE_ASCEND_FLATTEN_MULTI_SPEC", config)),
+        backend_layouts=backend_layouts,
     )

@@ -4,6 +4,7 @@ Pure logic (torch only): the device connector in ``lmcache_ascend.connector``
 wires it into LMCache.
 """
 
+from lmcache_ascend.kv_layout.backend_layout import BackendLayout, DimRole, PackedKV
 from lmcache_ascend.kv_layout.chunk_plan import (
     REGION_ALIGNMENT,
     ChunkBufferPlan,
@@ -29,6 +30,9 @@ from lmcache_ascend.kv_layout.registration import (
 from lmcache_ascend.kv_layout.transfer import ChunkMover
 
 __all__ = [
+    "BackendLayout",
+    "DimRole",
+    "PackedKV",
     "ChunkMover",
     "REGION_ALIGNMENT",
     "ChunkBufferPlan",

@@ -1,11 +1,12 @@
-"""Detect the KV-cache format of one layer from the tensors vLLM registers.
+"""The planes of one registered layer, from its tensors and their documented layout.
 
 A layer's KV cache arrives as one tensor or as a tuple of tensors ("planes").
-Whatever the format, the transfer path only needs, per plane, a byte view of
-shape ``[num_blocks * block_size, row_bytes]`` whose row ``s`` is the paged row
-of slot ``s``.  This module finds those planes, checks the paging geometry and
-names the format, so that layout errors surface at registration with the layer
-name and the offending shape instead of as a wrong copy later.
+Whatever the format, the transfer path only needs, per plane, a byte view whose
+row ``s`` is the paged row of slot ``s``.  A single tensor is read with its
+attention backend's `BackendLayout` (never from its number of dims); a tuple is
+vllm-ascend's documented form, every plane ``[num_blocks, block_size, ...]``.
+Layout errors surface at registration with the layer name and the offending
+shape instead of as a wrong copy later.
 
 Planes that are dtype views of one storage blob (vllm-ascend keeps, e.g., an int8
 indexer K and its scale inside one int8 allocation) are folded into a single
@@ -23,6 +24,9 @@ from typing import Sequence
 
 import torch
 
+from lmcache_ascend.kv_layout.backend_layout import BackendLayout, DimRole, described_planes
+from lmcache_ascend.kv_layout.errors import LayoutError
+
 __all__ = [
     "KVFormat",
     "LayerLayout",
@@ -32,10 +36,6 @@ __all__ = [
 ]
 
 
-class LayoutError(ValueError):
-    """A registered KV cache has a shape or placement the transfer path cannot serve."""
-
-
 class KVFormat(enum.Enum):
     MERGED = "merged"  # one tensor, K and V in a leading dimension of 2
     SEPARATE = "separate"  # (K, V) of equal shapes and dtypes
@@ -43,6 +43,9 @@ class KVFormat(enum.Enum):
     DSA = "dsa"  # three planes of one paging geometry (latent, rope, indexer K)
     DSA_C8 = "dsa-c8"  # four planes of mixed dtypes (int8 caches plus their scales)
     MULTI_PLANE = "multi-plane"  # planes with different geometry / dtype / scheduler group
+    # Described by the attention backend (`BackendLayout`):
+    HEAD_MAJOR = "head-major"  # per block, per head, the token rows: a plane per head (and K / V)
+    TOKEN_ROWS = "token-rows"  # one row per token holding K and V of every head
 
 
 # Formats that LMCache's own in-process connector understands; with
@@ -66,6 +69,11 @@ class PlaneLayout:
     row_stride_bytes: int  # distance between consecutive slots' rows
     # Registered tuple indices of other views whose bytes travel inside these rows.
     folded_plane_indices: tuple[int, ...] = ()
+    # The KV head this plane holds where a head-major layout is split per head.
+    head: int | None = None
+    # Rows per block as the kernels address them: 1 when blocks are packed back to
+    # back (the plane is one run of rows), else block_size (blocks strided apart).
+    kernel_block_rows: int = 1
 
     @property
     def num_rows(self) -> int:
@@ -77,7 +85,8 @@ class LayerLayout:
     layer_name: str
     format: KVFormat
     planes: tuple[PlaneLayout, ...]
-    # uint8 views [num_rows, row_bytes] of each plane's paged rows (same order as planes).
+    # Per plane (same order), a uint8 view [num_rows / kernel_block_rows,
+    # kernel_block_rows, row_bytes] of its paged rows: row s is slot s.
     paged_rows: tuple[torch.Tensor, ...] = field(compare=False, repr=False)
 
     @property
@@ -143,12 +152,12 @@ def _paging_geometry(layer_name: str, index: int, tensor: torch.Tensor) -> _Geom
 
 
 def _rows_view(tensor: torch.Tensor, geometry: _Geometry) -> torch.Tensor:
-    """uint8 [num_rows, row_bytes] view over the storage of `tensor`."""
+    """uint8 [num_rows, 1, row_bytes] view over the storage of `tensor` (blocks of one row)."""
     storage_bytes = torch.empty(0, dtype=torch.uint8, device=tensor.device)
     storage_bytes.set_(tensor.untyped_storage())
     return storage_bytes.as_strided(
-        (geometry.num_blocks * geometry.block_size, geometry.row_bytes),
-        (geometry.row_stride_bytes, 1),
+        (geometry.num_blocks * geometry.block_size, 1, geometry.row_bytes),
+        (geometry.row_stride_bytes, geometry.row_bytes, 1),
         geometry.first_byte,
     )
 
@@ -241,14 +250,57 @@ def _classify(tensors: list[torch.Tensor], planes: list[_Plane]) -> KVFormat:
     return KVFormat.MULTI_PLANE
 
 
+def _described_layer(
+    layer_name: str, tensor: torch.Tensor, group: int, backend_layout: BackendLayout
+) -> tuple[KVFormat, tuple[PlaneLayout, ...], tuple[torch.Tensor, ...]]:
+    planes = described_planes(layer_name, tensor, backend_layout)
+    heads_split = any(plane.head is not None for plane in planes)
+    if heads_split:
+        fmt = KVFormat.HEAD_MAJOR
+    elif any(plane.kv is not None for plane in planes):
+        fmt = KVFormat.MERGED
+    elif DimRole.HEAD in backend_layout.dims or DimRole.KV in backend_layout.dims:
+        fmt = KVFormat.TOKEN_ROWS
+    else:
+        fmt = KVFormat.MLA
+    layouts, views = [], []
+    for plane in planes:
+        packed = plane.block_stride_bytes == plane.block_size * plane.row_bytes
+        blocks = plane.blocks
+        if packed:  # one run of rows: hand it over as blocks of one row, like every packed plane
+            blocks = blocks.view(plane.num_blocks * plane.block_size, 1, plane.row_bytes)
+        layouts.append(
+            PlaneLayout(
+                layer_name=layer_name,
+                plane_index=plane.kv or 0,
+                scheduler_group=group,
+                dtype=tensor.dtype,
+                num_blocks=plane.num_blocks,
+                block_size=plane.block_size,
+                row_bytes=plane.row_bytes,
+                row_stride_bytes=plane.row_bytes,
+                head=plane.head,
+                kernel_block_rows=1 if packed else plane.block_size,
+            )
+        )
+        views.append(blocks)
+    return fmt, tuple(layouts), tuple(views)
+
+
 def detect_layer_layout(
     layer_name: str,
     kv_cache: object,
     plane_groups: Sequence[int],
     *,
+    backend_layout: BackendLayout | None = None,
     flatten_multi_spec: bool = True,
 ) -> LayerLayout:
     """The format and planes of one registered layer.
+
+    A single tensor is read with `backend_layout`, the description of the
+    attention backend that allocated it (required: a tensor's dims are never
+    guessed from their number).  A tuple of tensors is vllm-ascend's documented
+    multi-plane form: every plane [num_blocks, block_size, ...], slot rows dense.
 
     `plane_groups` names the scheduler KV-cache group of each registered tensor
     (one entry applies to all of them).  With `flatten_multi_spec` off (legacy
@@ -271,26 +323,31 @@ def detect_layer_layout(
     if len(devices) > 1:
         raise LayoutError(f"layer {layer_name!r}: planes live on different devices {sorted(map(str, devices))}")
 
-    if len(tensors) == 1:
-        tensor = tensors[0]
-        if tensor.ndim == 5 and tensor.shape[0] == 2:
-            fmt = KVFormat.MERGED
-            halves = [tensor[0], tensor[1]]
-            planes = [
-                _Plane([index], half, _paging_geometry(layer_name, index, half), groups[0])
-                for index, half in enumerate(halves)
-            ]
-        elif tensor.ndim in (3, 4):
-            fmt = KVFormat.MLA
-            planes = [_Plane([0], tensor, _paging_geometry(layer_name, 0, tensor), groups[0])]
-        else:
+    if isinstance(kv_cache, torch.Tensor):
+        if backend_layout is None:
             raise LayoutError(
-                f"layer {layer_name!r}: a single KV tensor of shape {tuple(tensor.shape)} is neither "
-                "MERGED [2, num_blocks, block_size, heads, head_size] nor MLA [num_blocks, block_size, (1,) dim]"
+                f"layer {layer_name!r}: a KV tensor of shape {tuple(kv_cache.shape)}, dtype {kv_cache.dtype} came "
+                "without its attention backend's layout description; its dims cannot be told apart"
             )
+        fmt, layouts, views = _described_layer(layer_name, kv_cache, groups[0], backend_layout)
     else:
         planes = _fold_views(layer_name, tensors, groups)
         fmt = _classify(tensors, planes)
+        layouts = tuple(
+            PlaneLayout(
+                layer_name=layer_name,
+                plane_index=plane.indices[0],
+                scheduler_group=plane.scheduler_group,
+                dtype=plane.tensor.dtype,
+                num_blocks=plane.geometry.num_blocks,
+                block_size=plane.geometry.block_size,
+                row_bytes=plane.geometry.row_bytes,
+                row_stride_bytes=plane.geometry.row_stride_bytes,
+                folded_plane_indices=tuple(plane.indices[1:]),
+            )
+            for plane in planes
+        )
+        views = tuple(_rows_view(plane.tensor, plane.geometry) for plane in planes)
 
     if not flatten_multi_spec and fmt not in LEGACY_FORMATS:
         raise LayoutError(
@@ -304,20 +361,4 @@ def detect_layer_layout(
             f"layer {layer_name!r}: planes map to scheduler groups {groups}; the legacy handling "
             "(LMCACHE_ASCEND_FLATTEN_MULTI_SPEC=0) needs one group per layer"
         )
-
-    layouts = tuple(
-        PlaneLayout(
-            layer_name=layer_name,
-            plane_index=plane.indices[0],
-            scheduler_group=plane.scheduler_group,
-            dtype=plane.tensor.dtype,
-            num_blocks=plane.geometry.num_blocks,
-            block_size=plane.geometry.block_size,
-            row_bytes=plane.geometry.row_bytes,
-            row_stride_bytes=plane.geometry.row_stride_bytes,
-            folded_plane_indices=tuple(plane.indices[1:]),
-        )
-        for plane in planes
-    )
-    views = tuple(_rows_view(plane.tensor, plane.geometry) for plane in planes)
     return LayerLayout(layer_name, fmt, layouts, views)

@@ -69,10 +69,11 @@ class PlaneIdentity:
     row_bytes: int
     block_size: int
     dtype: torch.dtype
+    kernel_block_rows: int = 1  # how the kernels address its blocks (see PlaneLayout)
 
     @classmethod
     def of(cls, plane: PlaneLayout) -> "PlaneIdentity":
-        return cls(plane.scheduler_group, plane.row_bytes, plane.block_size, plane.dtype)
+        return cls(plane.scheduler_group, plane.row_bytes, plane.block_size, plane.dtype, plane.kernel_block_rows)
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,9 @@ class LayerGroup:
     index: int
     format: KVFormat
     planes: tuple[PlaneIdentity, ...]  # per-plane identity, shared by every member
-    member_names: tuple[str, ...]  # layer names ("name#p<k>" for exploded planes)
-    # Per member, the uint8 [num_rows, row_bytes] view of each plane.
+    # Layer names; "name#h<j>" for head j of a head-major layer, "name#p<k>" for exploded planes.
+    member_names: tuple[str, ...]
+    # Per member, the uint8 [num_rows / kernel_block_rows, kernel_block_rows, row_bytes] view of each plane.
     paged_rows: tuple[tuple[torch.Tensor, ...], ...] = field(compare=False, repr=False)
     # Per member, the geometry of each plane (num_blocks may differ between members).
     plane_layouts: tuple[tuple[PlaneLayout, ...], ...] = field(compare=False, repr=False)
@@ -110,7 +112,7 @@ def build_layer_groups(
     """Layer groups in first-appearance order of their first member."""
     buckets: dict[tuple, list[tuple[str, tuple[torch.Tensor, ...], tuple[PlaneLayout, ...]]]] = {}
     formats: dict[tuple, KVFormat] = {}
-    seen_rows: dict[tuple[int, int, int, int], str] = {}
+    seen: dict[tuple, str] = {}
     for layer in layers:
         kept = []
         for plane, rows in zip(layer.planes, layer.paged_rows):
@@ -123,25 +125,45 @@ def build_layer_groups(
                 )
             if not geometry.transferred:
                 continue
-            # The same bytes registered under two layer names (vLLM KV sharing) move once.
-            identity = (rows.untyped_storage().data_ptr(), rows.storage_offset(), rows.shape[0], rows.stride(0))
-            if identity in seen_rows:
+            # A plane is identified by its bytes AND its scheduler group: vLLM's KV
+            # sharing registers one cache under two layer names of one group (moved
+            # once), while the hybrid KV-cache manager backs a layer of each group
+            # with one tensor whose groups own disjoint blocks (each group moves).
+            identity = (
+                rows.untyped_storage().data_ptr(),
+                rows.storage_offset(),
+                tuple(rows.shape),
+                rows.stride(),
+                plane.scheduler_group,
+            )
+            if identity in seen:
                 continue
-            seen_rows[identity] = layer.layer_name
+            seen[identity] = layer.layer_name
             kept.append((plane, rows))
         if not kept:
             continue
         if bundle_multi_spec:
-            key = (layer.format, tuple(PlaneIdentity.of(plane) for plane, _ in kept))
-            buckets.setdefault(key, []).append(
-                (layer.layer_name, tuple(rows for _, rows in kept), tuple(plane for plane, _ in kept))
-            )
-            formats[key] = layer.format
+            # A head-major layer travels as one member per head (each with its K / V
+            # planes), so the plane count of a launch stays that of one head.
+            by_head: dict[int | None, list] = {}
+            for plane, rows in kept:
+                by_head.setdefault(plane.head, []).append((plane, rows))
+            for head, members in by_head.items():
+                key = (layer.format, tuple(PlaneIdentity.of(plane) for plane, _ in members))
+                name = layer.layer_name if head is None else f"{layer.layer_name}#h{head}"
+                buckets.setdefault(key, []).append(
+                    (name, tuple(rows for _, rows in members), tuple(plane for plane, _ in members))
+                )
+                formats[key] = layer.format
         else:
             for plane, rows in kept:
                 # Exploded planes group by plane identity alone, whatever layer format they came from.
                 key = (None, (PlaneIdentity.of(plane),))
-                name = layer.layer_name if len(layer.planes) == 1 else f"{layer.layer_name}#p{plane.plane_index}"
+                name = layer.layer_name
+                if plane.head is not None:
+                    name += f"#h{plane.head}"
+                if sum(other.head == plane.head for other in layer.planes) > 1:
+                    name += f"#p{plane.plane_index}"
                 buckets.setdefault(key, []).append((name, (rows,), (plane,)))
                 formats.setdefault(key, layer.format)
     groups = []

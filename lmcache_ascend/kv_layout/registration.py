@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
+from lmcache_ascend.kv_layout.backend_layout import BackendLayout
 from lmcache_ascend.kv_layout.chunk_plan import ChunkLayout
 from lmcache_ascend.kv_layout.formats import KVFormat, LayerLayout, LayoutError, detect_layer_layout
 from lmcache_ascend.kv_layout.groups import SchedulerGroupGeometry, build_layer_groups
@@ -96,8 +97,14 @@ def plan_kv_caches(
     *,
     bundle_multi_spec: bool = True,
     flatten_multi_spec: bool = True,
+    backend_layouts: Mapping[str, BackendLayout] | None = None,
 ) -> tuple[tuple[LayerLayout, ...], ChunkLayout]:
-    """Detect, group and plan; every layout error surfaces here."""
+    """Detect, group and plan; every layout error surfaces here.
+
+    `backend_layouts` describes each layer registered as a single tensor (its
+    attention backend's layout); layers registered as tuples of planes follow
+    vllm-ascend's documented form and need none.
+    """
     if not kv_caches:
         raise LayoutError("no KV caches were registered")
     layers = []
@@ -105,13 +112,23 @@ def plan_kv_caches(
         groups = plane_groups.get(name)
         if groups is None:
             raise LayoutError(f"layer {name!r}: no scheduler group given for its planes")
-        layers.append(detect_layer_layout(name, cache, groups, flatten_multi_spec=flatten_multi_spec))
+        layers.append(
+            detect_layer_layout(
+                name,
+                cache,
+                groups,
+                backend_layout=(backend_layouts or {}).get(name),
+                flatten_multi_spec=flatten_multi_spec,
+            )
+        )
     layer_groups = build_layer_groups(layers, geometry_by_group, bundle_multi_spec=bundle_multi_spec)
     return tuple(layers), ChunkLayout(layer_groups, geometry_by_group, chunk_size)
 
 
 def needs_multigroup_connector(
-    kv_caches: Mapping[str, object], plane_groups: Mapping[str, Sequence[int]]
+    kv_caches: Mapping[str, object],
+    plane_groups: Mapping[str, Sequence[int]],
+    backend_layouts: Mapping[str, BackendLayout] | None = None,
 ) -> bool:
     """True unless LMCache's own connector serves the caches: one scheduler group,
     merged / separate / single-tensor MLA layers of one dtype and shape, on CUDA."""
@@ -120,7 +137,13 @@ def needs_multigroup_connector(
         return True
     shapes = set()
     for name, cache in kv_caches.items():
-        layer = detect_layer_layout(name, cache, plane_groups.get(name, (0,)), flatten_multi_spec=True)
+        layer = detect_layer_layout(
+            name,
+            cache,
+            plane_groups.get(name, (0,)),
+            backend_layout=(backend_layouts or {}).get(name),
+            flatten_multi_spec=True,
+        )
         tensors = [cache] if isinstance(cache, torch.Tensor) else list(cache)
         single_latent = layer.format is KVFormat.MLA and len(tensors) == 1
         if layer.format not in (KVFormat.MERGED, KVFormat.SEPARATE) and not single_latent:

@@ -29,14 +29,13 @@ class ChunkMover:
         self.layout = layout
         self.backend = backend
         # Built once: the kernels validate and cache each tensor's geometry here.
-        # A plane's rows are handed over as blocks of one row (`row_stride` apart),
-        # which covers dense blocks and rows padded inside a wider blob alike.
+        # Planes come in the kernels' block form already (see `PlaneLayout.kernel_block_rows`).
         self.paged_groups = tuple(
             PagedGroup(
                 tuple(
                     PagedPlane(
-                        tuple(member_rows[plane].unsqueeze(1) for member_rows in group.paged_rows),
-                        block_size=1,
+                        tuple(member_rows[plane] for member_rows in group.paged_rows),
+                        block_size=identity.kernel_block_rows,
                         row_bytes=identity.row_bytes,
                         name=f"group{group.index}.plane{plane}",
                     )

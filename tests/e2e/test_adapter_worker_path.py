@@ -74,6 +74,18 @@ def pipeline_group():
         dist.destroy_process_group()
 
 
+@pytest.fixture(autouse=True)
+def fixture_backend_layouts(monkeypatch):
+    """The worker asks vLLM's attention layers for each single tensor's layout; no
+    model is loaded here, so the fixture's own (documented) layouts answer."""
+    import lmcache_ascend.connector.backend_layouts as backend_layouts
+
+    layouts = dsv4_ascend_kv_caches("zeros").backend_layouts
+    monkeypatch.setattr(
+        backend_layouts, "describe_kv_caches", lambda vllm_config, kv_caches: {n: layouts[n] for n in kv_caches if n in layouts}
+    )
+
+
 @pytest.fixture
 def patches():
     for name in PATCHES:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lmcache_ascend.kv_layout import LayoutError, SchedulerGroupGeometry, plan_kv_caches
+from tests.fixtures.kv_caches import LATENT_LAYOUT
 
 GEOMETRY = {0: SchedulerGroupGeometry(0), 1: SchedulerGroupGeometry(1, compress_ratio=4, sliding_window=8)}
 CHUNK = 16
@@ -31,7 +32,9 @@ def _connector(caches):
     from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
 
     connector = MultiGroupGPUConnector(CHUNK, backend="torch")
-    layers, layout = plan_kv_caches(caches, {"full": (0,), "compressed": (1,)}, GEOMETRY, CHUNK)
+    layers, layout = plan_kv_caches(
+        caches, {"full": (0,), "compressed": (1,)}, GEOMETRY, CHUNK, backend_layouts={"full": LATENT_LAYOUT}
+    )
     connector.register(layers, layout)
     return connector
 
@@ -74,7 +77,7 @@ def test_connector_errors_name_the_problem():
         fresh.get_shape(CHUNK)
     with pytest.raises(LayoutError, match="chunk_size=0 must be a positive int"):
         MultiGroupGPUConnector(0)
-    layers, layout = plan_kv_caches(_caches(), {"full": (0,), "compressed": (1,)}, GEOMETRY, 8)
+    layers, layout = plan_kv_caches(_caches(), {"full": (0,), "compressed": (1,)}, GEOMETRY, 8, backend_layouts={"full": LATENT_LAYOUT})
     with pytest.raises(LayoutError, match="planned for chunk_size=8 but the connector moves chunks of 16"):
         fresh.register(layers, layout)
 

@@ -98,6 +98,7 @@ def _plan(engine, caches, kv_cache_config, layout, bundle=True):
         geometry_from_group_specs(layout.groups, layout.transferred),
         bundle_multi_spec=bundle,
         flatten_multi_spec=True,
+        backend_layouts=caches.backend_layouts,
     )
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lmcache_ascend.kv_layout import KVFormat, LayoutError, detect_layer_layout
+from tests.fixtures.kv_caches import LATENT_LAYOUT, TOKEN_MAJOR_KV_LAYOUT
 
 
 def _bytes_of_row(tensor: torch.Tensor, slot: int, block_size: int) -> torch.Tensor:
@@ -14,7 +15,7 @@ def _bytes_of_row(tensor: torch.Tensor, slot: int, block_size: int) -> torch.Ten
 
 
 def _assert_rows_match(layer, plane: int, tensor: torch.Tensor, block_size: int) -> None:
-    rows = layer.paged_rows[plane]
+    rows = layer.paged_rows[plane].flatten(0, 1)  # [slots, row_bytes]
     assert rows.dtype == torch.uint8
     for slot in range(rows.shape[0]):
         assert torch.equal(rows[slot], _bytes_of_row(tensor, slot, block_size)), slot
@@ -28,7 +29,7 @@ def _random(shape, dtype=torch.float16):
 
 def test_merged_single_tensor_splits_into_k_and_v():
     cache = _random((2, 5, 4, 2, 8))
-    layer = detect_layer_layout("l0", cache, [3])
+    layer = detect_layer_layout("l0", cache, [3], backend_layout=TOKEN_MAJOR_KV_LAYOUT)
     assert layer.format is KVFormat.MERGED
     assert [p.plane_index for p in layer.planes] == [0, 1]
     assert all(p.row_bytes == 2 * 8 * 2 and p.block_size == 4 and p.num_blocks == 5 for p in layer.planes)
@@ -54,7 +55,7 @@ def test_mla_pair_of_different_shapes_and_single_latent(cache_kind):
         _assert_rows_match(layer, 1, rope, 4)
     else:
         latent = _random((3, 4, 40), torch.bfloat16)
-        layer = detect_layer_layout("l", latent, [0])
+        layer = detect_layer_layout("l", latent, [0], backend_layout=LATENT_LAYOUT)
         assert [p.row_bytes for p in layer.planes] == [80]
         _assert_rows_match(layer, 0, latent, 4)
     assert layer.format is KVFormat.MLA
@@ -110,7 +111,7 @@ def test_views_in_disjoint_regions_of_one_blob_stay_separate_planes():
 
 def test_a_lone_narrow_view_keeps_its_row_stride():
     blob = _random((3, 4, 132), torch.int8)
-    layer = detect_layer_layout("k", blob[:, :, :128], [0])
+    layer = detect_layer_layout("k", (blob[:, :, :128],), [0])  # vllm-ascend's plane-tuple form
     assert (layer.planes[0].row_bytes, layer.planes[0].row_stride_bytes) == (128, 132)
     _assert_rows_match(layer, 0, blob[:, :, :128], 4)
 
@@ -121,14 +122,14 @@ def test_a_lone_narrow_view_keeps_its_row_stride():
         ((), [0], "empty tuple"),
         ((torch.zeros(2, 2, 4), "x"), [0], "plane 1 is a str"),
         ({"k": 1}, [0], "expected a torch.Tensor or a tuple"),
-        (torch.zeros(3, 4, 5, 6, 7, 8), [0], "neither MERGED"),
-        (torch.zeros(2, 3, 4, 2, 8).permute(0, 1, 3, 2, 4), [0], "not contiguous"),
+        (torch.zeros(3, 4, 5, 6, 7, 8), [0], "came without its attention backend's layout description"),
+        ((torch.zeros(3, 4, 2, 8).transpose(2, 3),), [0], "not contiguous"),
         ((torch.zeros(3, 4, 8), torch.zeros(3, 4, 8)), [0, 1, 2], "3 scheduler groups given for 2 planes"),
         ((torch.zeros(3, 4, 8),), [-1], "must be an int >= 0"),
         ((torch.zeros(3), torch.zeros(3)), [0], "expected dims [num_blocks, block_size"),
         ((torch.zeros(0, 4, 8), torch.zeros(0, 4, 8)), [0], "must be > 0"),
     ],
-    ids=["empty", "not-a-tensor", "not-a-cache", "bad-single-shape", "hnd", "group-count", "negative-group", "1d", "no-blocks"],
+    ids=["empty", "not-a-tensor", "not-a-cache", "no-description", "strided-row", "group-count", "negative-group", "1d", "no-blocks"],
 )
 def test_layout_errors_name_the_layer_and_the_problem(cache, groups, message):
     with pytest.raises(LayoutError) as error:
@@ -151,7 +152,10 @@ def test_overlapping_views_that_do_not_share_rows_are_rejected():
 
 
 def test_legacy_handling_accepts_plain_formats_and_rejects_multi_spec():
-    assert detect_layer_layout("m", torch.zeros(2, 3, 4, 1, 8), [0], flatten_multi_spec=False).format is KVFormat.MERGED
+    merged = detect_layer_layout(
+        "m", torch.zeros(2, 3, 4, 1, 8), [0], backend_layout=TOKEN_MAJOR_KV_LAYOUT, flatten_multi_spec=False
+    )
+    assert merged.format is KVFormat.MERGED
     three = (torch.zeros(3, 4, 8), torch.zeros(3, 4, 4), torch.zeros(3, 4, 2))
     with pytest.raises(LayoutError, match="needs LMCACHE_ASCEND_FLATTEN_MULTI_SPEC=1"):
         detect_layer_layout("dsa", three, [0], flatten_multi_spec=False)

@@ -16,6 +16,7 @@ from lmcache_ascend.kv_layout import (
     row_window,
 )
 from lmcache_ascend.kv_layout.registration import needs_multigroup_connector, plane_groups_from_layer_names
+from tests.fixtures.kv_caches import LATENT_LAYOUT, TOKEN_MAJOR_KV_LAYOUT
 
 GEOMETRY = {
     0: SchedulerGroupGeometry(0),
@@ -27,7 +28,11 @@ GEOMETRY = {
 
 
 def _layers(specs):
-    return [detect_layer_layout(name, cache, groups) for name, cache, groups in specs]
+    # Single tensors here are one latent row per token (MLA's documented layout).
+    return [
+        detect_layer_layout(name, cache, groups, backend_layout=LATENT_LAYOUT if isinstance(cache, torch.Tensor) else None)
+        for name, cache, groups in specs
+    ]
 
 
 def test_identical_shapes_in_two_scheduler_groups_never_merge():
@@ -160,7 +165,8 @@ def test_plane_groups_from_layer_names():
 def test_which_caches_need_the_multigroup_connector():
     merged = {"l0": torch.zeros(2, 4, 8, 1, 8), "l1": torch.zeros(2, 4, 8, 1, 8)}
     one_group = {"l0": (0,), "l1": (0,)}
-    assert needs_multigroup_connector(merged, one_group)  # CPU: LMCache has no connector here
-    assert needs_multigroup_connector(merged, {"l0": (0,), "l1": (1,)})
+    layouts = {name: TOKEN_MAJOR_KV_LAYOUT for name in merged}
+    assert needs_multigroup_connector(merged, one_group, layouts)  # CPU: LMCache has no connector here
+    assert needs_multigroup_connector(merged, {"l0": (0,), "l1": (1,)}, layouts)
     dsa = {"l0": (torch.zeros(4, 8, 16), torch.zeros(4, 8, 4), torch.zeros(4, 8, 2))}
     assert needs_multigroup_connector(dsa, {"l0": (0,)})

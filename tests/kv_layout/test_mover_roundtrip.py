@@ -26,6 +26,7 @@ from lmcache_ascend.kv_layout import (
     detect_layer_layout,
 )
 from lmcache_ascend.kv_layout.registration import plan_kv_caches
+from tests.fixtures.kv_caches import TOKEN_MAJOR_KV_LAYOUT
 
 POISON = 0xA5
 DTYPES = (torch.int8, torch.uint8, torch.float8_e4m3fn, torch.float16, torch.bfloat16, torch.float32)
@@ -135,6 +136,11 @@ def _build(model: ModelSpec, fill: str, generator: torch.Generator):
     return caches, plane_groups, owners
 
 
+def _backend_layouts(caches) -> dict:
+    # The only single tensors _build registers are merged [2, blocks, block_size, 1, width].
+    return {name: TOKEN_MAJOR_KV_LAYOUT for name, cache in caches.items() if isinstance(cache, torch.Tensor)}
+
+
 def _slot_mappings(model: ModelSpec, generator: torch.Generator) -> dict[int, torch.Tensor]:
     mappings = {}
     for group in model.geometry:
@@ -167,8 +173,9 @@ def test_store_then_load_is_byte_exact_and_touches_nothing_else(model):
     source, plane_groups, source_owners = _build(model, "random", generator)
     target, _, target_owners = _build(model, "poison", generator)
     slots = _slot_mappings(model, generator)
-    _, source_layout = plan_kv_caches(source, plane_groups, model.geometry, model.chunk_size)
-    _, target_layout = plan_kv_caches(target, plane_groups, model.geometry, model.chunk_size)
+    layouts = _backend_layouts(source)
+    _, source_layout = plan_kv_caches(source, plane_groups, model.geometry, model.chunk_size, backend_layouts=layouts)
+    _, target_layout = plan_kv_caches(target, plane_groups, model.geometry, model.chunk_size, backend_layouts=layouts)
     store, load = ChunkMover(source_layout, backend="torch"), ChunkMover(target_layout, backend="torch")
 
     for start in range(0, model.num_tokens, model.chunk_size):

@@ -1,0 +1,310 @@
+"""What each dim of a registered KV-cache tensor is, as its attention backend documents it.
+
+vLLM hands the worker one tensor per layer whose meaning depends on the attention
+backend that allocated it: the same 4-dim shape is ``[num_blocks, block_size,
+heads, head_size]`` for one backend and ``[num_blocks, heads, block_size,
+2 * head_size]`` for another.  Guessing from the number of dims moves the wrong
+bytes, so a layer is only accepted with a `BackendLayout`, built from the
+backend's own description (see `lmcache_ascend.connector.backend_layouts`), and
+turned here into planes of the transfer kernels: per plane, blocks of
+`block_size` contiguous rows of `row_bytes`, blocks `block_stride_bytes` apart.
+
+- token-major caches (rows of all heads side by side) are one plane per K / V;
+- head-major caches (per block, per head, the block's token rows) are one plane
+  per head (and per K / V), each addressed at its head's offset;
+- vLLM's CPU backend keeps, per block and head, every token's K row and then every
+  token's V row inside a ``[block_size, 2 * head_size]`` interior
+  (`PackedKV.ROWS_PER_BLOCK_HEAD`): that interior is re-read as ``[2, block_size,
+  head_size]``, so a token's K and V are the rows it really owns.
+
+Pure logic: torch only, no vLLM / LMCache.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+
+from lmcache_ascend.kv_layout.errors import LayoutError
+
+__all__ = [
+    "BackendLayout",
+    "DescribedPlane",
+    "DimRole",
+    "PackedKV",
+    "PACKED_KV_BY_BACKEND",
+    "ShapeProbe",
+    "cell_layout",
+    "described_planes",
+    "layout_from_probe",
+]
+
+
+class DimRole(enum.Enum):
+    BLOCK = "block"  # num_blocks
+    TOKEN = "token"  # slot inside a block (block_size)
+    HEAD = "head"  # KV head (or head slot)
+    KV = "kv"  # 2: K, then V
+    CONTENT = "content"  # the elements of one (head, token) cell, moved whole
+
+
+class PackedKV(enum.Enum):
+    """How a CONTENT dim that holds K and V together splits them."""
+
+    NONE = "none"  # the content is K or V alone, or a latent (MLA)
+    PER_CELL = "per-cell"  # each (head, token) cell holds that token's K, then its V: moved whole
+    # Per block and head, the [TOKEN, CONTENT] interior holds every token's K row,
+    # then every token's V row (vLLM CPU_ATTN: view(..., 2 * block_size, head_size)).
+    ROWS_PER_BLOCK_HEAD = "rows-per-block-head"
+
+
+# Backends whose content dim packs K and V, by `get_name()`, and how, read from
+# their forward code (vLLM 0.23 / 0.32 / 0.33).  A packing backend missing here is
+# refused: its rows cannot be told apart without reading it.
+PACKED_KV_BY_BACKEND: Mapping[str, PackedKV] = {
+    # cpu_attn.py: kv_cache.view((num_blocks, num_kv_heads, block_size * 2, -1)).chunk(2, dim=2)
+    "CPU_ATTN": PackedKV.ROWS_PER_BLOCK_HEAD,
+    # triton_attn.py / flex_attention.py: kv_cache.split(head_size, dim=-1)
+    "TRITON_ATTN": PackedKV.PER_CELL,
+    "FLEX_ATTENTION": PackedKV.PER_CELL,
+    # triton_attn_diffkv.py: kv_cache[..., :head_size_qk], kv_cache[..., head_size_qk:]
+    "TRITON_ATTN_DIFFKV": PackedKV.PER_CELL,
+}
+
+
+@dataclass(frozen=True)
+class BackendLayout:
+    """Role of each dim of a registered tensor (logical order), as its backend documents it."""
+
+    backend: str
+    dims: tuple[DimRole, ...]
+    packed_kv: PackedKV = PackedKV.NONE
+    # The backend's declared physical order (outermost first, indices into `dims`);
+    # the registered tensor's strides are checked against it.  None: not declared.
+    stride_order: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        dims = tuple(self.dims)
+        object.__setattr__(self, "dims", dims)
+        counts = {role: dims.count(role) for role in DimRole}
+        problems = []
+        if counts[DimRole.BLOCK] != 1 or counts[DimRole.TOKEN] != 1:
+            problems.append("exactly one block dim and one token dim")
+        if counts[DimRole.HEAD] > 1 or counts[DimRole.KV] > 1:
+            problems.append("at most one head dim and one K/V dim")
+        if self.packed_kv is not PackedKV.NONE and (counts[DimRole.KV] or counts[DimRole.CONTENT] != 1):
+            problems.append("packed K/V content needs one content dim and no separate K/V dim")
+        if self.stride_order is not None and sorted(self.stride_order) != list(range(len(dims))):
+            problems.append(f"a stride order that permutes 0..{len(dims) - 1} (got {self.stride_order})")
+        if problems:
+            roles = [role.value for role in dims]
+            raise LayoutError(f"backend {self.backend!r}: layout {roles} is not valid; it needs " + "; ".join(problems))
+
+    def describe(self) -> str:
+        text = "[" + ", ".join(role.value for role in self.dims) + "]"
+        if self.packed_kv is not PackedKV.NONE:
+            text += f" with K/V packed {self.packed_kv.value}"
+        return text
+
+
+@dataclass(frozen=True)
+class ShapeProbe:
+    """Distinct sizes handed to a backend's `get_kv_cache_shape` to learn what each dim is.
+
+    Chosen so that no size, nor 2 * head_size, equals another (nor 1 or 2), and
+    block_size is a multiple of 16 and 32 as block-size checks of backends ask.
+    """
+
+    num_blocks: int = 13
+    block_size: int = 64
+    num_kv_heads: int = 3
+    head_size: int = 80
+
+
+def layout_from_probe(
+    backend: str,
+    probed_shape: Sequence[int],
+    probe: ShapeProbe,
+    stride_order: Sequence[int] | None = None,
+) -> BackendLayout:
+    """The layout a backend documents through the shape it returned for `probe`.
+
+    A dim of 2 * head_size (K and V packed in one dim) is accepted only for a
+    backend of `PACKED_KV_BY_BACKEND`; a size matching nothing is refused.
+    """
+    sizes = {
+        probe.num_blocks: DimRole.BLOCK,
+        probe.block_size: DimRole.TOKEN,
+        probe.num_kv_heads: DimRole.HEAD,
+        2: DimRole.KV,
+        probe.head_size: DimRole.CONTENT,
+        1: DimRole.CONTENT,  # a singleton (MLA's one latent "head") is moved with its content
+    }
+    dims = []
+    packed = PackedKV.NONE
+    for size in probed_shape:
+        role = sizes.get(int(size))
+        if role is None and int(size) == 2 * probe.head_size:
+            packed = PACKED_KV_BY_BACKEND.get(backend)
+            if packed is None:
+                raise LayoutError(
+                    f"backend {backend!r}: get_kv_cache_shape{_probe_call(probe)} = {tuple(probed_shape)} packs K and "
+                    f"V in one dim of 2 * head_size; how its rows split is known for {sorted(PACKED_KV_BY_BACKEND)} only"
+                )
+            role = DimRole.CONTENT
+        if role is None:
+            raise LayoutError(
+                f"backend {backend!r}: get_kv_cache_shape{_probe_call(probe)} = {tuple(probed_shape)} has a dim of "
+                f"size {size} that is none of num_blocks, block_size, num_kv_heads, 2 (K/V), head_size, "
+                "2 * head_size or 1"
+            )
+        dims.append(role)
+    return BackendLayout(backend, tuple(dims), packed, None if stride_order is None else tuple(stride_order))
+
+
+def _probe_call(probe: ShapeProbe) -> str:
+    return (
+        f"(num_blocks={probe.num_blocks}, block_size={probe.block_size}, "
+        f"num_kv_heads={probe.num_kv_heads}, head_size={probe.head_size})"
+    )
+
+
+def cell_layout(backend: str, packs_kv: bool) -> BackendLayout:
+    """vLLM >= 0.32: every per-layer view is logical [blocks, heads, tokens, cell content].
+
+    (`vllm.v1.kv_cache_interface.create_kv_cache_views`; the physical order is the
+    resolved `KVCacheLayout` and shows in the view's strides.)  `packs_kv`: the
+    cell holds K and V (attention specs with head_size_v), whose split the backend
+    must be known for.
+    """
+    packed = PackedKV.NONE
+    if packs_kv:
+        packed = PACKED_KV_BY_BACKEND.get(backend)
+        if packed is None:
+            raise LayoutError(
+                f"backend {backend!r}: its KV-cache cells pack K and V; how it splits them is known for "
+                f"{sorted(PACKED_KV_BY_BACKEND)} only"
+            )
+    return BackendLayout(backend, (DimRole.BLOCK, DimRole.HEAD, DimRole.TOKEN, DimRole.CONTENT), packed)
+
+
+@dataclass(frozen=True)
+class DescribedPlane:
+    """One plane of a described layer: `num_blocks` blocks of `block_size` contiguous rows."""
+
+    head: int | None  # the KV head it holds, when heads are split into planes
+    kv: int | None  # 0 (K) or 1 (V), when K and V are split into planes
+    blocks: torch.Tensor  # uint8 [num_blocks, block_size, row_bytes] over the tensor's storage
+    block_stride_bytes: int
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.blocks.shape[0])
+
+    @property
+    def block_size(self) -> int:
+        return int(self.blocks.shape[1])
+
+    @property
+    def row_bytes(self) -> int:
+        return int(self.blocks.shape[2])
+
+
+def _where(layer_name: str, tensor: torch.Tensor, layout: BackendLayout) -> str:
+    return (
+        f"layer {layer_name!r} (shape {tuple(tensor.shape)}, strides {tensor.stride()}, dtype {tensor.dtype}, "
+        f"backend {layout.backend!r}, layout {layout.describe()})"
+    )
+
+
+def _unpack_rows_per_block_head(
+    where: str, shape: list[int], strides: list[int], roles: list[DimRole]
+) -> tuple[list[int], list[int], list[DimRole]]:
+    """Re-read [.., TOKEN, CONTENT ..] of 2 * head_size as [.., KV, TOKEN, CONTENT ..] of head_size."""
+    token, content = roles.index(DimRole.TOKEN), roles.index(DimRole.CONTENT)
+    block_size, width = shape[token], shape[content]
+    if strides[content] != 1 or strides[token] != width or width % 2:
+        raise LayoutError(
+            f"{where}: K/V rows per block and head need a contiguous [block_size, 2 * head_size] interior "
+            f"(token stride == content size, content stride 1, even content)"
+        )
+    half = width // 2
+    shape = shape[:token] + [2, block_size] + shape[token + 1 :]
+    strides = strides[:token] + [block_size * half, half] + strides[token + 1 :]
+    roles = roles[:token] + [DimRole.KV, DimRole.TOKEN] + roles[token + 1 :]
+    content = roles.index(DimRole.CONTENT)
+    shape[content] = half
+    return shape, strides, roles
+
+
+def _check_stride_order(where: str, tensor: torch.Tensor, layout: BackendLayout) -> None:
+    if layout.stride_order is None:
+        return
+    physical = [dim for dim in layout.stride_order if tensor.shape[dim] > 1]
+    strides = [tensor.stride(dim) for dim in physical]
+    if any(outer < inner for outer, inner in zip(strides, strides[1:])):
+        raise LayoutError(
+            f"{where}: the strides disagree with the backend's stride order {layout.stride_order} "
+            "(outermost first); the cache was not allocated the way the backend declares"
+        )
+
+
+def described_planes(layer_name: str, tensor: torch.Tensor, layout: BackendLayout) -> tuple[DescribedPlane, ...]:
+    """The planes of `tensor` read with `layout`; LayoutError for anything the kernels cannot address."""
+    where = _where(layer_name, tensor, layout)
+    if not isinstance(tensor, torch.Tensor):
+        raise LayoutError(f"layer {layer_name!r}: a {type(tensor).__name__} is not a KV-cache tensor")
+    if tensor.ndim != len(layout.dims):
+        raise LayoutError(f"{where}: {tensor.ndim} dims, but the backend documents {len(layout.dims)}")
+    if tensor.dtype.is_complex or tensor.layout is not torch.strided:
+        raise LayoutError(f"{where}: allowed: a plain strided real or integer tensor")
+    _check_stride_order(where, tensor, layout)
+    shape, strides, roles = list(tensor.shape), list(tensor.stride()), list(layout.dims)
+    if layout.packed_kv is PackedKV.ROWS_PER_BLOCK_HEAD:
+        shape, strides, roles = _unpack_rows_per_block_head(where, shape, strides, roles)
+    block, token = roles.index(DimRole.BLOCK), roles.index(DimRole.TOKEN)
+    if shape[block] <= 0 or shape[token] <= 0:
+        raise LayoutError(f"{where}: num_blocks and block_size must be > 0")
+    # Heads and K/V physically outside the token row become planes; everything
+    # inside it (content, and heads or K/V stored per token) is the row.
+    split = [d for d, role in enumerate(roles) if role in (DimRole.HEAD, DimRole.KV) and shape[d] > 1
+             and strides[d] > strides[token]]
+    row_dims = sorted(
+        (d for d in range(len(roles)) if d not in split and d not in (block, token) and shape[d] > 1),
+        key=lambda d: -strides[d],
+    )
+    expected = 1
+    for d in reversed(row_dims):
+        if strides[d] != expected:
+            raise LayoutError(
+                f"{where}: the bytes of one token row are not contiguous (dim {d}, a {roles[d].value} dim, has "
+                f"stride {strides[d]}, expected {expected}); the transfer kernels move contiguous rows"
+            )
+        expected *= shape[d]
+    row_elements = expected
+    if shape[token] > 1 and strides[token] != row_elements:
+        raise LayoutError(
+            f"{where}: token rows of a block are not back to back (token stride {strides[token]}, "
+            f"row {row_elements} elements)"
+        )
+    item = tensor.element_size()
+    row_bytes = row_elements * item
+    block_stride = strides[block] * item if shape[block] > 1 else shape[token] * row_bytes
+    if block_stride < shape[token] * row_bytes:
+        raise LayoutError(f"{where}: blocks overlap (block stride {block_stride} B < {shape[token] * row_bytes} B)")
+    head = next((d for d in split if roles[d] is DimRole.HEAD), None)
+    kv = next((d for d in split if roles[d] is DimRole.KV), None)
+    base = tensor.storage_offset() * item
+    storage = tensor.untyped_storage()
+    planes = []
+    for h in range(shape[head]) if head is not None else (None,):
+        for k in range(shape[kv]) if kv is not None else (None,):
+            offset = base + (h or 0) * (strides[head] * item if head is not None else 0)
+            offset += (k or 0) * (strides[kv] * item if kv is not None else 0)
+            view = torch.empty(0, dtype=torch.uint8, device=tensor.device)
+            view.set_(storage, offset, (shape[block], shape[token], row_bytes), (block_stride, row_bytes, 1))
+            planes.append(DescribedPlane(h, k, view, block_stride))
+    return tuple(planes)

@@ -1,0 +1,149 @@
+"""Every attention backend the installed vLLM can import: its own cache, registered and round-tripped.
+
+Per backend module of ``vllm/v1/attention/backends`` (and ``mla/``) that imports on
+this stack: build a cache exactly as vLLM's runner does (the backend's
+``get_kv_cache_shape`` allocated in its ``get_kv_cache_stride_order`` on vLLM <= 0.23;
+the [blocks, heads, tokens, cell] view in each layout of ``supported_kv_cache_layouts``
+on vLLM >= 0.32), describe it with `backend_layout_of`, store 20 tokens from
+some slots and load them into a poisoned cache at other slots, then compare every
+element of every token against a reference indexed straight from the documented
+layout.  A backend whose layout lmcache-ascend cannot read must be refused with a
+LayoutError (never moved).  The module prints the matrix (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+import torch
+
+from lmcache_ascend.connector.backend_layouts import backend_layout_of
+from lmcache_ascend.kv_layout import ChunkMover, DimRole, LayoutError, PackedKV, SchedulerGroupGeometry, plan_kv_caches
+
+vllm = pytest.importorskip("vllm")
+from vllm.v1.attention.backend import AttentionBackend  # noqa: E402
+
+NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE = 5, 16, 2, 64
+TOKENS = 20  # one block and a part of the next: partial blocks must move only their own tokens
+POISON = -3.0
+NEW_FAMILY = importlib.util.find_spec("vllm.v1.kv_cache_layout") is not None
+
+
+def _backend_modules():
+    import vllm.v1.attention.backends as package
+
+    names = [f"{package.__name__}.{info.name}" for info in pkgutil.iter_modules(package.__path__) if not info.ispkg]
+    mla = importlib.import_module(f"{package.__name__}.mla")
+    names += [f"{mla.__name__}.{info.name}" for info in pkgutil.iter_modules(mla.__path__)]
+    return sorted(names)
+
+
+def _backends():
+    found, not_importable = [], {}
+    for module_name in _backend_modules():
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as error:  # noqa: BLE001 - recorded: which backends a stack cannot import, and why
+            not_importable[module_name] = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+            continue
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module_name and issubclass(cls, AttentionBackend) and not inspect.isabstract(cls):
+                found.append(cls)
+    return found, not_importable
+
+
+BACKENDS, NOT_IMPORTABLE = _backends()
+MATRIX: dict[str, str] = {}
+
+
+def _inverse(order):
+    return tuple(sorted(range(len(order)), key=lambda i: order[i]))
+
+
+def _caches(backend) -> list[tuple[str, callable, object]]:
+    """(case, cache factory, layout) as vLLM's runner would register them; raises LayoutError if refused."""
+    if NEW_FAMILY:
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+
+        is_mla = "mla" in backend.__module__.split(".")
+        spec = type("Spec", (), {"head_size_v": 0 if is_mla else HEAD_SIZE})()
+        heads, cell = (1, HEAD_SIZE) if is_mla else (NUM_KV_HEADS, 2 * HEAD_SIZE)
+        supported = backend.supported_kv_cache_layouts() or tuple(KVCacheLayout)
+        cases = []
+        for kv_layout in supported:
+            config = type("Config", (), {"cache_config": type("C", (), {
+                "get_resolved_kv_cache_layout": staticmethod(lambda kv_layout=kv_layout: kv_layout)})()})()
+            layout = backend_layout_of(backend, config, spec)
+            order = kv_layout.layer_view_order
+            shape = (NUM_BLOCKS, heads, BLOCK_SIZE, cell)
+            cases.append((kv_layout.name, lambda shape=shape, order=order: _allocate(shape, order), layout))
+        return cases
+    from vllm.config import DeviceConfig, VllmConfig
+
+    layout = backend_layout_of(backend, VllmConfig(device_config=DeviceConfig(device="cpu")))
+    shape = tuple(backend.get_kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE))
+    order = layout.stride_order or tuple(range(len(shape)))
+    return [("stride order " + str(order), lambda: _allocate(shape, order), layout)]
+
+
+def _allocate(shape, order):
+    physical = torch.empty(tuple(shape[i] for i in order))
+    return physical.permute(_inverse(order))
+
+
+def _token(cache, layout, slot):
+    """Every element of one slot, indexed from the documented layout (independent of the planes)."""
+    roles = list(layout.dims)
+    if layout.packed_kv is PackedKV.ROWS_PER_BLOCK_HEAD:  # cpu_attn.py: view(B, H, 2 * N, D), K rows then V rows
+        b, h, n, c = cache.shape
+        rows = cache.contiguous().view(b, h, 2 * n, c // 2)
+        block, offset = divmod(slot, n)
+        return torch.stack((rows[block, :, offset], rows[block, :, n + offset]))
+    index = [slice(None)] * cache.ndim
+    index[roles.index(DimRole.BLOCK)] = slot // cache.shape[roles.index(DimRole.TOKEN)]
+    index[roles.index(DimRole.TOKEN)] = slot % cache.shape[roles.index(DimRole.TOKEN)]
+    return cache[tuple(index)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: f"{b.__module__.rsplit('.', 1)[-1]}.{b.__name__}")
+def test_backend_cache_round_trips_every_token_or_is_refused(backend):
+    name = f"{backend.__module__.rsplit('.', 1)[-1]}.{backend.__name__}"
+    try:
+        cases = _caches(backend)
+    except LayoutError as error:
+        MATRIX[name] = f"refused at registration: {error}"
+        assert backend.get_name() in str(error)
+        return
+    except NotImplementedError:
+        MATRIX[name] = "no KV-cache shape (not a paged attention cache)"
+        return
+    store_slots = torch.arange(BLOCK_SIZE, BLOCK_SIZE + TOKENS)
+    load_slots = torch.tensor([NUM_BLOCKS * BLOCK_SIZE - 1 - t for t in range(TOKENS)])
+    geometry = {0: SchedulerGroupGeometry(0)}
+    for case, allocate, layout in cases:
+        source, target = allocate(), allocate()
+        source.copy_(torch.arange(source.numel(), dtype=torch.float32).view(source.shape))
+        target.fill_(POISON)
+        _, store_layout = plan_kv_caches({"l": source}, {"l": (0,)}, geometry, TOKENS, backend_layouts={"l": layout})
+        _, load_layout = plan_kv_caches({"l": target}, {"l": (0,)}, geometry, TOKENS, backend_layouts={"l": layout})
+        chunk = torch.zeros(store_layout.full_plan.total_bytes, dtype=torch.uint8)
+        ChunkMover(store_layout, backend="torch").move(chunk, 0, TOKENS, {0: store_slots}, store=True)
+        ChunkMover(load_layout, backend="torch").move(chunk, 0, TOKENS, {0: load_slots}, store=False)
+        moved = set(load_slots.tolist())
+        for t in range(TOKENS):
+            assert torch.equal(_token(target, layout, int(load_slots[t])), _token(source, layout, int(store_slots[t]))), (case, t)
+        for slot in range(NUM_BLOCKS * BLOCK_SIZE):
+            if slot not in moved:
+                assert bool((_token(target, layout, slot) == POISON).all()), (case, slot)
+    MATRIX[name] = "covered: " + "; ".join(f"{case} as {layout.describe()}" for case, _, layout in cases)
+
+
+def test_print_matrix():
+    print(f"\nvLLM {vllm.__version__}: {len(BACKENDS)} backend classes imported")
+    for name, outcome in sorted(MATRIX.items()):
+        print(f"  {name}: {outcome}")
+    for module, reason in sorted(NOT_IMPORTABLE.items()):
+        print(f"  {module}: not importable ({reason})")
