@@ -105,11 +105,14 @@ def test_lmcache_reuse_gives_baseline_tokens(model_dir, name):
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_lmcache_supplies_the_chunk_aligned_prefix(model_dir, name):
     run = run_engine(_spec(model_dir, name, lmcache=True))
-    assert _hits(run, 0) == [0, 0, 0, 0], "cold round: nothing can be in LMCache yet"
+    cold = _hits(run, 0)
+    # Cold: only B can hit, on A's first two chunks, when vLLM scheduled B's
+    # lookup after A's store (both orders are vLLM's to choose).
+    assert cold[0] == cold[2] == cold[3] == 0 and cold[1] in (0, 512), cold
     assert _hits(run, 1) == EXPECTED_WARM_HITS[0]
     assert _hits(run, 2) == EXPECTED_WARM_HITS[1]
     # vLLM's own counter of tokens supplied by the KV connector agrees.
-    assert run["metrics"]["vllm:external_prefix_cache_hits"] == sum(EXPECTED_WARM_HITS[0] + EXPECTED_WARM_HITS[1])
+    assert run["metrics"]["vllm:external_prefix_cache_hits"] == sum(cold + EXPECTED_WARM_HITS[0] + EXPECTED_WARM_HITS[1])
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
