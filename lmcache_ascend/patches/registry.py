@@ -330,7 +330,15 @@ class Registry:
             record.originals.clear()
             return
 
-        # 6. Build the new values; nothing is touched if this raises.
+        # 6. The flags this patch owns are checked now, by the patch that reads them
+        #    (activation leaves them alone: upstream may read them with its own rules).
+        flag_problems = _owned_flag_problems(patch)
+        if flag_problems:
+            record.originals.clear()
+            record.set(State.FAILED, "; ".join(flag_problems))
+            return
+
+        # 7. Build the new values; nothing is touched if this raises.
         try:
             new_values = dict(patch.build(PatchContext(patch, module)))
         except Exception as error:
@@ -347,7 +355,7 @@ class Registry:
         for value in new_values.values():
             markers.mark(value, patch.name)
 
-        # 7. Install all or none.
+        # 8. Install all or none.
         done: list[str] = []
         try:
             for path in patch.attributes:
@@ -364,7 +372,7 @@ class Registry:
             return
         record.installed = {path: read_raw(owners[path], split_attribute_path(path)[1]) for path in patch.attributes}
 
-        # 8. Drift: a target whose source we never tested still applies, but says so.
+        # 9. Drift: a target whose source we never tested still applies, but says so.
         untested = [
             path
             for path, print_ in record.fingerprints.items()
@@ -463,6 +471,18 @@ class Registry:
                             State.TARGET_MISSING,
                             f"import of {record.patch.target} failed: {type(error).__name__}: {error}",
                         )
+
+
+def _owned_flag_problems(patch: Patch) -> list[str]:
+    problems = []
+    for name in patch.flags:
+        if not flag_table.get_flag(name).owned_by_patches:
+            continue  # validated at activation
+        try:
+            flag_table.flag_value(name)
+        except flag_table.FlagError as error:
+            problems.append(str(error))
+    return problems
 
 
 def _same(current: object, ours: object) -> bool:
