@@ -203,6 +203,7 @@ class Registry:
     # ----------------------------------------------------------------- apply
     def activate(self, flag_values: Mapping[str, object], source: str) -> None:
         """Register post-import hooks for every patch that passes the early gates."""
+        to_hook: list[tuple[str, str]] = []
         with self._lock:
             self.activated_by.append(source)
             self.armed = True
@@ -216,9 +217,13 @@ class Registry:
                 name, target = record.patch.name, record.patch.target
                 if name not in self._hooked:
                     self._hooked.add(name)
-                    _register_post_import_hook(target, self._hook_for(name))
+                    to_hook.append((name, target))
                 elif target in sys.modules:  # imported while disarmed: its hook has fired already
-                    self.apply_to_module(name, sys.modules[target])
+                    to_hook.append((name, target))
+        # Outside the lock: a target half imported by another thread is waited for, and
+        # that thread's own hooks need the lock to apply.
+        for name, target in to_hook:
+            _register_post_import_hook(target, self._hook_for(name))
 
     def deactivate(self) -> None:
         """Disarm every hook and revert every applied patch (tests; `LMCACHE_ASCEND_PATCHES=0` at run time)."""
@@ -393,8 +398,9 @@ class Registry:
             if other is None:
                 record.set(State.FAILED, f"needs patch {prerequisite!r}, which is not declared")
                 return False
-            if other.state is State.PENDING and other.patch.target in sys.modules:
-                self.apply_to_module(prerequisite, sys.modules[other.patch.target])
+            module = sys.modules.get(other.patch.target)
+            if other.state is State.PENDING and module is not None and not import_hooks.is_initializing(module):
+                self.apply_to_module(prerequisite, module)
             if other.state in (State.APPLIED, State.SKIPPED_UPSTREAM):
                 continue
             # The dependent inherits why its prerequisite is out, as long as that is a skip.
