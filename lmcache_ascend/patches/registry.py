@@ -12,6 +12,7 @@ recorded; the user's import never sees an exception from a patch.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 import threading
@@ -203,7 +204,8 @@ class Registry:
     # ----------------------------------------------------------------- apply
     def activate(self, flag_values: Mapping[str, object], source: str) -> None:
         """Register post-import hooks for every patch that passes the early gates."""
-        to_hook: list[tuple[str, str]] = []
+        to_hook: list[tuple[str, str]] = []  # first activation: one hook per patch, for good
+        to_apply: list[tuple[str, str]] = []  # re-activation of an imported target: apply when complete
         with self._lock:
             self.activated_by.append(source)
             self.armed = True
@@ -219,11 +221,13 @@ class Registry:
                     self._hooked.add(name)
                     to_hook.append((name, target))
                 elif target in sys.modules:  # imported while disarmed: its hook has fired already
-                    to_hook.append((name, target))
+                    to_apply.append((name, target))
         # Outside the lock: a target half imported by another thread is waited for, and
         # that thread's own hooks need the lock to apply.
         for name, target in to_hook:
             _register_post_import_hook(target, self._hook_for(name))
+        for name, target in to_apply:
+            import_hooks.register_post_import_hook(target, functools.partial(self.apply_to_module, name))
 
     def deactivate(self) -> None:
         """Disarm every hook and revert every applied patch (tests; `LMCACHE_ASCEND_PATCHES=0` at run time)."""
