@@ -253,11 +253,16 @@ def _config_file_texts(path: str, modified: float) -> dict[str, str]:
         return {}
     try:
         with open(path, encoding="utf-8") as handle:
-            document = yaml.safe_load(handle) or {}
-    except (OSError, yaml.YAMLError) as error:
+            document = yaml.safe_load(handle)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise FlagError(f"{CONFIG_FILE_VARIABLE}={path!r} can't be read: {error}") from None
-    if not isinstance(document, dict):
+    if document is None:
         return {}
+    if not isinstance(document, dict):
+        raise FlagError(
+            f"{CONFIG_FILE_VARIABLE}={path!r} holds a YAML {type(document).__name__}; "
+            "LMCache's configuration is a mapping of keys to values"
+        )
     texts: dict[str, str] = {}
     for flag in FLAGS:
         value = document.get(flag.lmcache_config_key) if flag.lmcache_config_key else None

@@ -204,6 +204,12 @@ class Registry:
     # ----------------------------------------------------------------- apply
     def activate(self, flag_values: Mapping[str, object], source: str) -> None:
         """Register post-import hooks for every patch that passes the early gates."""
+        unknown = [n for n in flag_values["LMCACHE_ASCEND_DISABLED_PATCHES"] if n != "*" and n not in self._records]
+        if unknown:  # a typo would leave the patch on
+            raise flag_table.FlagError(
+                f"LMCACHE_ASCEND_DISABLED_PATCHES names unknown patches {', '.join(map(repr, unknown))}; "
+                f"known: {', '.join(self._records)} (or '*')"
+            )
         to_hook: list[tuple[str, str]] = []  # first activation: one hook per patch, for good
         to_apply: list[tuple[str, str]] = []  # re-activation of an imported target: apply when complete
         with self._lock:

@@ -114,3 +114,15 @@ def test_bad_value_in_the_config_file_names_the_key_and_the_file(tmp_path):
         validate_all({"LMCACHE_CONFIG_FILE": str(config)})
     with pytest.raises(FlagError, match="LMCACHE_CONFIG_FILE=.*can't be read"):
         validate_all({"LMCACHE_CONFIG_FILE": str(tmp_path / "missing.yaml")})
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(b"ascend_blend_holes: \xff\xfe\n", "can't be read"), (b"- a\n- b\n", "holds a YAML list"), (b"just text\n", "holds a YAML str")],
+    ids=["not-utf8", "list", "scalar"],
+)
+def test_unusable_config_file_names_the_variable_and_the_file(tmp_path, content, message):
+    config = tmp_path / "lmcache.yaml"
+    config.write_bytes(content)
+    with pytest.raises(FlagError, match=f"LMCACHE_CONFIG_FILE=.*lmcache.yaml.*{message}"):
+        validate_all({"LMCACHE_CONFIG_FILE": str(config)})

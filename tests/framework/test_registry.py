@@ -513,3 +513,10 @@ def test_unknown_prerequisite_fails_cleanly():
     assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.FAILED
     assert "not declared" in registry.record("test-queue-counting").reason
     assert_identical(before, snapshot(Queue))
+
+
+def test_unknown_names_in_disabled_patches_are_refused_with_the_known_names():
+    registry = Registry([make_patch()])
+    with pytest.raises(flag_table.FlagError, match=r"unknown patches 'test-queue-countin'.*known: test-queue-counting"):
+        registry.activate(flags_with(LMCACHE_ASCEND_DISABLED_PATCHES=("test-queue-countin",)), "test")
+    assert registry.activated_by == [] and registry.state("test-queue-counting") is State.PENDING
