@@ -332,6 +332,16 @@ class Registry:
             path: fingerprint(raw) if raw is not MISSING else None for path, raw in record.originals.items()
         }
 
+        # 4a. WRAP needs something to call.
+        not_callable = [
+            path for path, raw in record.originals.items()
+            if patch.kind is PatchKind.WRAP and raw is not MISSING and not _is_callable_member(raw)
+        ]
+        if not_callable:
+            record.originals.clear()
+            record.set(State.FAILED, f"target attribute not callable: {', '.join(not_callable)}")
+            return
+
         # 4. ADD must not shadow an attribute upstream now defines itself.
         if patch.kind is PatchKind.ADD:
             present = [p for p in patch.attributes if record.originals[p] is not MISSING]
@@ -366,6 +376,16 @@ class Registry:
                 State.FAILED,
                 f"build returned {sorted(new_values)}, expected exactly {sorted(patch.attributes)}",
             )
+            return
+        # REPLACE puts a function where a function was, and data where data was.
+        mismatched = [
+            path for path, value in new_values.items()
+            if patch.kind is PatchKind.REPLACE and record.originals[path] is not MISSING
+            and _is_callable_member(value) != _is_callable_member(record.originals[path])
+        ]
+        if mismatched:
+            record.originals.clear()
+            record.set(State.FAILED, f"target attribute not callable where the replacement is (or the reverse): {', '.join(mismatched)}")
             return
         for value in new_values.values():
             markers.mark(value, patch.name)
@@ -487,6 +507,10 @@ class Registry:
                             State.TARGET_MISSING,
                             f"import of {record.patch.target} failed: {type(error).__name__}: {error}",
                         )
+
+
+def _is_callable_member(raw: object) -> bool:
+    return callable(raw) or isinstance(raw, (classmethod, staticmethod, property))
 
 
 def _owned_flag_problems(patch: Patch) -> list[str]:
