@@ -39,7 +39,7 @@ class FlagKind(enum.Enum):
     CHOICE = "choice"  # one of `allowed`
     INT_CHOICE = "int-choice"  # an integer among `allowed`
     NAME_LIST = "name-list"  # comma-separated identifiers; "" = empty
-    AUTO_OR_POSITIVE_INT = "auto-or-positive-int"
+    AUTO_OR_NON_NEGATIVE_INT = "auto-or-non-negative-int"
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -55,6 +55,10 @@ class Flag:
     allowed: tuple[str, ...] = ()
     # Name of the matching LMCache configuration key, if the flag is also one.
     lmcache_config_key: str | None = None
+    # Validated by the patches that read it when they apply, never at activation: a
+    # bad value fails those patches only, and where upstream reads the variable
+    # itself (the patch skips), upstream's own rules are the only ones.
+    owned_by_patches: bool = False
 
     def allowed_text(self) -> str:
         if self.kind is FlagKind.BOOL:
@@ -63,7 +67,7 @@ class Flag:
             return " | ".join(self.allowed)
         if self.kind is FlagKind.NAME_LIST:
             return "comma-separated names" + (f" among {', '.join(self.allowed)}" if self.allowed else "")
-        return "'auto' or a positive integer"
+        return f"'auto' or an integer 0..{_INT_MAXIMUM} (0: latest boundary only)"
 
     def default_text(self) -> str:
         if self.kind is FlagKind.BOOL:
@@ -130,10 +134,12 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "VLLM_PREFIX_CACHE_RETENTION_INTERVAL",
-        FlagKind.AUTO_OR_POSITIVE_INT,
+        FlagKind.AUTO_OR_NON_NEGATIVE_INT,
         "auto",
-        "Backport of vLLM's sparse prefix-cache checkpoints: keep every N-th token position cached (a multiple of the block size), or auto. "
+        "Backport of vLLM's sparse prefix-cache checkpoints: keep every N-th token position cached (a multiple of the "
+        "scheduler block size; 0 keeps only the latest boundary), or auto. Checked by the backport when it applies; "
         "vLLM >= 0.23 reads this variable itself and takes integers only: do not set auto there.",
+        owned_by_patches=True,
     ),
     Flag(
         "VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE",
@@ -141,6 +147,7 @@ FLAGS: tuple[Flag, ...] = (
         128,
         "Block size in tokens of DeepSeek-V4 compressed KV caches on vllm-ascend (only where the compress ratio is 128).",
         allowed=("32", "64", "128"),
+        owned_by_patches=True,
     ),
     Flag(
         "LMCACHE_ASCEND_BLEND_HOLES",
@@ -187,15 +194,25 @@ def _parse_name_list(flag: Flag, raw: str) -> tuple[str, ...]:
     return names
 
 
-def _parse_auto_or_positive_int(flag: Flag, raw: str) -> str | int:
+# Integers are ASCII digits (int() also takes other scripts' digits and "_") up to
+# 2**31 - 1: any larger count of tokens is a typo.
+_INT_MAXIMUM = 2**31 - 1
+
+
+def parse_count(text: str) -> int | None:
+    """`text` (already stripped) as a non-negative integer 0.._INT_MAXIMUM, or None."""
+    if not text or len(text) > 10 or not all("0" <= ch <= "9" for ch in text):
+        return None
+    number = int(text)
+    return number if number <= _INT_MAXIMUM else None
+
+
+def _parse_auto_or_non_negative_int(flag: Flag, raw: str) -> str | int:
     text = raw.strip().lower()
     if text == "auto":
         return "auto"
-    try:
-        number = int(text)
-    except ValueError:
-        number = 0
-    if number <= 0:
+    number = parse_count(text)
+    if number is None:
         raise FlagError(f"{flag.name}={raw!r} is not allowed; allowed: {flag.allowed_text()}")
     return number
 
@@ -205,7 +222,7 @@ _PARSERS: Mapping[FlagKind, Callable[[Flag, str], object]] = {
     FlagKind.CHOICE: _parse_choice,
     FlagKind.INT_CHOICE: _parse_int_choice,
     FlagKind.NAME_LIST: _parse_name_list,
-    FlagKind.AUTO_OR_POSITIVE_INT: _parse_auto_or_positive_int,
+    FlagKind.AUTO_OR_NON_NEGATIVE_INT: _parse_auto_or_non_negative_int,
 }
 
 
@@ -236,11 +253,16 @@ def _config_file_texts(path: str, modified: float) -> dict[str, str]:
         return {}
     try:
         with open(path, encoding="utf-8") as handle:
-            document = yaml.safe_load(handle) or {}
-    except (OSError, yaml.YAMLError) as error:
+            document = yaml.safe_load(handle)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise FlagError(f"{CONFIG_FILE_VARIABLE}={path!r} can't be read: {error}") from None
-    if not isinstance(document, dict):
+    if document is None:
         return {}
+    if not isinstance(document, dict):
+        raise FlagError(
+            f"{CONFIG_FILE_VARIABLE}={path!r} holds a YAML {type(document).__name__}; "
+            "LMCache's configuration is a mapping of keys to values"
+        )
     texts: dict[str, str] = {}
     for flag in FLAGS:
         value = document.get(flag.lmcache_config_key) if flag.lmcache_config_key else None
@@ -317,11 +339,13 @@ def flag_value(name: str, environ: Mapping[str, str] | None = None) -> object:
 
 
 def validate_all(environ: Mapping[str, str] | None = None) -> dict[str, object]:
-    """Parse every flag; raise one FlagError listing every bad value."""
+    """Parse every flag activation checks (all but those owned by patches); raise one FlagError listing every bad value."""
     texts, sources = _raw_texts(os.environ if environ is None else environ)
     values: dict[str, object] = {}
     problems: list[str] = []
     for flag in FLAGS:
+        if flag.owned_by_patches:
+            continue
         try:
             values[flag.name] = _parse_from(flag.name, texts, sources)
         except FlagError as error:

@@ -37,10 +37,11 @@ def evaluate_guard(guard: UpstreamGuard, target: str, module: types.ModuleType |
     text = module_source_text(target)
     if text is None:
         return GuardResult(Verdict.UNKNOWN, f"{probe_note}; no source for {target}")
+    # The probe's note stays in the answer: "could not tell" is worth seeing in the state.
     for needle in guard.fixed_if_source_contains:
         if needle in text:
-            return GuardResult(Verdict.HAS_FIX, f"source has {needle!r}")
+            return GuardResult(Verdict.HAS_FIX, f"{probe_note}; source has {needle!r}")
     for needle in guard.unfixed_if_source_contains:
         if needle in text:
-            return GuardResult(Verdict.LACKS_FIX, f"source has {needle!r}")
+            return GuardResult(Verdict.LACKS_FIX, f"{probe_note}; source has {needle!r}")
     return GuardResult(Verdict.UNKNOWN, f"{probe_note}; source markers absent")

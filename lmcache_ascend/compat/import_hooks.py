@@ -19,18 +19,69 @@ Hook = Callable[[types.ModuleType], None]
 
 _lock = threading.RLock()
 _pending: dict[str, list[Hook]] = {}
+_bodies_done: set[str] = set()  # executed by our loader, hooks running: complete for the hooks
+_deferred: dict[str, list[Hook]] = {}  # modules half imported by the registering thread
 _finding: set[str] = set()  # names being looked up by us (no recursion into ourselves)
 
 
 def register_post_import_hook(module_name: str, hook: Hook) -> None:
-    """Run `hook(module)` once `module_name` is imported (now, if it already is)."""
+    """Run `hook(module)` once `module_name` is imported (now, if it already is), exactly once.
+
+    A module whose body is still running (imported by another thread, or by this
+    one further up the stack) is not imported yet: the hook waits for its end.
+    """
     with _lock:
         module = sys.modules.get(module_name)
         if module is None:
             _pending.setdefault(module_name, []).append(hook)
             _install_finder()
             return
+    if is_initializing(module) and not _wait_for_other_thread(module_name):
+        # This thread is inside that import: run the hook at the next import after it ends.
+        with _lock:
+            _deferred.setdefault(module_name, []).append(hook)
+            _install_finder()
+        return
+    module = sys.modules.get(module_name)
+    if module is None:  # that import failed: the next one runs the hook
+        with _lock:
+            _pending.setdefault(module_name, []).append(hook)
+            _install_finder()
+        return
     hook(module)
+
+
+def is_initializing(module: types.ModuleType) -> bool:
+    """Whether `module`'s body is still running (importlib marks its spec until the import returns)."""
+    spec = getattr(module, "__spec__", None)
+    return bool(getattr(spec, "_initializing", False)) and getattr(spec, "name", None) not in _bodies_done
+
+
+def _wait_for_other_thread(module_name: str) -> bool:
+    """Block until another thread's import of `module_name` ends; False if this thread runs it."""
+    import _thread
+    from importlib import _bootstrap
+
+    lock_ref = _bootstrap._module_locks.get(module_name)
+    lock = lock_ref() if lock_ref is not None else None
+    if lock is not None and getattr(lock, "owner", None) == _thread.get_ident():
+        return False
+    # What `import` itself does for a module another thread is importing.
+    _bootstrap._lock_unlock_module(module_name)
+    return True
+
+
+def run_deferred_hooks() -> None:
+    """Run the hooks of modules this thread was importing when they were registered, once they are done."""
+    with _lock:
+        ready = [
+            name for name in _deferred
+            if name in sys.modules and not is_initializing(sys.modules[name])
+        ]
+        batches = [(name, _deferred.pop(name)) for name in ready]
+    for name, hooks in batches:
+        for hook in hooks:
+            hook(sys.modules[name])
 
 
 def pending_modules() -> list[str]:
@@ -60,7 +111,9 @@ class _HookedLoader:
         return create(spec) if create is not None else None
 
     def exec_module(self, module):
+        _bodies_done.discard(self._module_name)
         self._loader.exec_module(module)
+        _bodies_done.add(self._module_name)
         _run_hooks(self._module_name)
 
     def load_module(self, fullname):  # loaders from before PEP 451
@@ -74,6 +127,8 @@ class _HookedLoader:
 
 class _PostImportFinder:
     def find_spec(self, fullname, path=None, target=None):
+        if _deferred:
+            run_deferred_hooks()
         with _lock:
             if fullname not in _pending or fullname in _finding:
                 return None

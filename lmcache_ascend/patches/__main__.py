@@ -54,6 +54,8 @@ def _collect(import_targets: bool) -> tuple[dict, int]:
         rows.append(row)
         if record.state in _STRICT_FAILURES:
             strict_problems.append(f"{record.patch.name}: failed")
+        elif record.state is State.OVERRIDDEN:
+            strict_problems.append(f"{record.patch.name}: overridden ({record.reason})")
         elif record.state is State.TARGET_MISSING and record.distribution_installed:
             strict_problems.append(f"{record.patch.name}: target missing although installed")
         elif record.untested:

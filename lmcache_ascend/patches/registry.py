@@ -12,6 +12,7 @@ recorded; the user's import never sees an exception from a patch.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 import threading
@@ -203,6 +204,14 @@ class Registry:
     # ----------------------------------------------------------------- apply
     def activate(self, flag_values: Mapping[str, object], source: str) -> None:
         """Register post-import hooks for every patch that passes the early gates."""
+        unknown = [n for n in flag_values["LMCACHE_ASCEND_DISABLED_PATCHES"] if n != "*" and n not in self._records]
+        if unknown:  # a typo would leave the patch on
+            raise flag_table.FlagError(
+                f"LMCACHE_ASCEND_DISABLED_PATCHES names unknown patches {', '.join(map(repr, unknown))}; "
+                f"known: {', '.join(self._records)} (or '*')"
+            )
+        to_hook: list[tuple[str, str]] = []  # first activation: one hook per patch, for good
+        to_apply: list[tuple[str, str]] = []  # re-activation of an imported target: apply when complete
         with self._lock:
             self.activated_by.append(source)
             self.armed = True
@@ -216,9 +225,15 @@ class Registry:
                 name, target = record.patch.name, record.patch.target
                 if name not in self._hooked:
                     self._hooked.add(name)
-                    _register_post_import_hook(target, self._hook_for(name))
+                    to_hook.append((name, target))
                 elif target in sys.modules:  # imported while disarmed: its hook has fired already
-                    self.apply_to_module(name, sys.modules[target])
+                    to_apply.append((name, target))
+        # Outside the lock: a target half imported by another thread is waited for, and
+        # that thread's own hooks need the lock to apply.
+        for name, target in to_hook:
+            _register_post_import_hook(target, self._hook_for(name))
+        for name, target in to_apply:
+            import_hooks.register_post_import_hook(target, functools.partial(self.apply_to_module, name))
 
     def deactivate(self) -> None:
         """Disarm every hook and revert every applied patch (tests; `LMCACHE_ASCEND_PATCHES=0` at run time)."""
@@ -317,6 +332,16 @@ class Registry:
             path: fingerprint(raw) if raw is not MISSING else None for path, raw in record.originals.items()
         }
 
+        # 4a. WRAP needs something to call.
+        not_callable = [
+            path for path, raw in record.originals.items()
+            if patch.kind is PatchKind.WRAP and raw is not MISSING and not _is_callable_member(raw)
+        ]
+        if not_callable:
+            record.originals.clear()
+            record.set(State.FAILED, f"target attribute not callable: {', '.join(not_callable)}")
+            return
+
         # 4. ADD must not shadow an attribute upstream now defines itself.
         if patch.kind is PatchKind.ADD:
             present = [p for p in patch.attributes if record.originals[p] is not MISSING]
@@ -330,7 +355,15 @@ class Registry:
             record.originals.clear()
             return
 
-        # 6. Build the new values; nothing is touched if this raises.
+        # 6. The flags this patch owns are checked now, by the patch that reads them
+        #    (activation leaves them alone: upstream may read them with its own rules).
+        flag_problems = _owned_flag_problems(patch)
+        if flag_problems:
+            record.originals.clear()
+            record.set(State.FAILED, "; ".join(flag_problems))
+            return
+
+        # 7. Build the new values; nothing is touched if this raises.
         try:
             new_values = dict(patch.build(PatchContext(patch, module)))
         except Exception as error:
@@ -344,10 +377,20 @@ class Registry:
                 f"build returned {sorted(new_values)}, expected exactly {sorted(patch.attributes)}",
             )
             return
+        # REPLACE puts a function where a function was, and data where data was.
+        mismatched = [
+            path for path, value in new_values.items()
+            if patch.kind is PatchKind.REPLACE and record.originals[path] is not MISSING
+            and _is_callable_member(value) != _is_callable_member(record.originals[path])
+        ]
+        if mismatched:
+            record.originals.clear()
+            record.set(State.FAILED, f"target attribute not callable where the replacement is (or the reverse): {', '.join(mismatched)}")
+            return
         for value in new_values.values():
             markers.mark(value, patch.name)
 
-        # 7. Install all or none.
+        # 8. Install all or none.
         done: list[str] = []
         try:
             for path in patch.attributes:
@@ -364,7 +407,7 @@ class Registry:
             return
         record.installed = {path: read_raw(owners[path], split_attribute_path(path)[1]) for path in patch.attributes}
 
-        # 8. Drift: a target whose source we never tested still applies, but says so.
+        # 9. Drift: a target whose source we never tested still applies, but says so.
         untested = [
             path
             for path, print_ in record.fingerprints.items()
@@ -385,8 +428,9 @@ class Registry:
             if other is None:
                 record.set(State.FAILED, f"needs patch {prerequisite!r}, which is not declared")
                 return False
-            if other.state is State.PENDING and other.patch.target in sys.modules:
-                self.apply_to_module(prerequisite, sys.modules[other.patch.target])
+            module = sys.modules.get(other.patch.target)
+            if other.state is State.PENDING and module is not None and not import_hooks.is_initializing(module):
+                self.apply_to_module(prerequisite, module)
             if other.state in (State.APPLIED, State.SKIPPED_UPSTREAM):
                 continue
             # The dependent inherits why its prerequisite is out, as long as that is a skip.
@@ -463,6 +507,22 @@ class Registry:
                             State.TARGET_MISSING,
                             f"import of {record.patch.target} failed: {type(error).__name__}: {error}",
                         )
+
+
+def _is_callable_member(raw: object) -> bool:
+    return callable(raw) or isinstance(raw, (classmethod, staticmethod, property))
+
+
+def _owned_flag_problems(patch: Patch) -> list[str]:
+    problems = []
+    for name in patch.flags:
+        if not flag_table.get_flag(name).owned_by_patches:
+            continue  # validated at activation
+        try:
+            flag_table.flag_value(name)
+        except flag_table.FlagError as error:
+            problems.append(str(error))
+    return problems
 
 
 def _same(current: object, ours: object) -> bool:

@@ -13,9 +13,7 @@ vLLM 0.18 keeps exactly the same blocks as vLLM 0.23:
   ``alignment_tokens`` boundary (the scheduler block size);
 - a positive interval (a multiple of the scheduler block size): a checkpoint
   once per interval, plus the prompt's own replay boundary;
-- interval ``0`` (upstream's "latest boundary only"; not reachable from the
-  lmcache-ascend flag, which accepts ``auto`` or positive integers): only the
-  replay boundary.
+- interval ``0`` (upstream's "latest boundary only"): only the replay boundary.
 
 The replay boundary is the largest aligned length below the prompt length:
 the scheduler never hits the whole prompt (the last token is recomputed for
@@ -41,9 +39,9 @@ def retention_interval_from_flag(flag_value: object) -> int | None:
     """
     if flag_value == "auto" or flag_value is None:
         return None
-    if isinstance(flag_value, bool) or not isinstance(flag_value, int) or flag_value <= 0:
+    if isinstance(flag_value, bool) or not isinstance(flag_value, int) or flag_value < 0:
         raise RetentionIntervalError(
-            f"{FLAG_NAME}={flag_value!r} is not allowed; allowed: 'auto' or a positive integer"
+            f"{FLAG_NAME}={flag_value!r} is not allowed; allowed: 'auto' or a non-negative integer"
         )
     return flag_value
 

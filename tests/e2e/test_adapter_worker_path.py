@@ -282,3 +282,48 @@ def test_chunks_with_rows_on_the_null_block_are_not_persisted(patches, pipeline_
         assert engine.lookup(list(range(2000, 2000 + PROMPT_TOKENS))) == 0
     finally:
         LMCacheEngineBuilder.destroy("ascend-adapter-e2e")
+
+
+@pytest.mark.parametrize(
+    ("can_save", "with_disagg_spec"),
+    [(False, False), (True, True), (False, True)],
+    ids=["producer-cannot-save", "producer-disagg", "producer-cannot-save-disagg"],
+)
+def test_prefill_node_never_persists_chunks_with_rows_on_the_null_block(
+    patches, pipeline_group, caplog, can_save, with_disagg_spec
+):
+    """A kv_producer stores even when ``can_save`` is False, and lowers its start to
+    ``disagg_spec.num_transferred_tokens``: neither may bring hole chunks back."""
+    import logging
+
+    from lmcache.integration.vllm.vllm_v1_adapter import DisaggSpec
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    fixture = dsv4_ascend_kv_cache_config()
+    scheduler = make_connector_impl(fixture, chunk_size=CHUNK)
+    tokens = list(range(3000, 3000 + PROMPT_TOKENS))
+    driver = RequestDriver(scheduler, "req-producer", tokens)
+    store_meta = driver.start(PROMPT_TOKENS, ([0, 5],) + BLOCK_IDS[1:])
+    (request,) = store_meta.requests
+    request.save_spec = dataclasses.replace(request.save_spec, skip_leading_tokens=0, can_save=can_save)
+    if with_disagg_spec:
+        request.disagg_spec = DisaggSpec(
+            req_id="req-producer", receiver_id="decoder0", receiver_host="127.0.0.1",
+            receiver_init_port=1, receiver_alloc_port=2, num_transferred_tokens=0,
+        )
+
+    config, engine = _engine()
+    try:
+        saver = _worker(fixture, config, engine)
+        saver.kv_role = "kv_producer"
+        saver.register_kv_caches(dsv4_ascend_kv_caches("random", seed=7).kv_caches)
+        saver._parent._connector_metadata = store_meta
+        with caplog.at_level(logging.WARNING, logger="lmcache_ascend"):
+            saver.wait_for_save()
+        assert engine.gpu_connector.launches == 1 * 5  # chunk 2 only
+        assert engine.lookup(tokens) == 0
+        skipped = [r for r in caplog.records if r.name == "lmcache_ascend" and r.levelno == logging.WARNING]
+        assert len(skipped) == 1 and "req-producer" in skipped[0].getMessage()
+        assert "null block" in skipped[0].getMessage()
+    finally:
+        LMCacheEngineBuilder.destroy("ascend-adapter-e2e")

@@ -118,3 +118,23 @@ def test_bad_flag_fails_activation_with_a_clear_error(fresh_python):
     )
     assert result.returncode == 0 and "imported" in result.stdout
     assert "autoload did not activate" in result.stderr and "LMCACHE_ASCEND_SKIP_STATE_GROUPS" in result.stderr
+
+
+@pytest.mark.parametrize("raw", ["0", "often"])
+def test_a_flag_upstream_reads_never_stops_activation(fresh_python, raw):
+    """VLLM_PREFIX_CACHE_RETENTION_INTERVAL=0 is valid for vLLM 0.23; a value only the
+    backport would refuse fails the backport alone, and only where it applies."""
+    report = run_order(
+        fresh_python,
+        IMPORT_TARGETS + "report('retention')\n",
+        {"LMCACHE_ASCEND_AUTOLOAD": "1", "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": raw},
+    )
+    assert report["loaded"] and "autoload" in report["activated_by"]
+    states = report["states"]
+    assert states["lmcache-adapter-worker-multigroup"] == "applied"
+    backports = ("vllm-sliding-window-retention", "vllm-coordinator-scheduler-block-size")
+    if states["vllm-free-queue-prepend"] == "applied":  # stack A: the backport owns the flag
+        expected = "applied" if raw == "0" else "failed"
+        assert [states[name] for name in backports] == [expected, expected]
+    else:
+        assert {states[name] for name in backports} == {"skipped-upstream-has-it"}

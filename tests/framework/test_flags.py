@@ -13,8 +13,8 @@ def test_defaults_when_unset_or_blank():
     assert values["LMCACHE_ASCEND_BUNDLE_MULTI_SPEC"] is True
     assert values["LMCACHE_ASCEND_BLEND_HOLES"] is False
     assert values["LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"] == ()
-    assert values["VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE"] == 128
-    assert values["VLLM_PREFIX_CACHE_RETENTION_INTERVAL"] == "auto"
+    assert flag_value("VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE", {}) == 128
+    assert flag_value("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", {}) == "auto"
     assert validate_all({"LMCACHE_ASCEND_BLEND_HOLES": "  "})["LMCACHE_ASCEND_BLEND_HOLES"] is False
 
 
@@ -29,7 +29,7 @@ def test_bool_spellings(raw, expected):
         ("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "2", "LMCACHE_ASCEND_SKIP_STATE_GROUPS='2' is not a boolean; allowed: 1/0"),
         ("LMCACHE_ASCEND_TRANSFER_BACKEND", "cuda", "LMCACHE_ASCEND_TRANSFER_BACKEND='cuda' is not allowed; allowed: auto | triton | torch"),
         ("VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE", "48", "VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE='48' is not allowed; allowed: 32 | 64 | 128"),
-        ("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "-16", "VLLM_PREFIX_CACHE_RETENTION_INTERVAL='-16' is not allowed; allowed: 'auto' or a positive integer"),
+        ("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "-16", "VLLM_PREFIX_CACHE_RETENTION_INTERVAL='-16' is not allowed; allowed: 'auto' or an integer 0..2147483647"),
         ("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "often", "'often' is not allowed"),
         ("LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST", "C4AttnKVState,bad name", "'bad name' is not a name"),
     ],
@@ -54,6 +54,23 @@ def test_name_lists_and_star():
 def test_retention_interval_values():
     assert parse_flag("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "AUTO") == "auto"
     assert parse_flag("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "512") == 512
+    assert parse_flag("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", " 0 ") == 0  # vLLM 0.23: latest boundary only
+
+
+@pytest.mark.parametrize("raw", ["\u0664\u0660", "1_0", str(10**29), "+5", "0x10"])
+def test_integers_are_ascii_digits_in_a_sane_range(raw):
+    for name in ("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE"):
+        with pytest.raises(FlagError, match=f"{name}="):
+            parse_flag(name, raw)
+
+
+def test_flags_owned_by_patches_are_not_checked_at_activation():
+    """vLLM >= 0.23 reads the retention interval itself: activation never refuses it."""
+    environ = {"VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "often", "VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE": "48"}
+    values = validate_all(environ)
+    assert "VLLM_PREFIX_CACHE_RETENTION_INTERVAL" not in values
+    with pytest.raises(FlagError, match="VLLM_PREFIX_CACHE_RETENTION_INTERVAL='often'"):
+        flag_value("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", environ)
 
 
 def test_unknown_flag_name_is_a_key_error():
@@ -97,3 +114,15 @@ def test_bad_value_in_the_config_file_names_the_key_and_the_file(tmp_path):
         validate_all({"LMCACHE_CONFIG_FILE": str(config)})
     with pytest.raises(FlagError, match="LMCACHE_CONFIG_FILE=.*can't be read"):
         validate_all({"LMCACHE_CONFIG_FILE": str(tmp_path / "missing.yaml")})
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(b"ascend_blend_holes: \xff\xfe\n", "can't be read"), (b"- a\n- b\n", "holds a YAML list"), (b"just text\n", "holds a YAML str")],
+    ids=["not-utf8", "list", "scalar"],
+)
+def test_unusable_config_file_names_the_variable_and_the_file(tmp_path, content, message):
+    config = tmp_path / "lmcache.yaml"
+    config.write_bytes(content)
+    with pytest.raises(FlagError, match=f"LMCACHE_CONFIG_FILE=.*lmcache.yaml.*{message}"):
+        validate_all({"LMCACHE_CONFIG_FILE": str(config)})

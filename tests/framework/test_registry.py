@@ -513,3 +513,35 @@ def test_unknown_prerequisite_fails_cleanly():
     assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.FAILED
     assert "not declared" in registry.record("test-queue-counting").reason
     assert_identical(before, snapshot(Queue))
+
+
+def test_unknown_names_in_disabled_patches_are_refused_with_the_known_names():
+    registry = Registry([make_patch()])
+    with pytest.raises(flag_table.FlagError, match=r"unknown patches 'test-queue-countin'.*known: test-queue-counting"):
+        registry.activate(flags_with(LMCACHE_ASCEND_DISABLED_PATCHES=("test-queue-countin",)), "test")
+    assert registry.activated_by == [] and registry.state("test-queue-counting") is State.PENDING
+
+
+@pytest.mark.parametrize("kind", [PatchKind.WRAP, PatchKind.REPLACE])
+def test_a_target_attribute_that_is_not_callable_fails(monkeypatch, kind):
+    monkeypatch.setattr(Queue, "popleft", 42)  # upstream turned the method into data
+    registry = Registry([make_patch(kind=kind)])
+    before = snapshot(Queue)
+    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.FAILED
+    assert "not callable" in registry.record("test-queue-counting").reason
+    assert_identical(before, snapshot(Queue))
+
+
+def test_strict_counts_an_overridden_patch(monkeypatch, capsys):
+    from lmcache_ascend.patches import __main__ as cli
+
+    registry = Registry([make_patch()])
+    monkeypatch.setattr(registry_module, "_PROCESS_REGISTRY", registry)
+    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.APPLIED
+    try:
+        monkeypatch.setattr(Queue, "popleft", lambda self: None)  # someone replaced ours
+        assert cli.main(["--strict"]) == 1
+        assert "test-queue-counting: overridden" in capsys.readouterr().out
+    finally:
+        monkeypatch.undo()
+        registry.revert("test-queue-counting")

@@ -23,6 +23,7 @@ def config_module(monkeypatch):
     module = importlib.import_module("lmcache.v1.config")
     original_class, original_table = module.LMCacheEngineConfig, module._CONFIG_DEFINITIONS
     assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
+    assert module.LMCacheEngineConfig is original_class  # patched in place: every binding sees the keys
     yield module
     assert registry.revert(PATCH) is State.REVERTED
     assert module.LMCacheEngineConfig is original_class and module._CONFIG_DEFINITIONS is original_table
@@ -59,3 +60,46 @@ def test_bad_yaml_value_stops_with_the_key_named(config_module, tmp_path):
     path.write_text("ascend_transfer_backend: cuda\n")
     with pytest.raises(ConfigKeyError, match="ascend_transfer_backend='cuda'.*auto \\| triton \\| torch"):
         config_module.LMCacheEngineConfig.from_file(str(path))
+
+
+def test_rebuilt_members_are_exactly_what_the_class_builder_makes_per_class(config_module):
+    """If LMCache's class builder grows another member built per class, the list must follow;
+    a member it shares between classes must not be in it (our mark would land on upstream's)."""
+    from lmcache.v1.config_base import create_config_class
+
+    from lmcache_ascend.patches.lmcache.config_flag_keys import REBUILT_MEMBERS
+
+    table = config_module._CONFIG_DEFINITIONS
+    first, second = (create_config_class(config_name="LMCacheEngineConfig", config_definitions=dict(table)) for _ in "ab")
+    per_class = {
+        name for name, value in vars(first).items()
+        if name not in table and name not in ("__dict__", "__weakref__", "__doc__")
+        and getattr(value, "__func__", value) is not getattr(vars(second)[name], "__func__", vars(second)[name])
+    }
+    # Members lmcache.v1.config passes in itself (namespace_extras) stay LMCache's own.
+    own = {
+        name for name, value in vars(config_module.LMCacheEngineConfig).items()
+        if getattr(getattr(value, "__func__", value), "__module__", None) == config_module.__name__
+    }
+    assert per_class - own == set(REBUILT_MEMBERS)
+
+
+LATE_ACTIVATION = """
+import importlib, sys
+import lmcache.integration.vllm.utils as utils   # LMCache first: no .pth hook ran
+import lmcache_ascend                            # late activation
+import lmcache.v1.config as config
+stale = sorted(name for name, module in list(sys.modules.items())
+               if vars(module).get("LMCacheEngineConfig", config.LMCacheEngineConfig) is not config.LMCacheEngineConfig)
+print("STALE", stale)
+loaded = utils.LMCacheEngineConfig.from_file(sys.argv[1] if len(sys.argv) > 1 else %r)
+print("VALUE", loaded.ascend_bundle_multi_spec)
+"""
+
+
+def test_late_activation_reaches_every_binding_of_the_config_class(fresh_python, tmp_path):
+    path = tmp_path / "lmcache.yaml"
+    path.write_text("chunk_size: 256\nascend_bundle_multi_spec: false\n")
+    result = fresh_python(LATE_ACTIVATION % str(path), env={"LMCACHE_ASCEND_AUTOLOAD": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "STALE []" in result.stdout and "VALUE False" in result.stdout, result.stdout[-2000:]

@@ -37,12 +37,17 @@ def test_auto_and_unset_mean_upstream_default_dense():
     assert retention_interval_from_flag(parse_flag(RETENTION, "512")) == 512
 
 
-@pytest.mark.parametrize("raw", ["0", "-64", "abc", "1.5", "64k"])
+@pytest.mark.parametrize("raw", ["-64", "abc", "1.5", "64k", "1_024", "\uff15\uff11\uff12", str(10**29)])
 def test_bad_retention_flag_names_flag_value_and_allowed(raw):
     with pytest.raises(FlagError) as error:
         parse_flag(RETENTION, raw)
     message = str(error.value)
-    assert RETENTION in message and repr(raw) in message and "'auto' or a positive integer" in message
+    assert RETENTION in message and repr(raw) in message and "'auto' or an integer 0.." in message
+
+
+def test_zero_means_latest_boundary_only_as_upstream():
+    assert retention_interval_from_flag(parse_flag(RETENTION, "0")) == 0
+    validate_retention_interval(0, 256, has_sliding_window_group=True)
 
 
 def test_interval_must_be_multiple_of_scheduler_block_size():
@@ -57,8 +62,8 @@ def test_interval_without_sliding_window_group_is_rejected():
         validate_retention_interval(512, 256, has_sliding_window_group=False)
 
 
-@pytest.mark.parametrize("value", [0, -3, True, "512"])
-def test_interval_from_flag_rejects_non_positive(value):
+@pytest.mark.parametrize("value", [-3, True, "512"])
+def test_interval_from_flag_rejects_negative_and_non_integers(value):
     with pytest.raises(RetentionIntervalError, match=RETENTION):
         retention_interval_from_flag(value)
 

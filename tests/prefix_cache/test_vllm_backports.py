@@ -249,3 +249,44 @@ def test_guard_on_pyc_only_target_falls_back_to_versions(tmp_path, monkeypatch):
             assert not hasattr(module.FreeKVCacheBlockQueue, "prepend_n")
     sys.modules.pop(target, None)
     sys.modules.pop("pyc_only_vllm_core", None)
+
+
+def test_retention_interval_zero_keeps_only_the_replay_boundary(backports):
+    """0 is upstream's "latest boundary only": the backport gives it the same meaning."""
+    manager = _hybrid_manager(retention_interval=0)
+    request = make_request("latest", list(range(1, 201)), LAYOUT.hash_block_size)  # 200 tokens
+    _prefill(manager, request)
+    assert _cached_positions(manager, "latest", group=1) == [11]  # the replay boundary 192 only
+
+
+def test_scheduler_takes_upstreams_hash_block_size_keyword(backports):
+    """Callers written for vLLM 0.23 pass Scheduler(block_size=..., hash_block_size=...)."""
+    import inspect
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    assert "hash_block_size" in inspect.signature(Scheduler.__init__).parameters
+    # No engine config here: the original __init__ stops on it, after taking the keyword.
+    with pytest.raises(AttributeError, match="NoneType"):
+        Scheduler.__init__(object.__new__(Scheduler), None, None, None, block_size=64, hash_block_size=16)
+
+
+@pytest.mark.parametrize("wraps", [True, False], ids=["functools-wraps", "opaque-wrapper"])
+def test_signature_guards_see_through_third_party_wrappers(unpatched, monkeypatch, wraps):
+    """A wrapper hides upstream's signature: follow __wrapped__, else say the probe can't tell."""
+    import functools
+
+    from lmcache_ascend.compat.guards import evaluate_guard
+    from lmcache_ascend.patches.model import Verdict
+    from vllm.v1.core import kv_cache_coordinator as module
+
+    record = registry.record("vllm-coordinator-scheduler-block-size")
+    original = module.KVCacheCoordinator.__dict__["__init__"]
+
+    def wrapper(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module.KVCacheCoordinator, "__init__", functools.wraps(original)(wrapper) if wraps else wrapper)
+    guard = evaluate_guard(record.patch.guard, record.patch.target, module)
+    assert guard.verdict is (Verdict.HAS_FIX if VLLM_HAS_RETENTION else Verdict.LACKS_FIX)
+    assert ("capability probe" in guard.how) if wraps else ("probe could not tell" in guard.how)

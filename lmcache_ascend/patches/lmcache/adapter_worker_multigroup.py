@@ -66,15 +66,27 @@ def _build(ctx: PatchContext) -> dict[str, object]:
     def skip_unfillable_chunks(adapter) -> None:
         """Raise each request's store start past its last chunk with a row on vLLM's null block."""
         metadata = adapter._parent._get_connector_metadata()
+        producer = getattr(adapter, "kv_role", None) == "kv_producer"
         for request in getattr(metadata, "requests", ()) or ():
             slots = group_slots_of(request)
             save_spec = getattr(request, "save_spec", None)
-            if slots is None or save_spec is None or not save_spec.can_save:
+            # Upstream stores for a producer even when can_save is False.
+            if slots is None or save_spec is None or not (save_spec.can_save or producer):
                 continue
             first = slots.first_storable_token()
-            if first > save_spec.skip_leading_tokens:
-                _log_skipped_store(request.req_id, save_spec.skip_leading_tokens, first)
-                request.save_spec = dataclasses.replace(save_spec, skip_leading_tokens=first)
+            # A producer starts at min(skip_leading_tokens, disagg_spec.num_transferred_tokens):
+            # both must be raised, or upstream lowers the start below the holes again.
+            disagg_spec = getattr(request, "disagg_spec", None) if producer else None
+            starts = [save_spec.skip_leading_tokens]
+            if disagg_spec is not None:
+                starts.append(disagg_spec.num_transferred_tokens)
+            if first <= min(starts):
+                continue
+            _log_skipped_store(request.req_id, min(starts), first)
+            request.save_spec = dataclasses.replace(save_spec, skip_leading_tokens=max(first, starts[0]))
+            if disagg_spec is not None and disagg_spec.num_transferred_tokens < first:
+                # Upstream sets it to the stored length after the store; nothing else reads it.
+                disagg_spec.num_transferred_tokens = first
 
     @functools.wraps(original_wait_for_save)
     def wait_for_save(self):
@@ -91,7 +103,7 @@ def _build(ctx: PatchContext) -> dict[str, object]:
 def _log_skipped_store(request_id: str, requested_start: int, start: int) -> None:
     import logging
 
-    logging.getLogger("lmcache_ascend").info(
+    logging.getLogger("lmcache_ascend").warning(
         "request %s: not storing tokens %d..%d: a group's rows there are on vLLM's null block (nothing to copy)",
         request_id, requested_start, start,
     )

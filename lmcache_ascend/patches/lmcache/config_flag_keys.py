@@ -2,7 +2,11 @@
 
 What: adds one definition per flag-table row with ``lmcache_config_key`` (e.g.
 ``ascend_skip_state_groups``) to ``lmcache.v1.config._CONFIG_DEFINITIONS`` and
-rebuilds ``LMCacheEngineConfig`` from the enlarged table, so the keys can be
+rebuilds ``LMCacheEngineConfig`` from the enlarged table *in place*: the class
+object stays the same and takes the rebuilt dataclass members and loaders, so
+every module that bound it before activation (``from lmcache.v1.config import
+LMCacheEngineConfig``; some 35 of them, ``lmcache.integration.vllm.utils``
+among them) and every existing instance's class see the keys. The keys can be
 set in LMCache's YAML, in ``kv_connector_extra_config`` (``lmcache.<key>``) or
 as ``LMCACHE_<KEY>`` in the environment, which (as always in LMCache) wins.
 LMCache's env name for ``ascend_x`` is ``LMCACHE_ASCEND_X``: the flag itself.
@@ -19,10 +23,25 @@ from __future__ import annotations
 
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
 
-# Attributes that create_config_class builds itself (closures over the table):
-# taking them from the old class would tie the new class to the old table.
-_REBUILT_BY_LMCACHE = frozenset(
-    {"from_defaults", "from_file", "from_env", "from_dict", "to_dict", "to_json", "from_json"}
+# What create_config_class and @dataclass build from the definitions table (closures
+# over it, or derived from its fields): copied from a class built on the enlarged
+# table onto LMCache's own class. Everything else of the class is left as it is.
+REBUILT_MEMBERS = (
+    "__init__",
+    "__repr__",
+    "__eq__",
+    "__str__",
+    "__annotations__",
+    "__dataclass_fields__",
+    "__dataclass_params__",
+    "__match_args__",
+    "__post_init__",
+    "_config_definitions",
+    "from_defaults",
+    "from_dict",
+    "from_env",
+    "from_file",
+    "to_dict",
 )
 
 
@@ -72,27 +91,16 @@ def _build(ctx: PatchContext) -> dict[str, object]:
     from lmcache.v1.config_base import create_config_class
 
     module = ctx.module
-    old_class = module.LMCacheEngineConfig
     table = dict(module._CONFIG_DEFINITIONS)
     table.update(config_definitions())
-    field_names = set(getattr(old_class, "__dataclass_fields__", {}))
-    extras = {}
-    for name, value in vars(old_class).items():
-        if name.startswith("__") or name in field_names or name in _REBUILT_BY_LMCACHE:
-            continue
-        function = getattr(value, "__func__", value)
-        if callable(function) and getattr(function, "__module__", None) == module.__name__:
-            extras[name] = value
-    new_class = create_config_class(
-        config_name=old_class.__name__,
+    rebuilt = create_config_class(
+        config_name=module.LMCacheEngineConfig.__name__,
         config_definitions=table,
         config_aliases=getattr(module, "_CONFIG_ALIASES", {}),
         deprecated_configs=getattr(module, "_DEPRECATED_CONFIGS", {}),
-        namespace_extras=extras,
     )
-    new_class.__module__ = module.__name__
-    new_class.__qualname__ = old_class.__qualname__
-    return {"_CONFIG_DEFINITIONS": table, "LMCacheEngineConfig": new_class}
+    members = {f"LMCacheEngineConfig.{name}": vars(rebuilt)[name] for name in REBUILT_MEMBERS}
+    return {"_CONFIG_DEFINITIONS": table, **members}
 
 
 def _keys_present(module) -> bool | None:
@@ -105,7 +113,7 @@ def _keys_present(module) -> bool | None:
 PATCH = Patch(
     name="lmcache-config-flag-keys",
     target="lmcache.v1.config",
-    attributes=("_CONFIG_DEFINITIONS", "LMCacheEngineConfig"),
+    attributes=("_CONFIG_DEFINITIONS",) + tuple(f"LMCacheEngineConfig.{name}" for name in REBUILT_MEMBERS),
     kind=PatchKind.REPLACE,
     requires={"lmcache": ">=0.4.5,<0.6"},
     guard=UpstreamGuard(probe=_keys_present, fixed_if_source_contains=('"ascend_skip_state_groups"',)),
@@ -113,5 +121,15 @@ PATCH = Patch(
     summary="registers lmcache-ascend flags as LMCache config keys (YAML/extra config; env wins)",
     why="Ascend switches must be settable where LMCache users set everything else, validated",
     mirrors="LMCache-Ascend #246 review: ascend_* keys in lmcache.v1.config._CONFIG_DEFINITIONS",
-    delete_when="never while flags carry LMCache keys; the class rebuild goes if LMCache allows late keys",
+    delete_when="never while flags carry LMCache keys; the in-place rebuild goes if LMCache allows late keys",
+    # LMCache 0.4.5 and 0.5.6 build these members from the same source.
+    tested_fingerprints={
+        "LMCacheEngineConfig.__str__": ("16b6436b5360",),
+        "LMCacheEngineConfig.__post_init__": ("8580bd30b261",),
+        "LMCacheEngineConfig.from_defaults": ("85caac355d3f",),
+        "LMCacheEngineConfig.from_dict": ("0afadc43fd6c",),
+        "LMCacheEngineConfig.from_env": ("0525e8dbc117",),
+        "LMCacheEngineConfig.from_file": ("0ba9895911ed",),
+        "LMCacheEngineConfig.to_dict": ("4e5ef321c45b",),
+    },
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 
+from lmcache_ascend.compat.signatures import accepts_keyword
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
 
 
@@ -21,7 +22,7 @@ def _orders_frees_upstream(module) -> bool | None:
     """vLLM 0.23 lets callers pass ``prepend=``; vLLM 0.33 has ``free_blocks`` put
     uncached blocks first by itself (``prepend_n``). Either way upstream has it."""
     free_blocks = module.BlockPool.free_blocks
-    if "prepend" in inspect.signature(free_blocks).parameters:
+    if accepts_keyword(free_blocks, "prepend"):
         return True
     try:
         source = inspect.getsource(free_blocks)

@@ -21,9 +21,9 @@ Needs `vllm-sliding-window-retention` (managers accepting ``retention_interval``
 
 from __future__ import annotations
 
-import inspect
 
 from lmcache_ascend.flags import flag_value
+from lmcache_ascend.compat.signatures import accepts_keyword
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
 from lmcache_ascend.prefix_cache.block_sizes import scheduler_block_size as lcm_scheduler_block_size
 from lmcache_ascend.prefix_cache.retention import (
@@ -33,8 +33,8 @@ from lmcache_ascend.prefix_cache.retention import (
 )
 
 
-def _has_scheduler_block_size(module) -> bool:
-    return "scheduler_block_size" in inspect.signature(module.KVCacheCoordinator.__init__).parameters
+def _has_scheduler_block_size(module) -> bool | None:
+    return accepts_keyword(module.KVCacheCoordinator.__init__, "scheduler_block_size")
 
 
 def default_scheduler_block_size(coordinator) -> int:

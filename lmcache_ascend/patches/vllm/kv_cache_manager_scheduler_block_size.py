@@ -13,14 +13,14 @@ Needs `vllm-coordinator-scheduler-block-size`.
 
 from __future__ import annotations
 
-import inspect
 
+from lmcache_ascend.compat.signatures import accepts_keyword
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
 from lmcache_ascend.patches.vllm.coordinator_scheduler_block_size import thread_scheduler_block_size
 
 
-def _has_scheduler_block_size(module) -> bool:
-    return "scheduler_block_size" in inspect.signature(module.KVCacheManager.__init__).parameters
+def _has_scheduler_block_size(module) -> bool | None:
+    return accepts_keyword(module.KVCacheManager.__init__, "scheduler_block_size")
 
 
 def _build(ctx: PatchContext) -> dict[str, object]:

@@ -16,27 +16,38 @@ Needs `vllm-kv-cache-manager-scheduler-block-size`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
+from lmcache_ascend.compat.signatures import accepts_keyword, with_keyword_only
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
 from lmcache_ascend.patches.vllm.coordinator_scheduler_block_size import thread_scheduler_block_size
 from lmcache_ascend.prefix_cache.block_sizes import scheduler_block_size as lcm_scheduler_block_size
 
 
-def _has_hash_block_size(module) -> bool:
-    return "hash_block_size" in inspect.signature(module.Scheduler.__init__).parameters
+def _has_hash_block_size(module) -> bool | None:
+    return accepts_keyword(module.Scheduler.__init__, "hash_block_size")
 
 
 def _build(ctx: PatchContext) -> dict[str, object]:
     original_init = ctx.original_function("Scheduler.__init__")
+    original_signature = inspect.signature(original_init)
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, hash_block_size: int | None = None, **kwargs) -> None:
+        # vLLM 0.23's callers pass block_size = the scheduler block size they resolved and
+        # hash_block_size apart; vLLM 0.18's block_size is the hash block size.
+        resolved = None
+        if hash_block_size is not None:
+            bound = original_signature.bind(self, *args, **kwargs)
+            resolved = bound.arguments["block_size"]
+            bound.arguments["block_size"] = hash_block_size
+            args, kwargs = bound.args[1:], bound.kwargs
         original_init(self, *args, **kwargs)
         groups = self.kv_cache_config.kv_cache_groups if hasattr(self, "kv_cache_config") else None
         if not groups:
             return
         self.hash_block_size = self.block_size
-        self.block_size = lcm_scheduler_block_size(
+        self.block_size = resolved or lcm_scheduler_block_size(
             [group.kv_cache_spec.block_size for group in groups], single_group_block_size=self.block_size
         )
         manager = self.kv_cache_manager
@@ -47,6 +58,9 @@ def _build(ctx: PatchContext) -> dict[str, object]:
         thread_scheduler_block_size(manager.coordinator, self.block_size)
         manager.scheduler_block_size = self.block_size
 
+    functools.update_wrapper(__init__, original_init)
+    # Callers written for vLLM 0.23 see (and may pass) its keyword.
+    __init__.__signature__ = with_keyword_only(original_signature, "hash_block_size", None)
     return {"Scheduler.__init__": __init__}
 
 

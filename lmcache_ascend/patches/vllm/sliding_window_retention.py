@@ -25,15 +25,15 @@ Comes after `vllm-block-pool-free-prepend`.
 
 from __future__ import annotations
 
-import inspect
 
+from lmcache_ascend.compat.signatures import accepts_keyword
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
 from lmcache_ascend.prefix_cache.free_order import split_for_free
 from lmcache_ascend.prefix_cache.retention import SlidingWindowCheckpoints
 
 
-def _has_retention(module) -> bool:
-    return "retention_interval" in inspect.signature(module.SingleTypeKVCacheManager.cache_blocks).parameters
+def _has_retention(module) -> bool | None:
+    return accepts_keyword(module.SingleTypeKVCacheManager.cache_blocks, "retention_interval")
 
 
 def _is_cached(block) -> bool:

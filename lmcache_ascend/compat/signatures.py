@@ -1,0 +1,40 @@
+"""Reading what a callable accepts, through third-party wrappers.
+
+Guards ask "does upstream's function take keyword X?". A wrapper made with
+``functools.wraps`` leads to the function it wraps (``__wrapped__``); one made
+without it shows only ``(*args, **kwargs)``, from which the answer cannot be
+known: that is reported as None ("can't tell"), never guessed as "no".
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+
+def accepts_keyword(function: Callable, name: str) -> bool | None:
+    """True / False whether `function` takes keyword `name`; None when a wrapper hides its signature."""
+    try:
+        signature = inspect.signature(inspect.unwrap(function))
+    except (TypeError, ValueError):
+        return None
+    parameters = signature.parameters
+    if name in parameters and parameters[name].kind is not inspect.Parameter.POSITIONAL_ONLY:
+        return True
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()) and not any(
+        p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        for p in parameters.values()
+        if p.name != "self"
+    ):
+        return None  # (*args, **kwargs): an opaque wrapper
+    return False
+
+
+def with_keyword_only(signature: inspect.Signature, name: str, default: object) -> inspect.Signature:
+    """`signature` plus a keyword-only parameter `name` (before any ``**kwargs``)."""
+    parameters = list(signature.parameters.values())
+    extra = inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+    at = len(parameters)
+    if parameters and parameters[-1].kind is inspect.Parameter.VAR_KEYWORD:
+        at -= 1
+    return signature.replace(parameters=parameters[:at] + [extra] + parameters[at:])
