@@ -162,6 +162,8 @@ def _at_pointer(address: int, shape: tuple[int, ...], dtype: torch.dtype, device
             step *= size
         strides = tuple(reversed(strides))
     extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides)) if all(shape) else 0
+    if device.index is None and device.type != "cpu":  # storages carry an index ("cuda:0"), tensors must match
+        device = torch.device(device.type, getattr(torch, device.type).current_device())
     storage = torch._C._construct_storage_from_data_pointer(address, device, extent * dtype.itemsize)
     return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape, strides)
 

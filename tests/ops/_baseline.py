@@ -90,6 +90,8 @@ def load_from_sources(folder: str) -> Adapter:
             numel = 1
             for size in shape:
                 numel *= size
+            if device.index is None and device.type != "cpu":
+                device = torch.device(device.type, getattr(torch, device.type).current_device())
             storage = torch._C._construct_storage_from_data_pointer(ptr, device, numel * dtype.itemsize)
             return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape)
 

@@ -62,7 +62,7 @@ def _slots(draw, gen, count, capacity, holes, distinct=True):
     if len(order) < count:
         order += [-1] * (count - len(order))
     if holes:
-        prefix = draw.int(0, count)
+        prefix = draw.int(0, count) if draw.int(0, 2) == 0 else 0
         order = [-1] * prefix + order[prefix:]
         for _ in range(draw.int(0, 2)):
             if count:
