@@ -12,22 +12,7 @@ replace LMCache's own defaults with themselves at best. Importing it is cheap
 and needs no NPU; it imports nothing from LMCache, which imports it.
 """
 
-from lmcache_ascend.kernels.lmcache_ops import (
-    PageBufferShapeDesc,
-    load_and_reshape_flash,
-    multi_layer_block_kv_transfer,
-    multi_layer_kv_transfer,
-    multi_layer_kv_transfer_unilateral,
-    reshape_and_cache_back_flash,
-    single_layer_kv_transfer,
-)
+from lmcache_ascend.kernels import lmcache_ops as _surface
+from lmcache_ascend.kernels.lmcache_ops import *  # noqa: F403 - exactly the surface's __all__
 
-__all__ = [
-    "PageBufferShapeDesc",
-    "load_and_reshape_flash",
-    "multi_layer_block_kv_transfer",
-    "multi_layer_kv_transfer",
-    "multi_layer_kv_transfer_unilateral",
-    "reshape_and_cache_back_flash",
-    "single_layer_kv_transfer",
-]
+__all__ = list(_surface.__all__)

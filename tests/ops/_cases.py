@@ -197,7 +197,9 @@ def _build_block(draw, gen, device, dtype, store, layers, bs, nb, nh, hs, meta, 
     block_ids = torch.tensor(gen.sample(range(nb), blocks), dtype=torch.int64)
     objects_count = max(1, -(-blocks // per_object))
     if fmt == 17:
-        row = sum(w * d.itemsize for w, d in zip(widths, planes_dtypes)) + draw.pick((0, 3))
+        # Row padding a multiple of 16: the baseline cannot view a 1-token slice of a row whose length is no
+        # multiple of a plane's element size (a RuntimeError we do not share; see lmcache_ops).
+        row = sum(w * d.itemsize for w, d in zip(widths, planes_dtypes)) + draw.pick((0, 16))
         obj_shape, obj_dtype = (layers, chunk, row), torch.uint8
     elif fmt in (3, 5, 14):
         obj_shape, obj_dtype = (layers, chunk, hs), dtype
