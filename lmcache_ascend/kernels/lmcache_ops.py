@@ -15,8 +15,9 @@ torch baseline (`lmcache/v1/platform/torch_ops/mem_kernels.py`,
 * a slot or block id past the cache raises (checked on the host when the slot
   tensor is on the CPU, as the baseline's indexing raises); on a device the
   kernel skips it instead of syncing to check;
-* MLA plane tuples move whatever the object row's length; the baseline fails
-  on a one-token slice of a row that is no multiple of a plane's element size;
+* MLA plane tuples move whatever the object row's length and plane order; the
+  baseline fails on a one-token slice when the row length or a plane's offset in
+  it is no multiple of that plane's element size;
 * bytes are moved, never values: the chunk and the caches must have one dtype
   (the baseline's `copy_` would convert); non-tight block strides
   (`block_stride_elems`) are honoured where the baseline refuses them.

@@ -182,7 +182,9 @@ def _build_block(draw, gen, device, dtype, store, layers, bs, nb, nh, hs, meta, 
         paged = [tuple(_filled((nb, bs, nh, hs), dtype, gen, device, poison=not store) for _ in range(2))
                  for _ in range(layers)]
     elif fmt == 17:
-        planes_dtypes = [draw.pick(DTYPES) for _ in range(draw.int(1, 3))]
+        # Widest elements first: each plane then starts on a multiple of its element size, which the
+        # baseline needs to view a 1-token slice (we do not; see lmcache_ops).
+        planes_dtypes = sorted((draw.pick(DTYPES) for _ in range(draw.int(1, 3))), key=lambda d: -d.itemsize)
         widths = [draw.pick((1, 2, 4, 8, 16)) for _ in planes_dtypes]
         paged = [tuple(_filled((nb, bs, 1, w), d, gen, device, poison=not store)
                        for w, d in zip(widths, planes_dtypes)) for _ in range(layers)]
@@ -197,9 +199,9 @@ def _build_block(draw, gen, device, dtype, store, layers, bs, nb, nh, hs, meta, 
     block_ids = torch.tensor(gen.sample(range(nb), blocks), dtype=torch.int64)
     objects_count = max(1, -(-blocks // per_object))
     if fmt == 17:
-        # Row padding a multiple of 16: the baseline cannot view a 1-token slice of a row whose length is no
+        # Rows a multiple of 16 bytes: the baseline cannot view a 1-token slice of a row whose length is no
         # multiple of a plane's element size (a RuntimeError we do not share; see lmcache_ops).
-        row = sum(w * d.itemsize for w, d in zip(widths, planes_dtypes)) + draw.pick((0, 16))
+        row = -(-sum(w * d.itemsize for w, d in zip(widths, planes_dtypes)) // 16) * 16 + draw.pick((0, 16))
         obj_shape, obj_dtype = (layers, chunk, row), torch.uint8
     elif fmt in (3, 5, 14):
         obj_shape, obj_dtype = (layers, chunk, hs), dtype
