@@ -15,7 +15,9 @@ Contract (both backends implement exactly this; bytes are moved, never values):
   layer the planes one after another, plane p's region
   `align_up(row_bytes_p * region_rows_p, alignment)` bytes (alignment 32 by
   default; `region_rows` defaults to `count`); the layer stride is the sum of a
-  layer's regions; layer l starts at `l * layer_stride`.
+  layer's regions; layer l starts at `l * layer_stride`. A `strided_chunk_layout`
+  instead gives each plane its own offset and row pitch (LMCache's K/V-major
+  `[2, L, T, H]` buffers, token-major `[T, 2, H]` rows, planes of one token row).
 * `store=True` copies paged -> chunk, `store=False` chunk -> paged.
 * A slot < 0 (-1) or >= num_blocks * block_size is skipped in both
   directions: on store its chunk row keeps what it held (callers must not
@@ -59,6 +61,7 @@ from lmcache_ascend.kernels.spec import (
     align_up,
     chunk_layout,
     resolve_transfer,
+    strided_chunk_layout,
     widest_element_width,
 )
 
@@ -81,6 +84,7 @@ __all__ = [
     "reference_transfer",
     "resolve_transfer",
     "select_backend",
+    "strided_chunk_layout",
     "transfer_group",
     "transfer_layers",
     "widest_element_width",

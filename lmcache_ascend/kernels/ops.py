@@ -13,6 +13,7 @@ from lmcache_ascend.flags import flag_value
 from lmcache_ascend.kernels.reference import reference_transfer
 from lmcache_ascend.kernels.spec import (
     DEFAULT_REGION_ALIGNMENT,
+    ChunkLayout,
     PagedGroup,
     PagedPlane,
     PlaneSlots,
@@ -122,13 +123,16 @@ def transfer_group(
     chunk_offset: int = 0,
     alignment: int = DEFAULT_REGION_ALIGNMENT,
     backend: str | None = None,
+    layout: ChunkLayout | None = None,
 ) -> None:
     """Move all planes of all layers of `group` between the paged caches and `chunk`.
 
     `store=True`: paged -> chunk; False: chunk -> paged. One kernel launch on the
     Triton backend. See the package docstring for the exact contract.
     """
-    transfer = resolve_transfer(group, slots, chunk, store=store, chunk_offset=chunk_offset, alignment=alignment)
+    transfer = resolve_transfer(
+        group, slots, chunk, store=store, chunk_offset=chunk_offset, alignment=alignment, layout=layout
+    )
     if select_backend(group.device, backend) == "triton":
         from lmcache_ascend.kernels.triton_transfer import triton_transfer
 

@@ -67,10 +67,13 @@ def reference_transfer(transfer: ResolvedTransfer) -> None:
             if rows.numel() == 0:
                 continue
             region_start = chunk_base + layout.region_offset(layer, plane_index)
-            width = _integer_width(row_bytes, geometry.storage_offset_bytes, geometry.block_stride_bytes, region_start)
+            pitch = layout.row_pitch[plane_index]
+            width = _integer_width(row_bytes, geometry.storage_offset_bytes, geometry.block_stride_bytes, region_start,
+                                   pitch)
             cache = plane.caches[layer]
             region = _view(chunk_storage, chunk.device, width, region_start, (count, row_bytes // width),
-                           (row_bytes, width))
+                           (pitch, width))
+            every_row = every_row and pitch == row_bytes  # index_select(out=) needs a dense region
             if geometry.block_stride_bytes == block_size * row_bytes:
                 # Blocks back to back: the cache is one run of rows, index it directly.
                 paged_rows = _view(cache.untyped_storage(), cache.device, width, geometry.storage_offset_bytes,

@@ -27,6 +27,7 @@ __all__ = [
     "align_up",
     "chunk_layout",
     "resolve_transfer",
+    "strided_chunk_layout",
     "widest_element_width",
 ]
 
@@ -80,9 +81,12 @@ def _non_negative_int(what: str, value: object) -> int:
 class ChunkLayout:
     """Where each (layer, plane) region lies in a group's part of the chunk buffer.
 
-    Per layer the planes follow one another; plane p's region is
-    `align_up(row_bytes[p] * region_rows[p], alignment)` bytes; the layer stride
-    is the sum of a layer's regions. Offsets are relative to the group's start.
+    Region (layer l, plane p) starts `l * layer_stride + plane_offsets[p]` bytes
+    from the group's start; its row t lies `t * row_pitch[p]` bytes further and
+    holds `row_bytes[p]` bytes. The packed layout (`chunk_layout`) puts a layer's
+    planes one after another, each `align_up(row_bytes * region_rows, alignment)`
+    bytes with rows back to back (pitch = row bytes); `strided_chunk_layout`
+    describes other orders (LMCache's K/V-major `[2, L, T, H]`, token-major rows).
     """
 
     row_bytes: tuple[int, ...]
@@ -92,10 +96,18 @@ class ChunkLayout:
     layer_stride: int
     layer_count: int
     alignment: int
+    row_pitch: tuple[int, ...] = ()  # empty: rows back to back (pitch = row bytes)
+    extent_bytes: int = -1  # bytes the group spans; -1: layer_stride * layer_count
+
+    def __post_init__(self) -> None:
+        if not self.row_pitch:
+            object.__setattr__(self, "row_pitch", tuple(self.row_bytes))
+        if self.extent_bytes < 0:
+            object.__setattr__(self, "extent_bytes", self.layer_stride * self.layer_count)
 
     @property
     def total_bytes(self) -> int:
-        return self.layer_stride * self.layer_count
+        return self.extent_bytes
 
     def region_offset(self, layer: int, plane: int) -> int:
         """Byte offset of (layer, plane)'s region from the group's start."""
@@ -137,6 +149,50 @@ def chunk_layout(
         layer_stride=cursor,
         layer_count=layer_count,
         alignment=alignment,
+    )
+
+
+def strided_chunk_layout(
+    row_bytes: Sequence[int],
+    region_rows: Sequence[int],
+    plane_offsets: Sequence[int],
+    row_pitch: Sequence[int],
+    layer_stride: int,
+    layer_count: int,
+) -> ChunkLayout:
+    """A chunk layout with explicit plane offsets, row pitches and layer stride (bytes).
+
+    Regions of different planes may interleave (token-major rows) but must not
+    share a byte: that is the caller's to guarantee; sizes are checked here.
+    """
+    _positive_int("layer_count", layer_count)
+    _non_negative_int("layer_stride", layer_stride)
+    planes = len(row_bytes)
+    if not 1 <= planes <= MAX_PLANES:
+        raise TransferError(f"plane count={planes} is not allowed; allowed: 1..{MAX_PLANES}")
+    for name, values in (("region_rows", region_rows), ("plane_offsets", plane_offsets), ("row_pitch", row_pitch)):
+        if len(values) != planes:
+            raise TransferError(f"{name} has {len(values)} planes but row_bytes has {planes}; they must match")
+    extent = 0
+    for plane in range(planes):
+        width = _positive_int(f"row_bytes[{plane}]", row_bytes[plane])
+        rows = _non_negative_int(f"region_rows[{plane}]", region_rows[plane])
+        offset = _non_negative_int(f"plane_offsets[{plane}]", plane_offsets[plane])
+        pitch = _positive_int(f"row_pitch[{plane}]", row_pitch[plane])
+        if pitch < width:
+            raise TransferError(f"row_pitch[{plane}]={pitch} < row_bytes[{plane}]={width}; rows would overlap")
+        if rows:
+            extent = max(extent, (layer_count - 1) * layer_stride + offset + (rows - 1) * pitch + width)
+    return ChunkLayout(
+        row_bytes=tuple(row_bytes),
+        region_rows=tuple(region_rows),
+        plane_offsets=tuple(plane_offsets),
+        plane_region_bytes=tuple(pitch * rows for pitch, rows in zip(row_pitch, region_rows)),
+        layer_stride=layer_stride,
+        layer_count=layer_count,
+        alignment=1,
+        row_pitch=tuple(row_pitch),
+        extent_bytes=extent,
     )
 
 
@@ -388,6 +444,27 @@ def _chunk_as_bytes(chunk: torch.Tensor) -> torch.Tensor:
     return flat
 
 
+def _check_layout(group: PagedGroup, slots: tuple[PlaneSlots, ...], layout: ChunkLayout) -> None:
+    if not isinstance(layout, ChunkLayout):
+        raise TransferError(f"layout is a {type(layout).__name__}; allowed: ChunkLayout")
+    row_bytes = tuple(plane.row_bytes for plane in group.planes)
+    if layout.row_bytes != row_bytes or layout.layer_count != group.layer_count:
+        raise TransferError(
+            f"layout has row_bytes {layout.row_bytes} x {layout.layer_count} layers but the group has "
+            f"{row_bytes} x {group.layer_count}; they must match"
+        )
+    for index, plane_slots in enumerate(slots):
+        if layout.region_rows[index] < plane_slots.count:
+            raise TransferError(
+                f"slots[{index}]: count={plane_slots.count} > layout region_rows={layout.region_rows[index]}; "
+                "the region must hold every moved row"
+            )
+        if layout.plane_region_bytes[index] >= _INT32_LIMIT:
+            raise TransferError(
+                f"plane {index}: a region of {layout.plane_region_bytes[index]} bytes; allowed: below 2**31 bytes"
+            )
+
+
 def resolve_transfer(
     group: PagedGroup,
     slots: Sequence[PlaneSlots],
@@ -396,8 +473,13 @@ def resolve_transfer(
     store: bool,
     chunk_offset: int = 0,
     alignment: int = DEFAULT_REGION_ALIGNMENT,
+    layout: ChunkLayout | None = None,
 ) -> ResolvedTransfer:
-    """Check a launch against the contract; raise TransferError naming the bad input."""
+    """Check a launch against the contract; raise TransferError naming the bad input.
+
+    `layout` (default: the group's packed layout for the slots' region rows at
+    `alignment`) places the regions in the chunk, e.g. a `strided_chunk_layout`.
+    """
     if not isinstance(group, PagedGroup):
         raise TransferError(f"group is a {type(group).__name__}; allowed: PagedGroup")
     if not isinstance(store, bool):
@@ -447,7 +529,10 @@ def resolve_transfer(
             "all tensors of a transfer must be on one device"
         )
     _non_negative_int("chunk_offset", chunk_offset)
-    layout = group.chunk_layout([s.region_rows for s in slots], alignment)
+    if layout is None:
+        layout = group.chunk_layout([s.region_rows for s in slots], alignment)
+    else:
+        _check_layout(group, slots, layout)
     if chunk_offset + layout.total_bytes > chunk_bytes.numel():
         raise TransferError(
             f"chunk holds {chunk_bytes.numel()} bytes but chunk_offset={chunk_offset} + the group's "

@@ -56,12 +56,13 @@ NUM_WARPS = 4
 # chunk shape, chunk offset, chunk-buffer alignment) and cached on the group:
 #   [layers * planes] rows of 5: cache address, rows in the cache
 #     (num_blocks * block_size), block stride (bytes), block size, row bytes;
-#   then [planes] rows of 2: region offset (bytes from the chunk buffer's start,
-#     layer 0), element width (bytes).
+#   then [planes] rows of 3: region offset (bytes from the chunk buffer's start,
+#     layer 0), element width (bytes), row pitch (bytes from one chunk row to the
+#     next: the row bytes for packed regions, more for interleaved ones).
 # What changes per call (each plane's slot offset and count) travels as scalar
 # kernel arguments, so a call uploads nothing.
 _GEOMETRY_FIELDS = 5
-_REGION_FIELDS = 2
+_REGION_FIELDS = 3
 # Cached tables per group (chunk shapes are few in practice; bounded anyway).
 _MAX_CACHED_TABLES = 64
 
@@ -93,6 +94,7 @@ def _move_region(
     block_stride,
     row_bytes,
     region_offset,  # the region's start, bytes from the data anchor
+    row_pitch,  # bytes from one chunk row of the region to the next
     STORE: tl.constexpr,
     ELEMENT: tl.constexpr,
     ELEMENT_BYTES: tl.constexpr,
@@ -100,9 +102,9 @@ def _move_region(
     TILE: tl.constexpr,
     BYTES_PER_PROGRAM: tl.constexpr,
 ):
-    # The region (count rows of row_bytes, one after another) is walked as a flat
-    # run of VECTOR-element vectors: the chunk side is fully contiguous, the
-    # paged side contiguous inside each row. Each vector finds its row's slot.
+    # The moved rows (count rows of row_bytes) are walked as a flat run of
+    # VECTOR-element vectors: contiguous inside each row on both sides, rows
+    # `row_pitch` apart in the chunk. Each vector finds its row's slot.
     VECTOR_BYTES: tl.constexpr = ELEMENT_BYTES * VECTOR
     STEPS: tl.constexpr = BYTES_PER_PROGRAM // (TILE * VECTOR_BYTES)
     base = data_anchor.to(tl.pointer_type(ELEMENT), bitcast=True)
@@ -112,6 +114,7 @@ def _move_region(
     stride_elements = block_stride // ELEMENT_BYTES
     row_elements = row_bytes // ELEMENT_BYTES
     chunk_base = region_offset // ELEMENT_BYTES
+    pitch_elements = row_pitch // ELEMENT_BYTES
     block_size32 = block_size.to(tl.int32)
     lane = tl.arange(0, VECTOR)
     for step in range(STEPS):
@@ -131,7 +134,7 @@ def _move_region(
             + in_block.to(tl.int64) * row_elements
             + columns.to(tl.int64) * VECTOR
         )
-        chunk_elements = chunk_base + vectors.to(tl.int64) * VECTOR
+        chunk_elements = chunk_base + rows.to(tl.int64) * pitch_elements + columns.to(tl.int64) * VECTOR
         cache_elements = tl.multiple_of(cache_elements, VECTOR)
         chunk_elements = tl.multiple_of(chunk_elements, VECTOR)
         mask = valid[:, None] & (lane < VECTOR)[None, :]
@@ -223,25 +226,26 @@ def _paged_chunk_kernel(
                             slot_offset_5, slot_offset_6, slot_offset_7, slot_offset_8, slot_offset_9, slot_offset_10,
                             slot_offset_11, slot_offset_12, slot_offset_13, slot_offset_14, slot_offset_15, PLANES)
         slot_ptr = slot_anchor + slot_offset
-        region_entry = table + tl.num_programs(1).to(tl.int64) * 5 + plane * 2
+        region_entry = table + tl.num_programs(1).to(tl.int64) * 5 + plane * 3
         region_offset = tl.load(region_entry) + layer.to(tl.int64) * layer_stride
         width = tl.load(region_entry + 1)
+        row_pitch = tl.load(region_entry + 2)
         cache_delta = tl.load(entry + 0) - data_anchor_address
         cache_rows = tl.load(entry + 1)
         block_stride = tl.load(entry + 2)
         block_size = tl.load(entry + 3)
         if width == 16:
             _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, STORE, tl.int32, 4, 4, TILE, BYTES_PER_PROGRAM)
+                         row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 4, TILE, BYTES_PER_PROGRAM)
         elif width == 4:
             _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, STORE, tl.int32, 4, 1, TILE, BYTES_PER_PROGRAM)
+                         row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 1, TILE, BYTES_PER_PROGRAM)
         elif width == 2:
             _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, STORE, tl.int16, 2, 1, TILE, BYTES_PER_PROGRAM)
+                         row_bytes, region_offset, row_pitch, STORE, tl.int16, 2, 1, TILE, BYTES_PER_PROGRAM)
         else:
             _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, STORE, tl.int8, 1, 1, TILE, BYTES_PER_PROGRAM)
+                         row_bytes, region_offset, row_pitch, STORE, tl.int8, 1, 1, TILE, BYTES_PER_PROGRAM)
 
 
 @dataclass(frozen=True)
@@ -285,7 +289,8 @@ def _group_geometry(group: PagedGroup) -> _GroupGeometry:
 def _widths(geometry: _GroupGeometry, layout: ChunkLayout, chunk_offset: int, anchor: int) -> tuple[int, ...]:
     widths = []
     for plane_index, plane_gcd in enumerate(geometry.plane_gcds):
-        quantities = [plane_gcd, anchor, chunk_offset + layout.plane_offsets[plane_index]]
+        quantities = [plane_gcd, anchor, chunk_offset + layout.plane_offsets[plane_index],
+                      layout.row_pitch[plane_index]]
         if layout.layer_count > 1:
             quantities.append(layout.layer_stride)
         widths.append(widest_element_width(*quantities))
@@ -295,8 +300,8 @@ def _widths(geometry: _GroupGeometry, layout: ChunkLayout, chunk_offset: int, an
 def _device_table(transfer: ResolvedTransfer, anchor: int) -> _DeviceTable:
     """The kernel's table for this transfer's chunk shape: built and uploaded once, then looked up.
 
-    Everything in it is a function of the group (fixed), the layout (region rows and
-    alignment), the chunk offset and the chunk buffer's address modulo 16, which
+    Everything in it is a function of the group (fixed), the layout (offsets, row
+    pitches, region rows), the chunk offset and the chunk buffer's address modulo 16, which
     together are the cache key.
     """
     group = transfer.group
@@ -304,7 +309,7 @@ def _device_table(transfer: ResolvedTransfer, anchor: int) -> _DeviceTable:
     tables = group.backend_cache.get("triton.tables")
     if tables is None:
         tables = group.backend_cache["triton.tables"] = {}
-    key = (layout.region_rows, layout.alignment, transfer.chunk_offset, anchor % 16)
+    key = (layout, transfer.chunk_offset, anchor % 16)
     cached = tables.get(key)
     if cached is not None:
         return cached
@@ -312,7 +317,8 @@ def _device_table(transfer: ResolvedTransfer, anchor: int) -> _DeviceTable:
     widths = _widths(geometry, layout, transfer.chunk_offset, anchor)
     values = list(geometry.rows)
     for plane_index, width in enumerate(widths):
-        values.extend((transfer.chunk_offset + layout.plane_offsets[plane_index], width))
+        values.extend((transfer.chunk_offset + layout.plane_offsets[plane_index], width,
+                       layout.row_pitch[plane_index]))
     # A blocking copy from a tensor of its own: nothing on the host can change
     # under it, and it happens once per chunk shape, not per call.
     table = torch.tensor(values, dtype=torch.int64).to(group.device)

@@ -66,9 +66,9 @@ def test_table_holds_exactly_each_tensors_geometry_and_each_regions_offset_and_w
         addresses = [plane.caches[layer].data_ptr() for layer in range(group.layer_count)]
         strides = [plane.caches[layer].stride(0) * plane.caches[layer].element_size() for layer in range(3)]
         width = _widest(plane.row_bytes, *addresses, *strides, chunk.data_ptr(), region, layout.layer_stride)
-        expected += [region, width]
+        expected += [region, width, plane.row_bytes]  # packed layout: the row pitch is the row bytes
     assert table.dtype == torch.int64 and table.tolist() == expected  # every element, no padding
-    assert tt.plane_widths(transfer) == tuple(expected[-5::2])
+    assert tt.plane_widths(transfer) == tuple(expected[-8::3])
 
 
 def test_table_is_uploaded_once_per_chunk_shape_and_rebuilt_when_the_key_changes():
@@ -81,7 +81,7 @@ def test_table_is_uploaded_once_per_chunk_shape_and_rebuilt_when_the_key_changes
     assert again.table is first.table  # per call: a lookup, no new tensor, no upload
     shifted = tt._device_table(resolve_transfer(group, slots, chunk, store=True, chunk_offset=32), chunk.data_ptr())
     assert shifted.table is not first.table
-    assert shifted.table.tolist()[-6::2] == [32 + offset for offset in layout.plane_offsets]
+    assert shifted.table.tolist()[-9::3] == [32 + offset for offset in layout.plane_offsets]
     other_shape = _slots((5, 6, 3))
     reshaped = tt._device_table(resolve_transfer(group, other_shape, chunk, store=True), chunk.data_ptr())
     assert reshaped.table is not first.table

@@ -1,0 +1,771 @@
+"""LMCache's KV-movement ops (0.4.x `c_ops`, 0.5.x `DeviceOps`) on the project's transfer kernel.
+
+Each op takes LMCache's own arguments, checks them on the host (a TransferError
+naming the argument, its value and what is allowed), and describes the move as
+one `PagedGroup` (the paged planes of every layer) plus one strided chunk layout
+(where each (layer, plane) row lies in LMCache's buffer), which `transfer_group`
+runs in one launch (Triton on CUDA/NPU, the torch reference elsewhere, or as
+LMCACHE_ASCEND_TRANSFER_BACKEND says). Semantics are those of LMCache 0.5.6's
+torch baseline (`lmcache/v1/platform/torch_ops/mem_kernels.py`,
+`mp_mem_kernels.py`), byte for byte, with these deliberate differences:
+
+* slots < 0 are skipped by every op; the baseline's `load_and_reshape_flash`
+  and `reshape_and_cache_back_flash` wrap them (Python indexing: slot -1 reads
+  or overwrites the cache's last row);
+* a slot or block id past the cache raises (checked on the host when the slot
+  tensor is on the CPU, as the baseline's indexing raises); on a device the
+  kernel skips it instead of syncing to check;
+* MLA plane tuples move whatever the object row's length and plane order; the
+  baseline fails on a one-token slice when the row length or a plane's offset in
+  it is no multiple of that plane's element size;
+* bytes are moved, never values: the chunk and the caches must have one dtype
+  (the baseline's `copy_` would convert); non-tight block strides
+  (`block_stride_elems`) are honoured where the baseline refuses them.
+
+Nothing here imports LMCache: LMCache imports `lmcache_ascend.ops`.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Sequence
+
+import torch
+
+from lmcache_ascend.kernels.lmcache_formats import FormatFacts, format_facts, paged_layer_shape
+from lmcache_ascend.kernels.ops import transfer_group
+from lmcache_ascend.kernels.spec import (
+    MAX_PLANES,
+    PagedGroup,
+    PagedPlane,
+    PlaneSlots,
+    TransferError,
+    strided_chunk_layout,
+)
+
+__all__ = [
+    "PageBufferShapeDesc",
+    "load_and_reshape_flash",
+    "multi_layer_block_kv_transfer",
+    "multi_layer_kv_transfer",
+    "multi_layer_kv_transfer_unilateral",
+    "reshape_and_cache_back_flash",
+    "single_layer_kv_transfer",
+]
+
+
+class PageBufferShapeDesc:
+    """One engine page-buffer layout (LMCache's native `PageBufferShapeDesc`, field for field).
+
+    `block_stride_elems` is the per-block step in elements (0: tight); `dtype`
+    is LMCache's Python-side hint that tells float16 from bfloat16.
+    """
+
+    __slots__ = ("kv_size", "nl", "nb", "bs", "nh", "hs", "element_size", "block_stride_elems", "dtype")
+
+    def __init__(self) -> None:
+        self.kv_size = 0
+        self.nl = 0
+        self.nb = 0
+        self.bs = 0
+        self.nh = 0
+        self.hs = 0
+        self.element_size = 0
+        self.block_stride_elems = 0
+        self.dtype = None
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"PageBufferShapeDesc({fields})"
+
+
+# Formats each op supports (LMCache's enum values). The per-token ops follow the
+# baseline's three paged shapes: MLA rows, blocks-first K/V, K/V-major.
+_MULTI_LAYER_FORMATS = (1, 2, 3, 5)
+_UNILATERAL_FORMATS = (3, 4, 5, 9)
+_SINGLE_LAYER_FORMATS = (1, 2, 3, 5)
+# Block transfer: every format the baseline moves except the RBLN layout (15).
+_BLOCK_FORMATS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 17, 18)
+
+_INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+# ---------------------------------------------------------------- argument checks
+
+
+def _is_store(direction: object, op: str) -> bool:
+    """D2H (1, paged -> LMCache) is a store; H2D (0) a load. IntEnum, Enum (0.4.x) or int."""
+    raw = getattr(direction, "value", direction)
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw not in (0, 1):
+        raise TransferError(
+            f"{op}: direction={direction!r} is not allowed; allowed: TransferDirection.H2D (0, LMCache -> paged) "
+            "or TransferDirection.D2H (1, paged -> LMCache)"
+        )
+    return raw == 1
+
+
+def _tensor(value: object, what: str, op: str, dims: int | None = None) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TransferError(f"{op}: {what} is a {type(value).__name__}; allowed: a torch.Tensor")
+    if value.layout is not torch.strided or value.is_quantized:
+        raise TransferError(f"{op}: {what} has layout {value.layout}; allowed: a plain strided tensor")
+    if dims is not None and value.dim() != dims:
+        raise TransferError(f"{op}: {what} has shape {tuple(value.shape)}; allowed: {dims} dims")
+    return value
+
+
+def _int_arg(value: object, what: str, op: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TransferError(f"{op}: {what}={value!r} is not allowed; allowed: an int >= {minimum}")
+    return value
+
+
+def _slot_tensor(slot_mapping: object, op: str, what: str = "slot_mapping") -> torch.Tensor:
+    tensor = _tensor(slot_mapping, what, op, dims=1)
+    if tensor.dtype not in _INTEGER_DTYPES:
+        raise TransferError(
+            f"{op}: {what} has dtype {tensor.dtype}; allowed: an integer dtype (torch.int64, torch.int32, ...)"
+        )
+    return tensor
+
+
+def _device_slots(slots: torch.Tensor, device: torch.device, rows: int, op: str, what: str) -> torch.Tensor:
+    """`slots` as a contiguous int64 tensor on `device`; slots past `rows` raise if checkable on the host."""
+    if slots.is_cpu and slots.numel():
+        largest = int(slots.max())
+        if largest >= rows:
+            raise TransferError(
+                f"{op}: {what} holds {largest}, past the paged cache's {rows} slots; "
+                f"allowed: 0..{rows - 1}, or < 0 (skipped)"
+            )
+    if slots.dtype != torch.int64 or slots.device != device or not slots.is_contiguous():
+        slots = slots.to(device=device, dtype=torch.int64).contiguous()
+    return slots
+
+
+def _same_dtype(tensor: torch.Tensor, dtype: torch.dtype, what: str, reference: str, op: str) -> None:
+    if tensor.dtype != dtype:
+        raise TransferError(
+            f"{op}: {what} has dtype {tensor.dtype} but {reference} has {dtype}; allowed: the same dtype "
+            "(bytes are moved, never converted)"
+        )
+
+
+# ---------------------------------------------------------------- tensors over raw pointers
+
+
+def _at_pointer(address: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                strides: tuple[int, ...] | None = None) -> torch.Tensor:
+    """A tensor of `shape` (optionally `strides`, elements) over memory at `address` on `device`."""
+    if strides is None:
+        strides, step = [], 1
+        for size in reversed(shape):
+            strides.append(step)
+            step *= size
+        strides = tuple(reversed(strides))
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides)) if all(shape) else 0
+    if device.index is None and device.type != "cpu":  # storages carry an index ("cuda:0"), tensors must match
+        device = torch.device(device.type, getattr(torch, device.type).current_device())
+    storage = torch._C._construct_storage_from_data_pointer(address, device, extent * dtype.itemsize)
+    return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape, strides)
+
+
+# Pointer tables read to the host once per table and content version (a read
+# from a device tensor is a synchronizing copy): id -> (weak ref, version, list).
+_pointer_lists: dict[int, tuple[weakref.ref, int, list[int]]] = {}
+
+
+def _pointer_list(table: object, entries: int, what: str, op: str) -> list[int]:
+    if not isinstance(table, torch.Tensor) or table.dim() != 1 or table.dtype not in (torch.int64, torch.uint64):
+        shape = tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__
+        dtype = table.dtype if isinstance(table, torch.Tensor) else ""
+        raise TransferError(
+            f"{op}: {what} is {shape} {dtype}; allowed: a 1-D int64/uint64 tensor of data pointers, or a list of tensors"
+        )
+    if table.numel() != entries:
+        raise TransferError(f"{op}: {what} has {table.numel()} pointers; allowed: exactly {entries}")
+    cached = _pointer_lists.get(id(table))
+    if cached is not None and cached[0]() is table and cached[1] == table._version:
+        return cached[2]
+    pointers = [int(p) & (2**64 - 1) for p in table.cpu().tolist()]
+    for index, pointer in enumerate(pointers):
+        if pointer == 0:
+            raise TransferError(f"{op}: {what}[{index}] is a null pointer; allowed: a device address")
+    if len(_pointer_lists) > 64:
+        _pointer_lists.clear()
+    _pointer_lists[id(table)] = (weakref.ref(table), table._version, pointers)
+    return pointers
+
+
+# ---------------------------------------------------------------- running one move
+
+
+def _byte_span(tensor: torch.Tensor, what: str, op: str) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """A flat uint8 view from `tensor`'s first byte to its last, and its strides in bytes."""
+    element = tensor.element_size()
+    if tensor.dim() and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
+        raise TransferError(f"{op}: {what} has strides {tensor.stride()}; allowed: a contiguous last dim")
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    span = torch.empty(0, dtype=torch.uint8, device=tensor.device)
+    span.set_(tensor.untyped_storage(), tensor.storage_offset() * element, (extent * element,), (1,))
+    return span, tuple(stride * element for stride in tensor.stride())
+
+
+# PagedGroups by the address and geometry of their tensors: built (and validated)
+# once, so the Triton backend's per-group tables are reused from call to call. A
+# group keeps its tensors alive: the bound keeps a re-allocated KV cache from
+# pinning many old ones (an engine allocates its caches once).
+_groups: dict[tuple, PagedGroup] = {}
+_MAX_GROUPS = 64
+
+
+def _tensor_key(tensor: torch.Tensor) -> tuple:
+    return (tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.device)
+
+
+def _group(planes: Sequence[tuple[Sequence[torch.Tensor], int, int]]) -> PagedGroup:
+    """The group of these (caches per layer, block size, row bytes) planes."""
+    key = tuple((tuple(_tensor_key(t) for t in caches), block_size, row_bytes) for caches, block_size, row_bytes in planes)
+    group = _groups.get(key)
+    if group is None:
+        group = PagedGroup(tuple(PagedPlane(tuple(caches), block_size, row_bytes, name=f"plane{index}")
+                                 for index, (caches, block_size, row_bytes) in enumerate(planes)))
+        if len(_groups) >= _MAX_GROUPS:
+            _groups.clear()
+        _groups[key] = group
+    return group
+
+
+def _move(group: PagedGroup, slots: PlaneSlots | Sequence[PlaneSlots], chunk: torch.Tensor,
+          plane_offsets: Sequence[int], row_pitch: Sequence[int], layer_stride: int, store: bool, op: str,
+          what: str) -> None:
+    """Move the group's rows at `slots` <-> `chunk` (offsets, pitches, stride in bytes from chunk's first byte)."""
+    if isinstance(slots, PlaneSlots):
+        slots = (slots,) * group.plane_count
+    span, _ = _byte_span(chunk, what, op)
+    layout = strided_chunk_layout([plane.row_bytes for plane in group.planes], [s.count for s in slots],
+                                  plane_offsets, row_pitch, layer_stride, group.layer_count)
+    if layout.total_bytes > span.numel():
+        raise TransferError(
+            f"{op}: {what} spans {span.numel()} bytes but the move needs {layout.total_bytes}; "
+            f"shape {tuple(chunk.shape)} is too small"
+        )
+    if group.on_group_device(span):
+        transfer_group(group, slots, span, store=store, layout=layout)
+        return
+    # LMCache's buffer lives elsewhere (pinned host memory): stage it on the caches'
+    # device. A store stages the old bytes too, so rows it skips keep them.
+    staged = span.to(group.device, non_blocking=not store)
+    transfer_group(group, slots, staged, store=store, layout=layout)
+    if store:
+        span.copy_(staged)
+
+
+def _row_bytes(tensor: torch.Tensor, block_size: int) -> int:
+    """Bytes per slot of a blocks-first tensor of `block_size` rows per block."""
+    return math.prod(tensor.shape[1:]) * tensor.element_size() // block_size
+
+
+# ---------------------------------------------------------------- per-token ops
+
+
+def _token_layers(key_value_ptrs: object, layers: int, facts: FormatFacts, dtype: torch.dtype, hidden: int,
+                  page_buffer_size: int, block_size: int, block_stride_elems: int, device: torch.device,
+                  op: str, per_layer: int = 1) -> list[torch.Tensor]:
+    """The paged tensors (one per layer, or per K/V and layer) as given, or built over the pointer table."""
+    entries = layers * per_layer
+    if isinstance(key_value_ptrs, (list, tuple)):
+        if len(key_value_ptrs) != entries:
+            raise TransferError(f"{op}: key_value_ptrs has {len(key_value_ptrs)} tensors; allowed: exactly {entries}")
+        for index, tensor in enumerate(key_value_ptrs):
+            _tensor(tensor, f"key_value_ptrs[{index}]", op)
+            _same_dtype(tensor, dtype, f"key_value_ptrs[{index}]", "key_value", op)
+        return list(key_value_ptrs)
+    pointers = _pointer_list(key_value_ptrs, entries, "key_value_ptrs", op)
+    if per_layer == 2 or facts.mla:
+        if block_stride_elems and block_size and block_stride_elems != block_size * hidden:
+            nb = page_buffer_size // block_size
+            return [_at_pointer(p, (nb, block_size, hidden), dtype, device, (block_stride_elems, hidden, 1))
+                    for p in pointers]
+        return [_at_pointer(p, (page_buffer_size, hidden), dtype, device) for p in pointers]
+    if facts.two_major:
+        if block_stride_elems and block_stride_elems != block_size * hidden:
+            raise TransferError(
+                f"{op}: block_stride_elems={block_stride_elems} with {facts.name}; allowed: 0 (K/V-major layers "
+                "have no block-strided first dim)"
+            )
+        return [_at_pointer(p, (2, page_buffer_size, hidden), dtype, device) for p in pointers]
+    nb = page_buffer_size // block_size
+    stride = block_stride_elems or 2 * block_size * hidden
+    return [_at_pointer(p, (nb, 2, block_size, hidden), dtype, device, (stride, block_size * hidden, hidden, 1))
+            for p in pointers]
+
+
+def _kv_planes(layers: list[torch.Tensor], facts: FormatFacts, block_size: int, op: str) -> list[list[torch.Tensor]]:
+    """Per plane (MLA: one; else K and V) the per-layer blocks-first tensors."""
+    if facts.mla:
+        return [layers]
+    if facts.two_major:
+        for index, layer in enumerate(layers):
+            if layer.dim() < 2 or layer.shape[0] != 2:
+                raise TransferError(f"{op}: key_value_ptrs[{index}] has shape {tuple(layer.shape)}; allowed: [2, ...]")
+        return [[layer[kv] for layer in layers] for kv in range(2)]
+    for index, layer in enumerate(layers):
+        if layer.dim() < 3 or layer.shape[1] != 2:
+            raise TransferError(
+                f"{op}: key_value_ptrs[{index}] has shape {tuple(layer.shape)}; allowed: [NB, 2, BS, ...]"
+            )
+    return [[layer[:, kv] for layer in layers] for kv in range(2)]
+
+
+def _block_size_of(tensor: torch.Tensor, row_bytes: int, what: str, op: str) -> int:
+    block_bytes = math.prod(tensor.shape[1:]) * tensor.element_size()
+    if tensor.dim() < 2 or block_bytes % row_bytes:
+        raise TransferError(
+            f"{op}: {what} has shape {tuple(tensor.shape)} ({tensor.dtype}); allowed: blocks first, "
+            f"each a whole number of {row_bytes}-byte rows"
+        )
+    return block_bytes // row_bytes
+
+
+def _token_move(op: str, key_value: torch.Tensor, planes: list[list[torch.Tensor]], slot_mapping: torch.Tensor,
+                store: bool, start: int) -> None:
+    """key_value [planes, L, T, H] <-> the planes' rows at slot_mapping[start:] (tokens from `start`)."""
+    kv_size, layers, tokens, hidden = key_value.shape
+    row = hidden * key_value.element_size()
+    if slot_mapping.numel() != tokens:
+        raise TransferError(
+            f"{op}: slot_mapping has {slot_mapping.numel()} slots but key_value {tuple(key_value.shape)} holds "
+            f"{tokens} tokens; allowed: one slot per token"
+        )
+    group = _group([(caches, _block_size_of(caches[0], row, "key_value_ptrs[0]", op), row) for caches in planes])
+    rows = min(geometry.num_blocks * plane.block_size
+               for per_layer in group.geometry for geometry, plane in zip(per_layer, group.planes))
+    slots = _device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
+    count = max(tokens - start, 0)
+    if count == 0:
+        return
+    _, strides = _byte_span(key_value, "key_value", op)
+    _move(group, PlaneSlots(slots, start, count), key_value,
+          [kv * strides[0] + start * strides[2] for kv in range(len(planes))], [strides[2]] * len(planes),
+          strides[1], store, op, "key_value")
+
+
+def multi_layer_kv_transfer(
+    key_value: torch.Tensor,
+    key_value_ptrs: torch.Tensor | list[torch.Tensor],
+    slot_mapping: torch.Tensor,
+    paged_memory_device: torch.device,
+    page_buffer_size: int,
+    direction: object,
+    engine_kv_format: object,
+    block_size: int = 0,
+    head_size: int = 0,
+    skip_prefix_n_tokens: int = 0,
+    block_stride_elems: int = 0,
+) -> None:
+    """key_value [2 (MLA: 1), L, T, H] <-> every layer's paged rows at slot_mapping (-1: skipped).
+
+    Tokens before `skip_prefix_n_tokens` are not moved. The paged layers are a
+    list of tensors or a pointer table over `page_buffer_size` slots.
+    """
+    op = "multi_layer_kv_transfer"
+    facts = format_facts(engine_kv_format, op, _MULTI_LAYER_FORMATS)
+    store = _is_store(direction, op)
+    key_value = _tensor(key_value, "key_value", op, dims=4)
+    slot_mapping = _slot_tensor(slot_mapping, op)
+    _int_arg(page_buffer_size, "page_buffer_size", op, 1)
+    _int_arg(block_size, "block_size", op)
+    _int_arg(skip_prefix_n_tokens, "skip_prefix_n_tokens", op)
+    _int_arg(block_stride_elems, "block_stride_elems", op)
+    kv_size = 1 if facts.mla else 2
+    if key_value.shape[0] != kv_size:
+        raise TransferError(
+            f"{op}: key_value has shape {tuple(key_value.shape)} for {facts.name}; allowed: [{kv_size}, L, T, H]"
+        )
+    if not (facts.mla or facts.two_major) and (block_size == 0 or page_buffer_size % block_size):
+        raise TransferError(
+            f"{op}: block_size={block_size} for {facts.name} with page_buffer_size={page_buffer_size}; "
+            "allowed: a block size > 0 dividing page_buffer_size"
+        )
+    layers = _token_layers(key_value_ptrs, key_value.shape[1], facts, key_value.dtype, key_value.shape[3],
+                           page_buffer_size, block_size, block_stride_elems, torch.device(paged_memory_device), op)
+    _token_move(op, key_value, _kv_planes(layers, facts, block_size, op), slot_mapping, store,
+                min(skip_prefix_n_tokens, key_value.shape[2]))
+
+
+def multi_layer_kv_transfer_unilateral(
+    key_value: torch.Tensor,
+    key_value_ptrs: torch.Tensor | list[torch.Tensor],
+    slot_mapping: torch.Tensor,
+    paged_memory_device: torch.device,
+    page_buffer_size: int,
+    direction: object,
+    engine_kv_format: object,
+) -> None:
+    """SGLang: key_value [2, L, T, H] <-> separate K and V buffers per layer ([K_0.., V_0..], each [slots, H]).
+
+    MLA formats move one latent plane exactly as `multi_layer_kv_transfer`.
+    """
+    op = "multi_layer_kv_transfer_unilateral"
+    facts = format_facts(engine_kv_format, op, _UNILATERAL_FORMATS)
+    if facts.mla:
+        multi_layer_kv_transfer(key_value, key_value_ptrs, slot_mapping, paged_memory_device, page_buffer_size,
+                                direction, engine_kv_format)
+        return
+    store = _is_store(direction, op)
+    key_value = _tensor(key_value, "key_value", op, dims=4)
+    slot_mapping = _slot_tensor(slot_mapping, op)
+    _int_arg(page_buffer_size, "page_buffer_size", op, 1)
+    if key_value.shape[0] != 2:
+        raise TransferError(f"{op}: key_value has shape {tuple(key_value.shape)}; allowed: [2, L, T, H]")
+    layers = key_value.shape[1]
+    buffers = _token_layers(key_value_ptrs, layers, facts, key_value.dtype, key_value.shape[3], page_buffer_size, 0,
+                            0, torch.device(paged_memory_device), op, per_layer=2)
+    _token_move(op, key_value, [buffers[:layers], buffers[layers:]], slot_mapping, store, 0)
+
+
+def single_layer_kv_transfer(
+    lmc_key_value_cache: torch.Tensor,
+    vllm_key_value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    direction: object,
+    engine_kv_format: object,
+    token_major: bool = False,
+) -> None:
+    """One layer: LMCache's [T, H] (MLA), [2, T, H] or token-major [T, 2, H] <-> vLLM's paged layer."""
+    op = "single_layer_kv_transfer"
+    facts = format_facts(engine_kv_format, op, _SINGLE_LAYER_FORMATS)
+    store = _is_store(direction, op)
+    lmc = _tensor(lmc_key_value_cache, "lmc_key_value_cache", op)
+    paged = _tensor(vllm_key_value_cache, "vllm_key_value_cache", op)
+    slot_mapping = _slot_tensor(slot_mapping, op)
+    _same_dtype(paged, lmc.dtype, "vllm_key_value_cache", "lmc_key_value_cache", op)
+    tokens = slot_mapping.numel()
+    if facts.mla:
+        expected = (tokens, None)
+        planes = [[paged]]
+        if lmc.dim() != 2 or lmc.shape[0] != tokens:
+            raise TransferError(f"{op}: lmc_key_value_cache has shape {tuple(lmc.shape)}; allowed: [{tokens}, H]")
+        hidden_bytes = lmc.shape[1] * lmc.element_size()
+        _, strides = _byte_span(lmc, "lmc_key_value_cache", op)
+        offsets, pitch = [0], strides[0]
+    else:
+        planes = _kv_planes([paged], facts, 0, op)
+        expected = (tokens, 2, "H") if token_major else (2, tokens, "H")
+        if lmc.dim() != 3 or tuple(lmc.shape[:2]) != expected[:2]:
+            raise TransferError(
+                f"{op}: lmc_key_value_cache has shape {tuple(lmc.shape)}; allowed: "
+                f"[{', '.join(str(d) for d in expected)}] (token_major={token_major})"
+            )
+        hidden_bytes = lmc.shape[2] * lmc.element_size()
+        _, strides = _byte_span(lmc, "lmc_key_value_cache", op)
+        if token_major:
+            offsets, pitch = [0, strides[1]], strides[0]
+        else:
+            offsets, pitch = [0, strides[0]], strides[1]
+    group = _group([(caches, _block_size_of(caches[0], hidden_bytes, "vllm_key_value_cache", op), hidden_bytes)
+                    for caches in planes])
+    rows = group.geometry[0][0].num_blocks * group.planes[0].block_size
+    slots = _device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
+    if tokens:
+        _move(group, PlaneSlots(slots, 0, tokens), lmc, offsets, [pitch] * len(offsets), 0, store, op,
+              "lmc_key_value_cache")
+
+
+def _flash(op: str, key_value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+           slot_mapping: torch.Tensor, layer_idx: int, store: bool) -> None:
+    key_value = _tensor(key_value, "key_value", op, dims=4)
+    key_cache = _tensor(key_cache, "key_cache", op)
+    value_cache = _tensor(value_cache, "value_cache", op)
+    slot_mapping = _slot_tensor(slot_mapping, op)
+    _int_arg(layer_idx, "layer_idx", op)
+    if key_value.shape[0] != 2 or layer_idx >= key_value.shape[1]:
+        raise TransferError(
+            f"{op}: key_value has shape {tuple(key_value.shape)} with layer_idx={layer_idx}; "
+            "allowed: [2, L, T, H] with layer_idx < L"
+        )
+    for what, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _same_dtype(cache, key_value.dtype, what, "key_value", op)
+    tokens, hidden = key_value.shape[2], key_value.shape[3]
+    if slot_mapping.numel() != tokens:
+        raise TransferError(
+            f"{op}: slot_mapping has {slot_mapping.numel()} slots but key_value holds {tokens} tokens; "
+            "allowed: one slot per token"
+        )
+    row = hidden * key_value.element_size()
+    group = _group([([cache], _block_size_of(cache, row, what, op), row)
+                    for what, cache in (("key_cache", key_cache), ("value_cache", value_cache))])
+    rows = min(group.geometry[0][p].num_blocks * group.planes[p].block_size for p in range(2))
+    slots = _device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
+    if tokens == 0:
+        return
+    _, strides = _byte_span(key_value, "key_value", op)
+    base = layer_idx * strides[1]
+    _move(group, PlaneSlots(slots, 0, tokens), key_value, [base, base + strides[0]], [strides[2]] * 2, 0, store,
+          op, "key_value")
+
+
+def load_and_reshape_flash(
+    key_value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    layer_idx: int,
+) -> None:
+    """Gather: key_value[:, layer_idx] [2, T, H] <- key/value caches [NB, BS, NH, HS] at slot_mapping."""
+    _flash("load_and_reshape_flash", key_value, key_cache, value_cache, slot_mapping, layer_idx, store=True)
+
+
+def reshape_and_cache_back_flash(
+    key_value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    layer_idx: int,
+) -> None:
+    """Scatter: key/value caches [NB, BS, NH, HS] at slot_mapping <- key_value[:, layer_idx] [2, T, H]."""
+    _flash("reshape_and_cache_back_flash", key_value, key_cache, value_cache, slot_mapping, layer_idx, store=False)
+
+
+# ---------------------------------------------------------------- block transfer (multi-process mode)
+
+
+def _block_planes(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
+                  device: torch.device, op: str) -> list[list[torch.Tensor]]:
+    """Per plane the per-layer blocks-first tensors, in chunk order (K planes, then V planes)."""
+    nb, nl, bs, nh, hs = (int(shape_desc.nb), int(shape_desc.nl), int(shape_desc.bs), int(shape_desc.nh),
+                          int(shape_desc.hs))
+    what = "paged_buffer_ptrs_tensor"
+    if isinstance(paged, torch.Tensor) and paged.dtype in (torch.int64, torch.uint64) and paged.dim() == 1:
+        if facts.kv_tuple:
+            raise TransferError(f"{op}: {what} is a pointer table for {facts.name}; allowed: a list of tuples")
+        entries = 1 if facts.cross_layer else 2 * nl if facts.kv_list else nl
+        pointers = _pointer_list(paged, entries, what, op)
+        if facts.cross_layer:
+            shape = (nb, nl, 2, nh, bs, hs) if facts.hnd else (nb, nl, 2, bs, nh, hs)
+            paged = _at_pointer(pointers[0], shape, dtype, device)
+        elif facts.kv_list:
+            shape = (nb * bs, nh, hs) if facts.pbs_fused else (nb, bs, nh, hs)
+            tensors = [_at_pointer(p, shape, dtype, device) for p in pointers]
+            paged = [tensors[:nl], tensors[nl:]]
+        else:
+            shape = paged_layer_shape(facts, nb, bs, nh, hs)
+            stride = int(getattr(shape_desc, "block_stride_elems", 0) or 0)
+            strides = None
+            if stride and stride != math.prod(shape[1:]):
+                if facts.two_major or facts.pbs_fused:
+                    raise TransferError(
+                        f"{op}: shape_desc.block_stride_elems={stride} with {facts.name}; allowed: 0 or the tight "
+                        f"{math.prod(shape[1:])} (its first dim is not the block dim)"
+                    )
+                strides = [stride]
+                step = 1
+                inner = []
+                for size in reversed(shape[1:]):
+                    inner.append(step)
+                    step *= size
+                strides = tuple(strides + list(reversed(inner)))
+            paged = [_at_pointer(p, shape, dtype, device, strides) for p in pointers]
+    if facts.cross_layer:
+        tensor = _tensor(paged, what, op, dims=6)
+        if facts.hnd:
+            return [[tensor[:, layer, kv, head] for layer in range(tensor.shape[1])]
+                    for kv in range(2) for head in range(tensor.shape[3])]
+        return [[tensor[:, layer, kv] for layer in range(tensor.shape[1])] for kv in range(2)]
+    if facts.kv_list:
+        if not isinstance(paged, (list, tuple)):
+            raise TransferError(f"{op}: {what} is a {type(paged).__name__}; allowed: [[K layers], [V layers]]")
+        if len(paged) != 2 or not all(isinstance(side, (list, tuple)) for side in paged):
+            if len(paged) % 2 or not all(isinstance(t, torch.Tensor) for t in paged):
+                raise TransferError(f"{op}: {what} has {len(paged)} entries; allowed: [[K layers], [V layers]] "
+                                    "or a flat list of 2 x NL tensors")
+            paged = [list(paged[: len(paged) // 2]), list(paged[len(paged) // 2:])]
+        return [list(paged[0]), list(paged[1])]
+    if not isinstance(paged, (list, tuple)) or not paged:
+        raise TransferError(f"{op}: {what} is a {type(paged).__name__}; allowed: a list of per-layer tensors")
+    if facts.kv_tuple:
+        counts = {len(entry) if isinstance(entry, (list, tuple)) else -1 for entry in paged}
+        if len(counts) != 1 or -1 in counts or (not facts.mla and counts != {2}):
+            raise TransferError(
+                f"{op}: {what} for {facts.name} must be a list of per-layer "
+                f"{'plane tuples of one length' if facts.mla else '(K, V) tuples'}; got lengths {sorted(counts)}"
+            )
+        return [[entry[plane] for entry in paged] for plane in range(counts.pop())]
+    if facts.mla or facts.single_kv:
+        return [list(paged)]
+    if facts.fused:
+        # [NB, BS, NH, 2, HS] splits flatten back to one packed row per token.
+        layers = [layer.reshape(*layer.shape[:3], -1) if layer.dim() == 5 else layer for layer in paged]
+        if facts.hnd:
+            return [[layer[:, head] for layer in layers] for head in range(layers[0].shape[1])]
+        return [layers]
+    if facts.two_major:
+        halves = [[layer[kv] for layer in paged] for kv in range(2)]
+    else:
+        halves = [[layer[:, kv] for layer in paged] for kv in range(2)]
+    if facts.hnd:  # [NB, NH, BS, HS] per K/V: one plane per head
+        return [[layer[:, head] for layer in half] for half in halves for head in range(half[0].shape[1])]
+    return halves
+
+
+def multi_layer_block_kv_transfer(
+    paged_buffer_ptrs_tensor: torch.Tensor | list,
+    lmcache_objects_ptrs: list[int] | list[torch.Tensor],
+    block_ids: torch.Tensor | list[int],
+    device: torch.device | str,
+    direction: object,
+    shape_desc: PageBufferShapeDesc,
+    lmcache_chunk_size: int,
+    engine_kv_format: object,
+    skip_prefix_n_blocks: int,
+) -> None:
+    """Whole blocks <-> LMCache objects: object i holds blocks [i*B, (i+1)*B) of `block_ids`, B = chunk / bs.
+
+    Objects are [2, NL, T, NH*HS] (split K/V), [NL, T, H] (MLA, fused, single
+    K/V) or [NL, T, row] of the planes' bytes side by side (MLA plane tuples);
+    the first `skip_prefix_n_blocks` blocks are not moved.
+    """
+    op = "multi_layer_block_kv_transfer"
+    facts = format_facts(engine_kv_format, op, _BLOCK_FORMATS)
+    store = _is_store(direction, op)
+    _int_arg(lmcache_chunk_size, "lmcache_chunk_size", op, 1)
+    _int_arg(skip_prefix_n_blocks, "skip_prefix_n_blocks", op)
+    bs = getattr(shape_desc, "bs", None)
+    if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0 or lmcache_chunk_size % bs:
+        raise TransferError(
+            f"{op}: shape_desc.bs={bs!r} with lmcache_chunk_size={lmcache_chunk_size}; allowed: a block size > 0 "
+            "dividing the chunk size"
+        )
+    if not isinstance(lmcache_objects_ptrs, list):
+        raise TransferError(
+            f"{op}: lmcache_objects_ptrs is a {type(lmcache_objects_ptrs).__name__}; allowed: a list of tensors "
+            "or of host addresses"
+        )
+    dtype = _kv_dtype(paged_buffer_ptrs_tensor, lmcache_objects_ptrs, shape_desc, op)
+    device = torch.device(device)
+    planes = _block_planes(paged_buffer_ptrs_tensor, facts, shape_desc, dtype, device, op)
+    if len(planes) > MAX_PLANES:
+        raise TransferError(
+            f"{op}: {facts.name} with these shapes needs {len(planes)} planes (heads x K/V); allowed: at most "
+            f"{MAX_PLANES}"
+        )
+    for index, caches in enumerate(planes):
+        for layer, cache in enumerate(caches):
+            _tensor(cache, f"{op} plane {index} layer {layer}", op)
+            if not facts.kv_tuple:
+                _same_dtype(cache, dtype, f"paged plane {index} layer {layer}", "the KV dtype", op)
+    layers = len(planes[0])
+    row_bytes = [_row_bytes(caches[0], bs) if not facts.pbs_fused else
+                 math.prod(caches[0].shape[1:]) * caches[0].element_size() for caches in planes]
+    group = _group([(caches, 1 if facts.pbs_fused else bs, rb) for caches, rb in zip(planes, row_bytes)])
+    rows = min(geometry.num_blocks * plane.block_size
+               for per_layer in group.geometry for geometry, plane in zip(per_layer, group.planes))
+
+    objects = _objects(lmcache_objects_ptrs, facts, shape_desc, lmcache_chunk_size, dtype, layers, op)
+    ids = block_ids
+    if isinstance(ids, list):
+        ids = torch.tensor(ids, dtype=torch.int64)
+    ids = _slot_tensor(ids, op, "block_ids")
+    if ids.is_cpu and ids.numel():
+        smallest, largest = int(ids.min()), int(ids.max())
+        if smallest < 0 or largest * bs >= rows:
+            raise TransferError(
+                f"{op}: block_ids holds {smallest if smallest < 0 else largest}; allowed: 0..{rows // bs - 1}"
+            )
+    ids = ids.to(device=group.device, dtype=torch.int64)
+    blocks = ids.numel()
+    slots = (ids[:, None] * bs + torch.arange(bs, dtype=torch.int64, device=group.device)).reshape(-1).contiguous()
+    per_object = lmcache_chunk_size // bs
+    plane_count = len(planes)
+    for index, obj in enumerate(objects):
+        first = max(index * per_object, skip_prefix_n_blocks)
+        end = min((index + 1) * per_object, blocks)
+        if first >= end:
+            continue
+        token_offset = (first - index * per_object) * bs
+        offsets, pitch, layer_stride = _object_layout(obj, facts, row_bytes, plane_count, layers, token_offset,
+                                                      f"lmcache_objects_ptrs[{index}]", op)
+        _move(group, PlaneSlots(slots, first * bs, (end - first) * bs), obj, offsets, pitch, layer_stride, store,
+              op, f"lmcache_objects_ptrs[{index}]")
+
+
+def _kv_dtype(paged: object, objects: list, shape_desc: PageBufferShapeDesc, op: str) -> torch.dtype:
+    """The KV dtype: shape_desc.dtype, else the first paged tensor's, else the first object's, else by width."""
+    dtype = getattr(shape_desc, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    first = paged
+    while isinstance(first, (list, tuple)) and first:
+        first = first[0]
+    if isinstance(first, torch.Tensor) and not (first is paged and first.dtype in (torch.int64, torch.uint64)):
+        return first.dtype
+    if objects and isinstance(objects[0], torch.Tensor):
+        return objects[0].dtype
+    width = getattr(shape_desc, "element_size", 0)
+    by_width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # bytes are moved: any dtype
+    if width not in by_width:
+        raise TransferError(
+            f"{op}: cannot tell the KV dtype: shape_desc.dtype is {dtype!r} and shape_desc.element_size="
+            f"{width!r}; allowed: a torch.dtype, or an element size of 1, 2, 4 or 8"
+        )
+    return by_width[width]
+
+
+def _objects(objects: list, facts: FormatFacts, shape_desc: PageBufferShapeDesc, chunk_size: int,
+             dtype: torch.dtype, layers: int, op: str) -> list[torch.Tensor]:
+    if not objects or isinstance(objects[0], torch.Tensor):
+        for index, obj in enumerate(objects):
+            _tensor(obj, f"lmcache_objects_ptrs[{index}]", op)
+            if not facts.kv_tuple:
+                _same_dtype(obj, dtype, f"lmcache_objects_ptrs[{index}]", "the paged buffers", op)
+        return objects
+    if facts.kv_tuple:
+        raise TransferError(f"{op}: lmcache_objects_ptrs holds addresses for {facts.name}; allowed: tensors")
+    nh, hs = int(shape_desc.nh), int(shape_desc.hs)
+    if facts.mla:
+        shape = (layers, chunk_size, hs)
+    elif facts.single_plane:
+        shape = (layers, chunk_size, nh * hs)
+    else:
+        shape = (2, layers, chunk_size, nh * hs)
+    tensors = []
+    for index, address in enumerate(objects):
+        if isinstance(address, bool) or not isinstance(address, int) or address <= 0:
+            raise TransferError(f"{op}: lmcache_objects_ptrs[{index}]={address!r}; allowed: a host address (int > 0)")
+        tensors.append(_at_pointer(address, shape, dtype, torch.device("cpu")))
+    return tensors
+
+
+def _object_layout(obj: torch.Tensor, facts: FormatFacts, row_bytes: list[int], planes: int, layers: int,
+                   token_offset: int, what: str, op: str) -> tuple[list[int], list[int], int]:
+    """Plane offsets, row pitches and layer stride (bytes) of one LMCache object, from `token_offset` on."""
+    total = obj.numel() * obj.element_size()
+    if not obj.is_contiguous():
+        raise TransferError(f"{op}: {what} has strides {obj.stride()}; allowed: a contiguous tensor")
+    if facts.kv_tuple and facts.mla:  # [NL, T, row]: the planes' bytes side by side in each token row
+        token_row = obj.shape[-1] * obj.element_size() if obj.dim() == 3 else sum(row_bytes)
+        if sum(row_bytes) > token_row:
+            raise TransferError(f"{op}: {what} rows hold {token_row} bytes; the planes need {sum(row_bytes)}")
+        offsets = [token_offset * token_row + sum(row_bytes[:p]) for p in range(planes)]
+        return offsets, [token_row] * planes, total // layers
+    if facts.hnd:  # per K/V (or the one packed plane) the heads' bytes side by side in a token row
+        halves = 1 if facts.fused else 2
+        per_half = planes // halves
+        token_row = sum(row_bytes[:per_half])
+        offsets_in_row = [sum(row_bytes[(p // per_half) * per_half: p]) for p in range(planes)]
+    else:  # one plane per K/V half
+        halves = planes
+        per_half = 1
+        token_row = row_bytes[0]
+        offsets_in_row = [0] * planes
+    if total % (halves * layers * token_row):
+        raise TransferError(
+            f"{op}: {what} has shape {tuple(obj.shape)} ({total} bytes); allowed: {halves} x {layers} layers x "
+            f"T tokens x {token_row} bytes"
+        )
+    tokens = total // (halves * layers * token_row)
+    half_bytes = layers * tokens * token_row
+    offsets = [(p // per_half) * half_bytes + token_offset * token_row + offsets_in_row[p] for p in range(planes)]
+    return offsets, [token_row] * planes, tokens * token_row
