@@ -74,7 +74,8 @@ def _package_directory(package: str) -> str | None:
 def installed_project(project: str) -> Installed | None:
     """How `project` is installed, or None when its import package is absent.
 
-    `project` is a key of PROJECT_PACKAGES (or REPORTED_BY_NAME, read by name).
+    `project` is a key of PROJECT_PACKAGES; any other name (REPORTED_BY_NAME, a
+    requirement on some other package) is read as a distribution name.
     """
     from importlib import metadata  # lazily: it costs more than all of activation
 
@@ -87,10 +88,6 @@ def installed_project(project: str) -> Installed | None:
 
     package = PROJECT_PACKAGES.get(project)
     if package is None:
-        if project not in REPORTED_BY_NAME:
-            raise ValueError(
-                f"project={project!r} is not known; allowed: {sorted(PROJECT_PACKAGES) + list(REPORTED_BY_NAME)}"
-            )
         return by_name(project)
     directory = _package_directory(package)
     if directory is None:

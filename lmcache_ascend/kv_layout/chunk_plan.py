@@ -10,7 +10,8 @@ at ``group_offset + l * layer_stride + plane_offset[p]``.
 Rows per plane depend on the plane's scheduler group:
 - plain: one row per token of the chunk;
 - compressed (compress ratio r): ``ceil(tokens / r)`` rows;
-- sliding window w: only the chunk's tail, ``w // r`` rows at most (not the whole chunk).
+- sliding window w: only the chunk's tail, the paged blocks holding its last ``w // r``
+  rows (`sliding_tail_first_row`), not the whole chunk.
 
 Offsets are computed once per chunk length (full chunks share one plan), with
 the kernels' own `chunk_layout`, so planner and kernels cannot disagree.
@@ -27,7 +28,7 @@ from typing import Mapping, Sequence
 from lmcache_ascend.kernels.spec import ChunkLayout as KernelChunkLayout
 from lmcache_ascend.kernels.spec import chunk_layout as kernel_chunk_layout
 from lmcache_ascend.kv_layout.formats import LayoutError
-from lmcache_ascend.kv_layout.groups import LayerGroup, SchedulerGroupGeometry
+from lmcache_ascend.kv_layout.groups import LayerGroup, SchedulerGroupGeometry, sliding_tail_first_row
 
 __all__ = [
     "REGION_ALIGNMENT",
@@ -60,12 +61,23 @@ def row_window(geometry: SchedulerGroupGeometry, start: int, end: int) -> RowWin
     first = start // ratio
     last = -(-end // ratio)
     if geometry.sliding_window is not None:
-        first = max(first, last - geometry.sliding_window // ratio)
+        first = int(sliding_tail_first_row(first, last, geometry.sliding_window // ratio, geometry.block_rows))
     return RowWindow(first, last - first)
 
 
 def rows_per_chunk(geometry: SchedulerGroupGeometry, num_tokens: int) -> int:
-    return row_window(geometry, 0, num_tokens).count
+    """Rows a chunk region of `num_tokens` tokens must hold, wherever the chunk starts.
+
+    A sliding-window tail starts on a block boundary, so its length depends on
+    where the chunk lies against the blocks; the pattern repeats every
+    `block_rows` chunks: the largest of those is the capacity.
+    """
+    if geometry.sliding_window is None or geometry.block_rows == 1:
+        return row_window(geometry, 0, num_tokens).count
+    return max(
+        row_window(geometry, index * num_tokens, (index + 1) * num_tokens).count
+        for index in range(geometry.block_rows)
+    )
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ def geometry_from_group_specs(
             compress_ratio=spec.compress_ratio,
             sliding_window=spec.sliding_window,
             transferred=keep,
+            block_rows=spec.rows_per_block,
         )
     return geometry
 

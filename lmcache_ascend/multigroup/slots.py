@@ -13,8 +13,8 @@ own slot mappings): group g maps the request's first ``num_tokens`` tokens to
 its slot is ``block_id * rows_per_block + offset``. ``-1`` means "do not move
 this row": rows on vLLM's null block (id 0) always; on load also rows vLLM
 already holds (its prefix cache); on store also rows of a sliding-window group
-that lie outside the last ``sliding_window`` tokens of their LMCache chunk
-(vLLM frees those blocks, and reuse only needs the window).
+outside the paged blocks that hold the last ``sliding_window`` tokens of their
+LMCache chunk (vLLM frees those blocks, and reuse only needs the window's blocks).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lmcache_ascend.kv_layout.groups import sliding_tail_first_row
 from lmcache_ascend.multigroup.slicing import primary_group_index
 from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID, GroupBlockTracker
@@ -75,9 +76,7 @@ class GroupSlotMappings:
         group = self.groups[group_index]
         if slots is None or group.sliding_window is None:
             return slots
-        keep = _rows_in_chunk_windows(
-            len(slots), group.compress_ratio, self.chunk_size, self.num_tokens, group.sliding_window
-        )
+        keep = _rows_in_chunk_windows(group, len(slots), self.chunk_size)
         return torch.where(torch.from_numpy(keep), slots, torch.full_like(slots, -1))
 
     def store_hole_chunks(self) -> tuple[int, ...]:
@@ -95,9 +94,7 @@ class GroupSlotMappings:
             group = self.groups[group_index]
             wanted = np.ones(len(slots), dtype=bool)
             if group.sliding_window is not None:
-                wanted = _rows_in_chunk_windows(
-                    len(slots), group.compress_ratio, self.chunk_size, self.num_tokens, group.sliding_window
-                )
+                wanted = _rows_in_chunk_windows(group, len(slots), self.chunk_size)
             hole_rows = np.nonzero(wanted & (slots.numpy() < 0))[0]
             holes.update((hole_rows * group.compress_ratio // self.chunk_size).tolist())
         return tuple(sorted(holes))
@@ -125,14 +122,14 @@ class GroupSlotMappings:
         return masked
 
 
-def _rows_in_chunk_windows(
-    num_rows: int, compress_ratio: int, chunk_size: int, num_tokens: int, sliding_window: int
-) -> np.ndarray:
-    # Row r covers tokens [r*c, (r+1)*c); it is kept when that range reaches
-    # into the last `sliding_window` tokens of the chunk holding its first token.
-    row_starts = np.arange(num_rows, dtype=np.int64) * compress_ratio
-    chunk_ends = np.minimum((row_starts // chunk_size + 1) * chunk_size, num_tokens)
-    return row_starts + compress_ratio > chunk_ends - sliding_window
+def _rows_in_chunk_windows(group: KVGroupSpec, num_rows: int, chunk_size: int) -> np.ndarray:
+    """Which of a sliding-window group's `num_rows` rows its chunks keep (`sliding_tail_first_row`)."""
+    rows = np.arange(num_rows, dtype=np.int64)
+    chunk_rows = chunk_size // group.compress_ratio
+    chunk_first = rows // chunk_rows * chunk_rows
+    chunk_end = np.minimum(chunk_first + chunk_rows, num_rows)
+    window_rows = -(-group.sliding_window // group.compress_ratio)  # rows holding the window's tokens
+    return rows >= sliding_tail_first_row(chunk_first, chunk_end, window_rows, group.rows_per_block)
 
 
 _OFFSETS: dict[int, np.ndarray] = {}

@@ -150,14 +150,15 @@ def test_state_groups_are_skipped_and_window_holds_only_its_tail(metadata_patch,
         in_use = set(connector.layout.scheduler_groups_in_use())
         assert in_use == {0, 1, 2, 3, 8}
         assert not in_use & {group for group, _ in DSV4_ASCEND_STATE_GROUPS}
-        # Sliding-window group 8 (window 128, compress 128): one row per chunk, not two.
+        # Sliding-window group 8 (window 128, compress 128): its window is one row, widened
+        # to the paged block holding it (2 rows: 256-token blocks), i.e. the chunk.
         plan = connector.layout.full_plan
         (swa_region,) = [
             region
             for region, group in zip(plan.regions, connector.layout.layer_groups)
             if group.scheduler_groups[0] == 8
         ]
-        assert swa_region.plane_rows == (1, 1, 1, 1)
+        assert swa_region.plane_rows == (2, 2, 2, 2)
         shape = engine.metadata.get_shapes(CHUNK)[0]
         assert engine.metadata.get_dtypes() == [torch.uint8]
         assert shape[2] == CHUNK and shape[0] * shape[1] * shape[2] * shape[3] >= plan.total_bytes

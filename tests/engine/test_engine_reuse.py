@@ -146,3 +146,23 @@ def test_eviction_under_a_tiny_buffer(model_dir):
     reused = sum(_hits(tiny, 1))
     assert 0 < reused < sum(_hits(full, 1)), f"tiny buffer reused {reused} tokens"
     _assert_same_outputs(baseline, tiny)
+
+
+def test_reuse_while_the_storing_request_still_runs(model_dir):
+    """B loads A's chunks while A is still decoding in the same batch.
+
+    With 700 batched tokens per step vLLM prefills A alone, stores its chunks,
+    then schedules B (which finds 512 tokens) beside A's first decode step.  The
+    64-token window fills half of a 128-token block: a load of the window's rows
+    alone left the block's other rows as another request had left them, and B's
+    output went wrong (found on this model; fixed by loading whole blocks).
+    """
+    name = "gemma3-sliding64-3to1"
+    baseline = run_engine(_spec(model_dir, name, lmcache=False))
+    a, b = ROUNDS[0][0], ROUNDS[0][1]
+    spec = _spec(model_dir, name, lmcache=True, max_num_batched_tokens=700)
+    spec["rounds"] = [[a, b]]
+    run = run_engine(spec)
+    assert _hits(run, 0) == [0, 512]
+    expected = {"rounds": [baseline["rounds"][0][:2]]}
+    _assert_same_outputs(expected, run)

@@ -22,12 +22,17 @@ def reference_store_slots(
     slots = reference_raw_slots(block_size, compress_ratio, block_ids, num_tokens)
     if sliding_window is None:
         return slots
+    # A row is stored when a row of the chunk's last window sits in the same paged block.
+    chunk_rows = chunk_size // compress_ratio
+    rows_per_block = block_size // compress_ratio
+    window_rows = -(-sliding_window // compress_ratio)
     out = []
     for row, slot in enumerate(slots):
-        tokens = range(row * compress_ratio, (row + 1) * compress_ratio)
-        chunk_end = min((tokens[0] // chunk_size + 1) * chunk_size, num_tokens)
-        in_window = any(chunk_end - sliding_window <= token for token in tokens)
-        out.append(slot if in_window else -1)
+        chunk_first = row - row % chunk_rows
+        chunk_end = min(chunk_first + chunk_rows, len(slots))
+        window = range(max(chunk_first, chunk_end - window_rows), chunk_end)
+        shares_a_block = any(other // rows_per_block == row // rows_per_block for other in window)
+        out.append(slot if shares_a_block else -1)
     return out
 
 

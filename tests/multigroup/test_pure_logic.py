@@ -217,8 +217,9 @@ def test_group_slot_mappings_skip_state_groups_and_mask_per_direction():
     assert slots.primary_group == 0  # 2*16 = 32 tokens, ties with group 2 (4*8): lowest index
     assert slots.store_slot_mapping(0).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
     assert slots.load_slot_mapping(0).tolist() == [-1, -1, 6, 7, 8, 9, 10, 11]
-    # Window of 4 tokens at the end of each 16-token chunk: tokens 12..15 and 28..31.
-    expected_store = [-1] * 12 + list(range(68, 72)) + [-1] * 12 + list(range(84, 88))
+    # Window of 4 tokens at the end of each 16-token chunk (tokens 12..15 and 28..31),
+    # widened to the 8-token blocks holding them: tokens 8..15 and 24..31.
+    expected_store = [-1] * 8 + list(range(64, 72)) + [-1] * 8 + list(range(80, 88))
     assert slots.store_slot_mapping(2).tolist() == expected_store
     assert slots.load_slot_mapping(2).tolist() == [-1] * 8 + list(range(64, 88))
     # The raw tensors are never modified by the masks.

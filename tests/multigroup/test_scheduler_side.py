@@ -100,9 +100,10 @@ def test_dsv4_request_life_tracks_every_group_row_by_row(patched):
     assert slots.transferred_groups == (0, 1, 2, 3, 8)
     assert slots.primary_group == 1  # one 16384-token block covers the most tokens
     assert len(req.slot_mapping) == 512
-    # Sliding window 128 with compress ratio 128: one stored row per 256-token chunk.
+    # Sliding window 128 with compress ratio 128: one row per 256-token chunk, widened to
+    # the paged block holding it; a block holds 128 rows here, so every row is stored.
     sw_base = tables_512[8][0] * 128
-    assert slots.store_slot_mapping(8).tolist() == [-1, sw_base + 1, -1, sw_base + 3]
+    assert slots.store_slot_mapping(8).tolist() == [sw_base, sw_base + 1, sw_base + 2, sw_base + 3]
 
     # 2. rest of the prompt (488 tokens); only growing groups get blocks
     tables_1000 = _dsv4_tables(1, 1000)
