@@ -170,7 +170,7 @@ def test_token_major_layout_is_one_row_per_token():
         (lambda: layout_from_probe("MYSTERY", (13, 64, 3, 7), ShapeProbe()),
          r"backend 'MYSTERY'.*= \(13, 64, 3, 7\) has a dim of size 7"),
         (lambda: layout_from_probe("MYSTERY", (13, 3, 64, 160), ShapeProbe()),
-         r"backend 'MYSTERY'.*packs K and V in one dim of 2 \* head_size"),
+         r"backend 'MYSTERY'.*packs K and V in one dim of 160"),
         (lambda: cell_layout("MYSTERY", packs_kv=True), r"backend 'MYSTERY': its KV-cache cells pack K and V"),
         (lambda: BackendLayout("X", (DimRole.BLOCK, DimRole.CONTENT)), r"exactly one block dim and one token dim"),
         (lambda: detect_layer_layout(
