@@ -11,8 +11,12 @@ layers `vllm.config.get_layers_from_vllm_config` returns, as vLLM's own
   `get_kv_cache_stride_order` the physical order the runner allocated;
 - vLLM >= 0.32 (stacks C, D): every layer view is logical [blocks, heads, tokens,
   cell] (`create_kv_cache_views`) in the resolved `KVCacheLayout`, which the
-  backend must list in `supported_kv_cache_layouts`; whether a cell packs K and V
-  comes from the layer's KV-cache spec (`head_size_v`).
+  backend must list in `supported_kv_cache_layouts`; what a head slot is and
+  whether a cell packs K and V come from the layer's KV-cache spec as the backend
+  customized it (`num_head_slots`, `head_size_v`).
+
+Layers of KV-cache groups that are not transferred are not described: callers
+pass only the layers they move (`registration.transferred_kv_caches`).
 
 vLLM is imported lazily; a layer vLLM does not know, or a backend whose layout
 cannot be read, stops registration with an error naming the layer.
@@ -51,9 +55,26 @@ def _stride_order(backend: type, vllm_config: Any) -> tuple[int, ...] | None:
             return None
 
 
+def _refuse_aiter_shuffle(backend: type) -> None:
+    # rocm_aiter_fa.py (vLLM 0.23 and later): with VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT its
+    # kernels write each block's K and V as shuffled head_size x block_size tiles, a
+    # run-time switch that get_kv_cache_shape does not show.
+    if not backend.__module__.endswith(".rocm_aiter_fa"):
+        return
+    from vllm._aiter_ops import rocm_aiter_ops
+
+    if rocm_aiter_ops.is_shuffle_kv_cache_enabled():
+        raise LayoutError(
+            f"backend {backend.get_name()!r} ({backend.__module__}) is refused: the AITER shuffle KV-cache layout "
+            "stores each block's K and V as shuffled head_size x block_size tiles, so a token's bytes are not its "
+            "cells; turn VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT off"
+        )
+
+
 def backend_layout_of(backend: type, vllm_config: Any = None, kv_cache_spec: Any = None) -> BackendLayout:
     """The layout `backend` (an AttentionBackend class) documents for its registered tensors."""
     name = backend.get_name()
+    _refuse_aiter_shuffle(backend)
     cache_config = getattr(vllm_config, "cache_config", None)
     if hasattr(cache_config, "get_resolved_kv_cache_layout"):  # vLLM >= 0.32
         resolved = cache_config.get_resolved_kv_cache_layout()
@@ -63,7 +84,11 @@ def backend_layout_of(backend: type, vllm_config: Any = None, kv_cache_spec: Any
                 f"backend {name!r}: the resolved KV-cache layout {resolved.name} is not among the ones it "
                 f"supports {[layout.name for layout in supported]}"
             )
-        return cell_layout(name, packs_kv=bool(getattr(kv_cache_spec, "head_size_v", 0)))
+        return cell_layout(
+            name,
+            packs_kv=bool(getattr(kv_cache_spec, "head_size_v", 0)),
+            head_slots=getattr(kv_cache_spec, "num_head_slots", None),
+        )
     probe = ShapeProbe()
     shape = backend.get_kv_cache_shape(
         num_blocks=probe.num_blocks,
@@ -71,7 +96,10 @@ def backend_layout_of(backend: type, vllm_config: Any = None, kv_cache_spec: Any
         num_kv_heads=probe.num_kv_heads,
         head_size=probe.head_size,
     )
-    return layout_from_probe(name, tuple(shape), probe, _stride_order(backend, vllm_config))
+    # FLASH_ATTN_DIFFKV declares its V head size as a class attribute (set_head_size_v).
+    head_size_v = getattr(backend, "head_size_v", None)
+    head_size_v = head_size_v if isinstance(head_size_v, int) else None
+    return layout_from_probe(name, tuple(shape), probe, _stride_order(backend, vllm_config), head_size_v)
 
 
 def describe_kv_caches(vllm_config: Any, kv_caches: Mapping[str, object]) -> dict[str, BackendLayout]:
@@ -96,6 +124,10 @@ def describe_kv_caches(vllm_config: Any, kv_caches: Mapping[str, object]) -> dic
             )
         spec = None
         if hasattr(getattr(vllm_config, "cache_config", None), "get_resolved_kv_cache_layout"):
-            spec = layer.get_kv_cache_spec(vllm_config)
-        layouts[name] = backend_layout_of(layer.get_attn_backend(), vllm_config, spec)
+            spec = layer.get_kv_cache_spec(vllm_config)  # as the backend's customize_spec left it
+        try:
+            layouts[name] = backend_layout_of(layer.get_attn_backend(), vllm_config, spec)
+        except LayoutError as error:
+            tensor = kv_caches[name]
+            raise LayoutError(f"layer {name!r} (shape {tuple(tensor.shape)}, dtype {tensor.dtype}): {error}") from None
     return layouts

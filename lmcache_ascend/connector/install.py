@@ -20,6 +20,7 @@ from lmcache_ascend.kv_layout.registration import (
     needs_multigroup_connector,
     plan_kv_caches,
     plane_groups_from_layer_names,
+    transferred_kv_caches,
 )
 
 __all__ = ["install_multigroup_connector", "plan_for_engine"]
@@ -115,7 +116,10 @@ def install_multigroup_connector(adapter: Any):
         geometry = {0: SchedulerGroupGeometry(0)}
     from lmcache_ascend.connector.backend_layouts import describe_kv_caches
 
-    backend_layouts = describe_kv_caches(getattr(adapter, "_vllm_config", None), kv_caches)
+    # Layers of groups that are not moved (e.g. mamba state registered as a raw buffer
+    # under no attention layer) are not described.
+    moved = transferred_kv_caches(kv_caches, plane_groups, geometry)
+    backend_layouts = describe_kv_caches(getattr(adapter, "_vllm_config", None), moved)
     ours = isinstance(engine.gpu_connector, MultiGroupGPUConnector)
     if not ours and not needs_multigroup_connector(kv_caches, plane_groups, backend_layouts):
         return None

@@ -26,6 +26,7 @@ from lmcache_ascend.kv_layout.registration import (
     needs_multigroup_connector,
     plan_kv_caches,
     plane_groups_from_layer_names,
+    transferred_kv_caches,
 )
 from lmcache_ascend.kv_layout.transfer import ChunkMover
 
@@ -52,5 +53,6 @@ __all__ = [
     "needs_multigroup_connector",
     "plan_kv_caches",
     "plane_groups_from_layer_names",
+    "transferred_kv_caches",
     "row_window",
 ]

@@ -37,6 +37,7 @@ __all__ = [
     "PackedKV",
     "PACKED_KV_BY_BACKEND",
     "ShapeProbe",
+    "UNREADABLE_BY_BACKEND",
     "cell_layout",
     "described_planes",
     "layout_from_probe",
@@ -59,19 +60,53 @@ class PackedKV(enum.Enum):
     # Per block and head, the [TOKEN, CONTENT] interior holds every token's K row,
     # then every token's V row (vLLM CPU_ATTN: view(..., 2 * block_size, head_size)).
     ROWS_PER_BLOCK_HEAD = "rows-per-block-head"
+    # vLLM >= 0.32: the spec publishes two head slots (`num_head_slots=2`) instead of
+    # one per KV head: slot 0 is K, slot 1 V, each (slot, token) cell that token's K
+    # (or V) of every head side by side.
+    KV_HEAD_SLOTS = "kv-head-slots"
 
 
-# Backends whose content dim packs K and V, by `get_name()`, and how, read from
-# their forward code (vLLM 0.23 / 0.32 / 0.33).  A packing backend missing here is
-# refused: its rows cannot be told apart without reading it.
+# Backends whose cache packs K and V together, by `get_name()`, and how, read from
+# their forward / do_kv_cache_update code (vLLM 0.23 / 0.32 / 0.33).  A packing
+# backend missing here is refused: its rows cannot be told apart without reading it.
 PACKED_KV_BY_BACKEND: Mapping[str, PackedKV] = {
     # cpu_attn.py: kv_cache.view((num_blocks, num_kv_heads, block_size * 2, -1)).chunk(2, dim=2)
     "CPU_ATTN": PackedKV.ROWS_PER_BLOCK_HEAD,
-    # triton_attn.py / flex_attention.py: kv_cache.split(head_size, dim=-1)
-    "TRITON_ATTN": PackedKV.PER_CELL,
-    "FLEX_ATTENTION": PackedKV.PER_CELL,
+    # kv_cache.transpose(1, 2).split(head_size, dim=-1): K then V inside each cell.
+    "TRITON_ATTN": PackedKV.PER_CELL,  # triton_attn.py (per-token-head quant: inline scales, still per cell)
+    "FLEX_ATTENTION": PackedKV.PER_CELL,  # flex_attention.py
+    "FLASH_ATTN": PackedKV.PER_CELL,  # flash_attn.py; rocm_aiter_fa.py without shuffle; triton_flash_attn._FABackend
+    "FLASH_ATTN_DIFFKV": PackedKV.PER_CELL,  # flash_attn_diffkv.py: cell of head_size + head_size_v
+    "TRITON_FLASH_ATTN": PackedKV.PER_CELL,  # triton_flash_attn.py: composite of TRITON_ATTN and FLASH_ATTN
+    "HPC_ATTN": PackedKV.PER_CELL,  # hpc_attn.py
+    "ROCM_AITER_UNIFIED_ATTN": PackedKV.PER_CELL,  # rocm_aiter_unified_attn.py (vLLM 0.32)
     # triton_attn_diffkv.py: kv_cache[..., :head_size_qk], kv_cache[..., head_size_qk:]
     "TRITON_ATTN_DIFFKV": PackedKV.PER_CELL,
+    # rocm_octave_attn.py customize_spec: "one packed K+V slot per (token, KV head)" of
+    # the octave quantized format; the slot bytes are moved verbatim.
+    "ROCM_OCTAVE": PackedKV.PER_CELL,
+    # b12x.py: kv_cache.unbind(1); rocm_segmented_attn.py: kv_cache[:, 0] / kv_cache[:, 1],
+    # each side .unflatten(-1, (num_kv_heads, head_size)).
+    "B12X": PackedKV.KV_HEAD_SLOTS,
+    "ROCM_SEGMENTED_ATTN": PackedKV.KV_HEAD_SLOTS,
+}
+
+# Backends whose kernels re-read the cache in a way its shape and spec do not show,
+# so that a token's bytes cannot be located exactly: refused, with the reason.
+UNREADABLE_BY_BACKEND: Mapping[str, str] = {
+    "ROCM_ATTN": (
+        "its kernels re-read each block's K and V regions through PagedAttention.split_kv_cache as an "
+        "x-packed key [heads, head_size / x, block_size, x] (x = 16 bytes of elements) and a value "
+        "[heads, head_size, block_size] (interleaved when AITER's fused rope + cache write is on, a run-time "
+        "switch): a token's bytes are scattered inside its block, which get_kv_cache_shape and the spec "
+        "do not describe and lmcache-ascend does not read yet"
+    ),
+    "TURBOQUANT": (
+        "each (token, head) slot packs quantized K and V whose size depends on the TurboQuant preset, and on "
+        "vLLM >= 0.32 its store kernels may instead write a per-block data region followed by a metadata region "
+        "(norms, scales), chosen at run time and visible in neither the shape nor the spec: a token's bytes "
+        "cannot be located exactly"
+    ),
 }
 
 
@@ -124,17 +159,35 @@ class ShapeProbe:
     head_size: int = 80
 
 
+def _refuse_unreadable(backend: str) -> None:
+    reason = UNREADABLE_BY_BACKEND.get(backend)
+    if reason is not None:
+        raise LayoutError(f"backend {backend!r} is refused: {reason}")
+
+
+def _cell_packing(backend: str, what: str) -> PackedKV:
+    """How `backend` splits K and V inside the content dim; LayoutError if that is not known."""
+    packed = PACKED_KV_BY_BACKEND.get(backend)
+    if packed not in (PackedKV.PER_CELL, PackedKV.ROWS_PER_BLOCK_HEAD):
+        known = sorted(name for name, rule in PACKED_KV_BY_BACKEND.items() if rule is not PackedKV.KV_HEAD_SLOTS)
+        raise LayoutError(f"backend {backend!r}: {what}; how it splits them is known for {known} only")
+    return packed
+
+
 def layout_from_probe(
     backend: str,
     probed_shape: Sequence[int],
     probe: ShapeProbe,
     stride_order: Sequence[int] | None = None,
+    head_size_v: int | None = None,
 ) -> BackendLayout:
     """The layout a backend documents through the shape it returned for `probe`.
 
-    A dim of 2 * head_size (K and V packed in one dim) is accepted only for a
-    backend of `PACKED_KV_BY_BACKEND`; a size matching nothing is refused.
+    A dim of 2 * head_size, or head_size + `head_size_v` where the backend declares
+    a V head size of its own (FLASH_ATTN_DIFFKV), packs K and V in one dim: accepted
+    only for a backend of `PACKED_KV_BY_BACKEND`; a size matching nothing is refused.
     """
+    _refuse_unreadable(backend)
     sizes = {
         probe.num_blocks: DimRole.BLOCK,
         probe.block_size: DimRole.TOKEN,
@@ -143,23 +196,25 @@ def layout_from_probe(
         probe.head_size: DimRole.CONTENT,
         1: DimRole.CONTENT,  # a singleton (MLA's one latent "head") is moved with its content
     }
+    packed_sizes = {2 * probe.head_size}
+    if head_size_v:
+        packed_sizes.add(probe.head_size + head_size_v)
     dims = []
     packed = PackedKV.NONE
     for size in probed_shape:
         role = sizes.get(int(size))
-        if role is None and int(size) == 2 * probe.head_size:
-            packed = PACKED_KV_BY_BACKEND.get(backend)
-            if packed is None:
-                raise LayoutError(
-                    f"backend {backend!r}: get_kv_cache_shape{_probe_call(probe)} = {tuple(probed_shape)} packs K and "
-                    f"V in one dim of 2 * head_size; how its rows split is known for {sorted(PACKED_KV_BY_BACKEND)} only"
-                )
+        if role is None and int(size) in packed_sizes:
+            packed = _cell_packing(
+                backend,
+                f"get_kv_cache_shape{_probe_call(probe)} = {tuple(probed_shape)} packs K and V in one dim of "
+                f"{int(size)} (head_size + V head size)",
+            )
             role = DimRole.CONTENT
         if role is None:
             raise LayoutError(
                 f"backend {backend!r}: get_kv_cache_shape{_probe_call(probe)} = {tuple(probed_shape)} has a dim of "
                 f"size {size} that is none of num_blocks, block_size, num_kv_heads, 2 (K/V), head_size, "
-                "2 * head_size or 1"
+                "head_size + V head size or 1"
             )
         dims.append(role)
     return BackendLayout(backend, tuple(dims), packed, None if stride_order is None else tuple(stride_order))
@@ -172,22 +227,28 @@ def _probe_call(probe: ShapeProbe) -> str:
     )
 
 
-def cell_layout(backend: str, packs_kv: bool) -> BackendLayout:
-    """vLLM >= 0.32: every per-layer view is logical [blocks, heads, tokens, cell content].
+def cell_layout(backend: str, packs_kv: bool, head_slots: int | None = None) -> BackendLayout:
+    """vLLM >= 0.32: every per-layer view is logical [blocks, head slots, tokens, cell content].
 
     (`vllm.v1.kv_cache_interface.create_kv_cache_views`; the physical order is the
-    resolved `KVCacheLayout` and shows in the view's strides.)  `packs_kv`: the
-    cell holds K and V (attention specs with head_size_v), whose split the backend
-    must be known for.
+    resolved `KVCacheLayout` and shows in the view's strides.)  From the layer's
+    spec, after the backend's `customize_spec`: `head_slots` is its
+    `num_head_slots` (None: one slot per KV head), `packs_kv` whether a cell holds K
+    and V (attention specs with head_size_v).  Whatever is not one KV head per slot
+    needs the backend's split to be known (`PACKED_KV_BY_BACKEND`).
     """
+    _refuse_unreadable(backend)
+    if head_slots is not None:
+        if head_slots != 2 or PACKED_KV_BY_BACKEND.get(backend) is not PackedKV.KV_HEAD_SLOTS:
+            known = sorted(name for name, rule in PACKED_KV_BY_BACKEND.items() if rule is PackedKV.KV_HEAD_SLOTS)
+            raise LayoutError(
+                f"backend {backend!r}: its spec publishes {head_slots} head slots per block instead of one per KV "
+                f"head; what each slot holds is known for {known} (2 slots: K, V) only"
+            )
+        return BackendLayout(backend, (DimRole.BLOCK, DimRole.KV, DimRole.TOKEN, DimRole.CONTENT))
     packed = PackedKV.NONE
     if packs_kv:
-        packed = PACKED_KV_BY_BACKEND.get(backend)
-        if packed is None:
-            raise LayoutError(
-                f"backend {backend!r}: its KV-cache cells pack K and V; how it splits them is known for "
-                f"{sorted(PACKED_KV_BY_BACKEND)} only"
-            )
+        packed = _cell_packing(backend, "its KV-cache cells pack K and V")
     return BackendLayout(backend, (DimRole.BLOCK, DimRole.HEAD, DimRole.TOKEN, DimRole.CONTENT), packed)
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "needs_multigroup_connector",
     "plan_kv_caches",
     "plane_groups_from_layer_names",
+    "transferred_kv_caches",
 ]
 
 
@@ -90,6 +91,26 @@ def plane_groups_from_layer_names(
     return plane_groups
 
 
+def transferred_kv_caches(
+    kv_caches: Mapping[str, object],
+    plane_groups: Mapping[str, Sequence[int]],
+    geometry_by_group: Mapping[int, SchedulerGroupGeometry],
+) -> dict[str, object]:
+    """`kv_caches` less the layers whose every plane belongs to a group that is not
+    transferred (state groups under the state-skip policy): those are never moved,
+    so neither their backend nor their layout is asked for.  A layer with no group,
+    or with a group not in `geometry_by_group`, stays for `plan_kv_caches` to refuse."""
+    kept = {}
+    for name, cache in kv_caches.items():
+        groups = plane_groups.get(name)
+        skipped = groups and all(
+            group in geometry_by_group and not geometry_by_group[group].transferred for group in groups
+        )
+        if not skipped:
+            kept[name] = cache
+    return kept
+
+
 def plan_kv_caches(
     kv_caches: Mapping[str, object],
     plane_groups: Mapping[str, Sequence[int]],
@@ -108,6 +129,7 @@ def plan_kv_caches(
     """
     if not kv_caches:
         raise LayoutError("no KV caches were registered")
+    kv_caches = transferred_kv_caches(kv_caches, plane_groups, geometry_by_group)
     layers = []
     for name, cache in kv_caches.items():
         groups = plane_groups.get(name)

@@ -28,7 +28,7 @@ from vllm.v1.attention.backend import AttentionBackend  # noqa: E402
 
 NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE = 5, 16, 2, 64
 TOKENS = 20  # one block and a part of the next: partial blocks must move only their own tokens
-POISON = -3.0
+POISON = 0xA5  # byte
 NEW_FAMILY = importlib.util.find_spec("vllm.v1.kv_cache_layout") is not None
 
 
@@ -63,14 +63,29 @@ def _inverse(order):
     return tuple(sorted(range(len(order)), key=lambda i: order[i]))
 
 
-def _caches(backend) -> list[tuple[str, callable, object]]:
-    """(case, cache factory, layout) as vLLM's runner would register them; raises LayoutError if refused."""
+def _spec(backend):
+    """The layer's KV-cache spec as vLLM >= 0.32 builds it: the model's spec, then the backend's customize_spec."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+
+    if "mla" in backend.__module__.split("."):
+        spec = MLAAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=HEAD_SIZE, dtype=torch.float16)
+    else:
+        head_size_v = getattr(backend, "head_size_v", None)  # FLASH_ATTN_DIFFKV's own V head size
+        spec = FullAttentionSpec(
+            block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, dtype=torch.float16,
+            head_size_v=head_size_v if isinstance(head_size_v, int) else HEAD_SIZE,
+        )
+    return backend.customize_spec(spec)
+
+
+def _caches(backend) -> list[tuple[str, callable, object, object]]:
+    """(case, cache factory, layout, spec) as vLLM's runner would register them; raises LayoutError if refused."""
     if NEW_FAMILY:
+        from vllm.v1.kv_cache_interface import compute_layer_kv_cache_shape_bytes
         from vllm.v1.kv_cache_layout import KVCacheLayout
 
-        is_mla = "mla" in backend.__module__.split(".")
-        spec = type("Spec", (), {"head_size_v": 0 if is_mla else HEAD_SIZE})()
-        heads, cell = (1, HEAD_SIZE) if is_mla else (NUM_KV_HEADS, 2 * HEAD_SIZE)
+        spec = _spec(backend)
+        shape_bytes = compute_layer_kv_cache_shape_bytes(spec, NUM_BLOCKS)  # (B, H, N, C bytes)
         supported = backend.supported_kv_cache_layouts() or tuple(KVCacheLayout)
         cases = []
         for kv_layout in supported:
@@ -78,34 +93,61 @@ def _caches(backend) -> list[tuple[str, callable, object]]:
                 "get_resolved_kv_cache_layout": staticmethod(lambda kv_layout=kv_layout: kv_layout)})()})()
             layout = backend_layout_of(backend, config, spec)
             order = kv_layout.layer_view_order
-            shape = (NUM_BLOCKS, heads, BLOCK_SIZE, cell)
-            cases.append((kv_layout.name, lambda shape=shape, order=order: _allocate(shape, order), layout))
+            cases.append((kv_layout.name, lambda order=order: _allocate(shape_bytes, order, spec.dtype), layout, spec))
         return cases
     from vllm.config import DeviceConfig, VllmConfig
 
     layout = backend_layout_of(backend, VllmConfig(device_config=DeviceConfig(device="cpu")))
     shape = tuple(backend.get_kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE))
     order = layout.stride_order or tuple(range(len(shape)))
-    return [("stride order " + str(order), lambda: _allocate(shape, order), layout)]
+    return [("stride order " + str(order), lambda: _allocate(shape, order, torch.float32), layout, None)]
 
 
-def _allocate(shape, order):
-    physical = torch.empty(tuple(shape[i] for i in order))
-    return physical.permute(_inverse(order))
+def _allocate(shape, order, dtype):
+    """uint8 storage in the physical `order`, viewed as `dtype` (the last dim is innermost in every order)."""
+    physical = torch.empty(tuple(shape[i] for i in order), dtype=torch.uint8 if NEW_FAMILY else dtype)
+    logical = physical.permute(_inverse(order))
+    return logical.view(dtype) if NEW_FAMILY else logical
 
 
-def _token(cache, layout, slot):
-    """Every element of one slot, indexed from the documented layout (independent of the planes)."""
+def _token_v032(backend, spec, cache, slot):
+    """K and V of one slot as the backend's own code reads its [B, H, N, C] view (vLLM >= 0.32)."""
+    block, offset = divmod(slot, cache.shape[2])
+    name = backend.get_name()
+    if name == "CPU_ATTN":  # cpu_attn.py: view(B, H, 2 * N, D), K rows then V rows
+        b, h, n, c = cache.shape
+        rows = cache.contiguous().view(b, h, 2 * n, c // 2)
+        return rows[block, :, offset], rows[block, :, n + offset]
+    if name in ("B12X", "ROCM_SEGMENTED_ATTN"):  # kv_cache.unbind(1) / kv_cache[:, 0], kv_cache[:, 1]
+        key, value = cache.unbind(1)
+        return (key[block, offset].unflatten(-1, (spec.num_kv_heads, spec.head_size)),
+                value[block, offset].unflatten(-1, (spec.num_kv_heads, spec.head_size)))
+    if not spec.head_size_v:  # MLA: one latent per token
+        return (cache[block, :, offset],)
+    if spec.state_content_bytes is not None:  # a packed slot per (token, head): moved verbatim
+        return (cache.transpose(1, 2)[block, offset],)
+    # flash_attn.py and the like: kv_cache.transpose(1, 2).split(head_size, dim=-1)
+    key, value = cache.transpose(1, 2).split([spec.head_size, spec.head_size_v], dim=-1)
+    return key[block, offset], value[block, offset]
+
+
+def _token_v023(cache, layout, slot):
+    """Every element of one slot, indexed from the roles get_kv_cache_shape documents (vLLM <= 0.23)."""
     roles = list(layout.dims)
     if layout.packed_kv is PackedKV.ROWS_PER_BLOCK_HEAD:  # cpu_attn.py: view(B, H, 2 * N, D), K rows then V rows
         b, h, n, c = cache.shape
         rows = cache.contiguous().view(b, h, 2 * n, c // 2)
         block, offset = divmod(slot, n)
-        return torch.stack((rows[block, :, offset], rows[block, :, n + offset]))
+        return (rows[block, :, offset], rows[block, :, n + offset])
     index = [slice(None)] * cache.ndim
     index[roles.index(DimRole.BLOCK)] = slot // cache.shape[roles.index(DimRole.TOKEN)]
     index[roles.index(DimRole.TOKEN)] = slot % cache.shape[roles.index(DimRole.TOKEN)]
-    return cache[tuple(index)]
+    return (cache[tuple(index)],)
+
+
+def _token_bytes(backend, spec, cache, layout, slot):
+    parts = _token_v032(backend, spec, cache, slot) if NEW_FAMILY else _token_v023(cache, layout, slot)
+    return torch.cat([part.contiguous().view(torch.uint8).flatten() for part in parts])
 
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: f"{b.__module__.rsplit('.', 1)[-1]}.{b.__name__}")
@@ -123,10 +165,13 @@ def test_backend_cache_round_trips_every_token_or_is_refused(backend):
     store_slots = torch.arange(BLOCK_SIZE, BLOCK_SIZE + TOKENS)
     load_slots = torch.tensor([NUM_BLOCKS * BLOCK_SIZE - 1 - t for t in range(TOKENS)])
     geometry = {0: SchedulerGroupGeometry(0)}
-    for case, allocate, layout in cases:
+    generator = torch.Generator().manual_seed(0)
+    for case, allocate, layout, spec in cases:
         source, target = allocate(), allocate()
-        source.copy_(torch.arange(source.numel(), dtype=torch.float32).view(source.shape))
-        target.fill_(POISON)
+        # Every byte random (exact in any dtype), the target poisoned.
+        source.view(torch.uint8).copy_(torch.randint(0, 256, source.view(torch.uint8).shape, generator=generator,
+                                                     dtype=torch.uint8))
+        target.view(torch.uint8).fill_(POISON)
         _, store_layout = plan_kv_caches({"l": source}, {"l": (0,)}, geometry, TOKENS, backend_layouts={"l": layout})
         _, load_layout = plan_kv_caches({"l": target}, {"l": (0,)}, geometry, TOKENS, backend_layouts={"l": layout})
         chunk = torch.zeros(store_layout.full_plan.total_bytes, dtype=torch.uint8)
@@ -134,11 +179,13 @@ def test_backend_cache_round_trips_every_token_or_is_refused(backend):
         ChunkMover(load_layout, backend="torch").move(chunk, 0, TOKENS, {0: load_slots}, store=False)
         moved = set(load_slots.tolist())
         for t in range(TOKENS):
-            assert torch.equal(_token(target, layout, int(load_slots[t])), _token(source, layout, int(store_slots[t]))), (case, t)
+            loaded = _token_bytes(backend, spec, target, layout, int(load_slots[t]))
+            stored = _token_bytes(backend, spec, source, layout, int(store_slots[t]))
+            assert torch.equal(loaded, stored), (case, t)
         for slot in range(NUM_BLOCKS * BLOCK_SIZE):
             if slot not in moved:
-                assert bool((_token(target, layout, slot) == POISON).all()), (case, slot)
-    MATRIX[name] = "covered: " + "; ".join(f"{case} as {layout.describe()}" for case, _, layout in cases)
+                assert bool((_token_bytes(backend, spec, target, layout, slot) == POISON).all()), (case, slot)
+    MATRIX[name] = "covered: " + "; ".join(f"{case} as {layout.describe()}" for case, _, layout, _ in cases)
 
 
 def test_print_matrix():

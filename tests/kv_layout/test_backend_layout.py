@@ -170,7 +170,7 @@ def test_token_major_layout_is_one_row_per_token():
         (lambda: layout_from_probe("MYSTERY", (13, 64, 3, 7), ShapeProbe()),
          r"backend 'MYSTERY'.*= \(13, 64, 3, 7\) has a dim of size 7"),
         (lambda: layout_from_probe("MYSTERY", (13, 3, 64, 160), ShapeProbe()),
-         r"backend 'MYSTERY'.*packs K and V in one dim of 2 \* head_size"),
+         r"backend 'MYSTERY'.*packs K and V in one dim of 160"),
         (lambda: cell_layout("MYSTERY", packs_kv=True), r"backend 'MYSTERY': its KV-cache cells pack K and V"),
         (lambda: BackendLayout("X", (DimRole.BLOCK, DimRole.CONTENT)), r"exactly one block dim and one token dim"),
         (lambda: detect_layer_layout(
@@ -189,3 +189,34 @@ def test_declared_stride_order_is_checked():
     declared = BackendLayout("X", (DimRole.BLOCK, DimRole.TOKEN, DimRole.CONTENT), stride_order=(0, 1, 2))
     with pytest.raises(LayoutError, match=r"backend 'X'.*strides disagree with the backend's stride order \(0, 1, 2\)"):
         detect_layer_layout("l", tensor, [0], backend_layout=declared)
+
+
+def test_layers_of_groups_not_transferred_are_never_described():
+    """A mamba-like state buffer vLLM lists under no attention layer, in a skipped group, needs no layout."""
+    from lmcache_ascend.kv_layout import transferred_kv_caches
+
+    caches = {"attn.0": cpu_cache(5), "mamba.1": torch.zeros(B, 7, dtype=torch.uint8)}
+    plane_groups = {"attn.0": (0,), "mamba.1": (1,)}
+    skipped = {0: SchedulerGroupGeometry(0), 1: SchedulerGroupGeometry(1, transferred=False)}
+    assert list(transferred_kv_caches(caches, plane_groups, skipped)) == ["attn.0"]
+    layers, _ = plan_kv_caches(caches, plane_groups, skipped, N, backend_layouts={"attn.0": CPU_LAYOUT_V032})
+    assert [layer.layer_name for layer in layers] == ["attn.0"]
+    # Control: the same buffer in a transferred group is refused for want of a layout.
+    moved = {0: SchedulerGroupGeometry(0), 1: SchedulerGroupGeometry(1)}
+    with pytest.raises(LayoutError, match=r"layer 'mamba.1': a KV tensor of shape \(6, 7\), dtype torch.uint8"):
+        plan_kv_caches(caches, plane_groups, moved, N, backend_layouts={"attn.0": CPU_LAYOUT_V032})
+
+
+def test_head_slots_and_unreadable_backends_are_refused_with_the_reason():
+    slots = cell_layout("B12X", packs_kv=True, head_slots=2)
+    assert slots.dims == (DimRole.BLOCK, DimRole.KV, DimRole.TOKEN, DimRole.CONTENT)
+    # AITER's shuffle layout publishes 2 head slots under the name FLASH_ATTN: not read, refused.
+    with pytest.raises(LayoutError, match=r"backend 'FLASH_ATTN': its spec publishes 2 head slots"):
+        cell_layout("FLASH_ATTN", packs_kv=True, head_slots=2)
+    with pytest.raises(LayoutError, match=r"backend 'B12X': its KV-cache cells pack K and V"):
+        cell_layout("B12X", packs_kv=True)  # B12X always unbinds 2 slots: one per KV head is not its layout
+    with pytest.raises(LayoutError, match=r"backend 'ROCM_ATTN' is refused: .*x-packed key"):
+        layout_from_probe("ROCM_ATTN", (2, 13, 64, 3, 80), ShapeProbe())  # vLLM 0.23's shape hides the x-packing
+    # FLASH_ATTN_DIFFKV's cell of head_size + its own V head size (vLLM 0.23's probe).
+    diffkv = layout_from_probe("FLASH_ATTN_DIFFKV", (13, 64, 3, 208), ShapeProbe(), head_size_v=128)
+    assert diffkv.packed_kv is PackedKV.PER_CELL
