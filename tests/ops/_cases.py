@@ -41,6 +41,23 @@ class RandomDraw:
         return seq[self.random.randrange(len(seq))]
 
 
+class HypothesisDraw:
+    """The `draw` interface over hypothesis's `st.data()` (the pytest suite)."""
+
+    def __init__(self, data) -> None:
+        self.data = data
+
+    def int(self, lo: int, hi: int) -> int:
+        from hypothesis import strategies as st
+
+        return self.data.draw(st.integers(lo, hi))
+
+    def pick(self, seq):
+        from hypothesis import strategies as st
+
+        return self.data.draw(st.sampled_from(seq))
+
+
 def _filled(shape, dtype, gen, device, poison=False):
     nbytes = max(1, int(torch.Size(shape).numel())) * torch.empty(0, dtype=dtype).element_size()
     if poison:
