@@ -43,6 +43,7 @@ class State(enum.Enum):
     SKIPPED_DISABLED = "skipped-disabled"
     SKIPPED_VERSION = "skipped-version"
     SKIPPED_UPSTREAM = "skipped-upstream-has-it"
+    SKIPPED_HOST = "skipped-host"
     TARGET_MISSING = "target-missing"
     FAILED = "failed"
     REVERTED = "reverted"
@@ -98,6 +99,9 @@ class Patch:
     guard: UpstreamGuard = field(default_factory=UpstreamGuard)
     flags: tuple[str, ...] = ()
     enabled_by: str | None = None
+    # The machines the patch is for: None (any), or a callable answering None on
+    # such a host and the reason otherwise; asked when the target is imported.
+    host: Callable[[], str | None] | None = None
     # Patches that must be in (applied, or found upstream) before this one.
     after: tuple[str, ...] = ()
     tested_fingerprints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

@@ -185,6 +185,11 @@ class Registry:
         if skip_state is not None:
             record.set(skip_state, versions_note)
             return guard
+        if module is not None and patch.host is not None:  # the host is asked only where it applies
+            other_host = patch.host()
+            if other_host:
+                record.set(State.SKIPPED_HOST, f"{other_host}; {versions_note}")
+                return guard
         record.reason = f"{versions_note}; guard: {guard.verdict.value} ({guard.how})"
         return None
 
@@ -434,7 +439,7 @@ class Registry:
             if other.state in (State.APPLIED, State.SKIPPED_UPSTREAM):
                 continue
             # The dependent inherits why its prerequisite is out, as long as that is a skip.
-            inherited = other.state if other.state in (State.SKIPPED_DISABLED, State.SKIPPED_VERSION) else State.FAILED
+            inherited = other.state if other.state in (State.SKIPPED_DISABLED, State.SKIPPED_VERSION, State.SKIPPED_HOST) else State.FAILED
             record.set(inherited, f"needs {prerequisite}, which is {other.state.value}: {other.reason}")
             return False
         return True

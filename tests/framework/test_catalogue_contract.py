@@ -21,7 +21,7 @@ from lmcache_ascend.patches.model import State, resolve_owner, split_attribute_p
 
 REGISTRY = registry_module.process_registry()
 NAMES = REGISTRY.names()
-OK_STATES = {State.APPLIED, State.SKIPPED_UPSTREAM, State.SKIPPED_VERSION, State.TARGET_MISSING}
+OK_STATES = {State.APPLIED, State.SKIPPED_UPSTREAM, State.SKIPPED_VERSION, State.SKIPPED_HOST, State.TARGET_MISSING}
 
 
 def flags_enabling(name: str) -> dict[str, object]:
@@ -65,6 +65,15 @@ def assert_same_snapshot(before: dict, after: dict) -> None:
                 assert value is after[owner][key], f"{owner}.{key} changed"
 
 
+def fake_served_host(monkeypatch) -> None:
+    """An Ascend NPU host without CUDA: only the hardware answers are faked."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch, "npu", type("FakeNpu", (), {"is_available": staticmethod(lambda: True)}),
+                        raising=False)
+
+
 def test_catalogue_loads_without_errors():
     assert REGISTRY.load_errors == {}
 
@@ -86,6 +95,13 @@ def test_patch_contract(name, monkeypatch):
         missing = [dist for dist in record.patch.requires if installed_version(dist) is None]
         assert missing and not module_is_locatable(record.patch.target.partition(".")[0]), f"{name}: {record.reason}"
         return
+    if state is State.SKIPPED_HOST:
+        # Not this kind of machine: untouched here; then the whole contract on the host it serves (faked).
+        assert_same_snapshot(before, owners_snapshot(name))
+        fake_served_host(monkeypatch)
+        assert REGISTRY.record(name).patch.host() is None
+        state = REGISTRY.apply_now(name, flags_enabling(name))
+        assert state is State.APPLIED, f"{name}: {state.value}: {record.reason}\n{record.error or ''}"
     if state is not State.APPLIED:  # skipped: the target must be exactly as it was
         if before is not None:
             assert_same_snapshot(before, owners_snapshot(name))
@@ -113,9 +129,9 @@ def test_patch_contract(name, monkeypatch):
             raise RuntimeError("injected install failure")
         real_setattr(owner, attribute, value)
 
-    monkeypatch.setattr(registry_module, "setattr", failing_last_setattr, raising=False)
-    assert REGISTRY.apply_now(name, flags_enabling(name)) is State.FAILED
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as injected:
+        injected.setattr(registry_module, "setattr", failing_last_setattr, raising=False)
+        assert REGISTRY.apply_now(name, flags_enabling(name)) is State.FAILED
     assert_same_snapshot(before, owners_snapshot(name))
 
     # Disabled by name: stays out.

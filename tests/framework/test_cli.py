@@ -20,7 +20,8 @@ ROW_KEYS = {
     "enabled_by", "after", "fingerprints",
 }
 STATES = {
-    "pending", "applied", "skipped-disabled", "skipped-version", "skipped-upstream-has-it", "target-missing",
+    "pending", "applied", "skipped-disabled", "skipped-version", "skipped-upstream-has-it", "skipped-host",
+    "target-missing",
     "failed", "reverted", "overridden",
 }
 

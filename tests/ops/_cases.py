@@ -14,14 +14,10 @@ import random
 
 import torch
 
-OPS = (
-    "multi_layer_kv_transfer",
-    "multi_layer_kv_transfer_unilateral",
-    "single_layer_kv_transfer",
-    "load_and_reshape_flash",
-    "reshape_and_cache_back_flash",
-    "multi_layer_block_kv_transfer",
-)
+from lmcache_ascend.patches.lmcache.c_ops_npu import OPS as PER_TOKEN_OPS
+
+# The per-token ops (LMCache 0.4.x's c_ops and 0.5.x's device ops alike), then 0.5.x's block op.
+OPS = (*PER_TOKEN_OPS, "multi_layer_block_kv_transfer")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.uint8, torch.float8_e4m3fn,
           torch.float8_e5m2)
 POISON = 0xA5
@@ -39,6 +35,23 @@ class RandomDraw:
 
     def pick(self, seq):
         return seq[self.random.randrange(len(seq))]
+
+
+class HypothesisDraw:
+    """The `draw` interface over hypothesis's `st.data()` (the pytest suite)."""
+
+    def __init__(self, data) -> None:
+        self.data = data
+
+    def int(self, lo: int, hi: int) -> int:
+        from hypothesis import strategies as st
+
+        return self.data.draw(st.integers(lo, hi))
+
+    def pick(self, seq):
+        from hypothesis import strategies as st
+
+        return self.data.draw(st.sampled_from(seq))
 
 
 def _filled(shape, dtype, gen, device, poison=False):

@@ -16,22 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.ops import _cases
+from tests.ops._cases import HypothesisDraw
 
 torch_ops = pytest.importorskip("lmcache.v1.platform.torch_ops", reason="LMCache 0.5.x's torch baseline")
 
 CASES_PER_OP = int(os.environ.get("LMCACHE_ASCEND_OPS_CASES", "1000"))
 INTERPRETED_CASES_PER_OP = 40
-
-
-class HypothesisDraw:
-    def __init__(self, data):
-        self.data = data
-
-    def int(self, lo, hi):
-        return self.data.draw(st.integers(lo, hi))
-
-    def pick(self, seq):
-        return self.data.draw(st.sampled_from(seq))
 
 
 _outcomes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)

@@ -1,0 +1,38 @@
+"""What kind of machine this is, for patches that serve one kind only (`Patch.host`).
+
+Asked when a patch's target is imported, never by the listing CLI: it imports
+torch (already loaded by then, since every target needs it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+__all__ = ["not_an_npu_host"]
+
+
+def not_an_npu_host() -> str | None:
+    """None on an Ascend NPU host without CUDA; otherwise why this machine is not one.
+
+    `torch.npu` exists once `torch_npu` is imported; where it is installed but not
+    yet imported (LMCache imported before vllm-ascend), it is imported here, as
+    every process on an Ascend host does.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return "a CUDA host: LMCache's own CUDA ops serve it"
+    if getattr(torch, "npu", None) is None and importlib.util.find_spec("torch_npu") is not None:
+        try:
+            importlib.import_module("torch_npu")
+        except Exception as error:  # noqa: BLE001 - a broken CANN install is not an NPU host
+            return f"no NPU: importing torch_npu raised {type(error).__name__}: {error}"
+    npu = getattr(torch, "npu", None)
+    if npu is None:
+        return "no NPU: torch has no npu device module (torch_npu is not installed)"
+    try:
+        available = bool(npu.is_available())
+    except Exception as error:  # noqa: BLE001 - cannot tell means no
+        return f"no NPU: torch.npu.is_available() raised {type(error).__name__}: {error}"
+    return None if available else "no NPU: torch.npu.is_available() is False"
