@@ -86,6 +86,22 @@ def _with_group_slices(meta: Any, tracker: Any, state: MPGroupState) -> Any:
     return meta
 
 
+def _per_group_planner(original):
+    """Upstream's store or retrieve planner over the prefix all groups cover, then per-group slices."""
+
+    @functools.wraps(original)
+    def planner(tracker, blocks_in_chunk, vllm_block_size):
+        state = getattr(tracker, _STATE, None)
+        if state is None:  # a tracker our allocation hook never saw: upstream as it was
+            return original(tracker, blocks_in_chunk, vllm_block_size)
+        groups = getattr(tracker, _BLOCKS)
+        bound = tracked_prefix_bound(groups.block_ids_by_group, state.block_sizes, vllm_block_size)
+        meta = _planned(original, tracker, blocks_in_chunk, vllm_block_size, bound)
+        return _with_group_slices(meta, tracker, state)
+
+    return planner
+
+
 def build_mp_connector_values(ctx: Any, connector_name: str, supports_hma: type) -> dict[str, object]:
     """The patched attributes: connector bases and hooks, planners, ``reformat_block_ids``."""
     from lmcache_ascend.multigroup.hma import hma_mixin
@@ -130,31 +146,11 @@ def build_mp_connector_values(ctx: Any, connector_name: str, supports_hma: type)
                 groups.append_new_blocks(cached.new_block_ids[idx])
         return cached_original(self, scheduler_output, metadata)
 
-    @functools.wraps(store_original)
-    def GetStoreMetadata(tracker, blocks_in_chunk, vllm_block_size):
-        state = getattr(tracker, _STATE, None)
-        if state is None:
-            return store_original(tracker, blocks_in_chunk, vllm_block_size)
-        groups = getattr(tracker, _BLOCKS)
-        bound = tracked_prefix_bound(groups.block_ids_by_group, state.block_sizes, vllm_block_size)
-        meta = _planned(store_original, tracker, blocks_in_chunk, vllm_block_size, bound)
-        return _with_group_slices(meta, tracker, state)
-
-    @functools.wraps(retrieve_original)
-    def GetRetrieveMetadata(tracker, blocks_in_chunk, vllm_block_size):
-        state = getattr(tracker, _STATE, None)
-        if state is None:
-            return retrieve_original(tracker, blocks_in_chunk, vllm_block_size)
-        groups = getattr(tracker, _BLOCKS)
-        bound = tracked_prefix_bound(groups.block_ids_by_group, state.block_sizes, vllm_block_size)
-        meta = _planned(retrieve_original, tracker, blocks_in_chunk, vllm_block_size, bound)
-        return _with_group_slices(meta, tracker, state)
-
     return {
         f"{connector_name}.__bases__": connector.__bases__ + (hma_mixin(supports_hma, forward_to_self=True),),
         f"{connector_name}.update_state_after_alloc": update_state_after_alloc,
         f"{connector_name}._process_cached_requests": _process_cached_requests,
-        "LMCacheMPRequestMetadata.GetStoreMetadata": staticmethod(GetStoreMetadata),
-        "LMCacheMPRequestMetadata.GetRetrieveMetadata": staticmethod(GetRetrieveMetadata),
+        "LMCacheMPRequestMetadata.GetStoreMetadata": staticmethod(_per_group_planner(store_original)),
+        "LMCacheMPRequestMetadata.GetRetrieveMetadata": staticmethod(_per_group_planner(retrieve_original)),
         "reformat_block_ids": _flat_group_ids,
     }

@@ -84,6 +84,15 @@ def _alloc(conn, request, tables):
     return tracker
 
 
+def _dsv4_tracker(counts):
+    """A patched DSv4 connector with one request allocated `counts` blocks per group."""
+    if block_ids_wire_format(MODULE.LoadStoreOp) == FLAT:
+        pytest.skip("this stack's MP server protocol is flat; see the mismatch test")
+    conn = _connector(DSV4_SIZES)
+    tables = _tables(counts)
+    return conn, tables, _alloc(conn, _request(), tables)
+
+
 @pytest.fixture
 def patched():
     assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
@@ -138,11 +147,7 @@ def test_unpatched_connector_refuses_more_than_one_group():
 
 
 def test_store_plan_per_group_every_id(patched):
-    if block_ids_wire_format(MODULE.LoadStoreOp) == FLAT:
-        pytest.skip("this stack's MP server protocol is flat; see the mismatch test")
-    conn = _connector(DSV4_SIZES)
-    tables = _tables([16, 64, 64, 1024, 512])
-    tracker = _alloc(conn, _request(), tables)
+    conn, tables, tracker = _dsv4_tracker([16, 64, 64, 1024, 512])
     tracker.num_scheduled_tokens = TOKENS
     meta = MODULE.LMCacheMPRequestMetadata.GetStoreMetadata(tracker, BLOCKS_IN_CHUNK, VLLM_BS)
     assert (meta.op.start, meta.op.end) == (0, TOKENS)
@@ -152,11 +157,7 @@ def test_store_plan_per_group_every_id(patched):
 
 
 def test_store_waits_for_a_missing_group(patched):
-    if block_ids_wire_format(MODULE.LoadStoreOp) == FLAT:
-        pytest.skip("flat MP server protocol")
-    conn = _connector(DSV4_SIZES)
-    tables = _tables([16, 64, 64, 1024, 0])
-    tracker = _alloc(conn, _request(), tables)
+    conn, tables, tracker = _dsv4_tracker([16, 64, 64, 1024, 0])
     tracker.num_scheduled_tokens = TOKENS
     assert MODULE.LMCacheMPRequestMetadata.GetStoreMetadata(tracker, BLOCKS_IN_CHUNK, VLLM_BS) is None
     # The group's blocks arrive in a later step (all blocks passed again): now the first 2 chunks.
@@ -186,11 +187,7 @@ def test_cached_request_appends_per_group(patched):
 
 
 def test_retrieve_plan_per_group_and_short_group_refused(patched):
-    if block_ids_wire_format(MODULE.LoadStoreOp) == FLAT:
-        pytest.skip("flat MP server protocol")
-    conn = _connector(DSV4_SIZES)
-    tables = _tables([16, 64, 64, 1024, 512])
-    tracker = _alloc(conn, _request(), tables)
+    conn, tables, tracker = _dsv4_tracker([16, 64, 64, 1024, 512])
     tracker.num_lmcache_hit_blocks, tracker.num_vllm_hit_blocks = 128, 64
     tracker.state = MODULE.LMCacheMPRequestState.WAITING_FOR_LOAD
     meta = MODULE.LMCacheMPRequestMetadata.GetRetrieveMetadata(tracker, BLOCKS_IN_CHUNK, VLLM_BS)
