@@ -74,6 +74,17 @@ class GroupBlockTracker:
             if new:
                 tracked.extend(new)
 
+    def extend_to(self, all_block_ids: Sequence[Sequence[int] | None] | None) -> None:
+        """vLLM passed a group's whole table again: append what lies beyond the tracked blocks."""
+        groups = normalize_group_block_ids(all_block_ids, self.num_groups, "allocated block_ids")
+        for group, (tracked, table) in enumerate(zip(self.block_ids_by_group, groups)):
+            if list(table[: len(tracked)]) != tracked:
+                raise ValueError(
+                    f"KV-cache group {group}: the block table {list(table)[:8]}... does not start with "
+                    f"the {len(tracked)} tracked blocks {tracked[:8]}...; blocks are only appended"
+                )
+            tracked.extend(table[len(tracked) :])
+
     def reset_after_preemption(self, block_ids: Sequence[Sequence[int] | None] | None) -> None:
         """A preempted request resumed: its old blocks are gone, the new table replaces them."""
         groups = normalize_group_block_ids(block_ids, self.num_groups, "resumed request block_ids")

@@ -12,7 +12,10 @@ Delete when: LMCache's ``LMCacheConnectorV1Dynamic`` subclasses ``SupportsHMA``.
 
 from __future__ import annotations
 
+from lmcache_ascend.multigroup.hma import declares_supports_hma
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
+
+__all__ = ["PATCH", "declares_supports_hma", "supports_hma_bases_build"]
 
 CLASS_NAME = "LMCacheConnectorV1Dynamic"
 
@@ -25,16 +28,6 @@ def supports_hma_bases_build(ctx: PatchContext, class_name: str) -> dict[str, ob
     connector = getattr(ctx.module, class_name)
     # The framework clears SupportsHMA's cached issubclass answers on apply and revert.
     return {f"{class_name}.__bases__": connector.__bases__ + (hma_mixin(SupportsHMA),)}
-
-
-def declares_supports_hma(module, class_name: str) -> bool | None:
-    connector = getattr(module, class_name, None)
-    if connector is None:
-        return None
-    names = {base.__name__ for base in connector.__mro__}
-    if "LMCacheAscendSupportsHMA" in names:
-        return None  # ours: says nothing about upstream
-    return "SupportsHMA" in names
 
 
 PATCH = Patch(
