@@ -24,7 +24,7 @@ from typing import Iterable, Mapping
 from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat import import_hooks, markers
 from lmcache_ascend.compat.guards import GuardResult, evaluate_guard
-from lmcache_ascend.compat.source import fingerprint, module_is_locatable
+from lmcache_ascend.compat.source import NO_SOURCE, fingerprint, module_is_locatable
 from lmcache_ascend.compat.versions import installed_version, specifier_error, version_satisfies
 from lmcache_ascend.patches.model import (
     MISSING,
@@ -407,9 +407,10 @@ class Registry:
             return
         record.installed = {path: read_raw(owners[path], split_attribute_path(path)[1]) for path in patch.attributes}
 
-        # 9. Drift: a target whose source we never tested still applies, but says so.
+        # 9. Drift: a target whose source we never tested still applies, but says so;
+        #    code without source is untested too unless the patch lists it so.
         untested = [
-            path
+            path + (" has no source" if print_ == NO_SOURCE else "")
             for path, print_ in record.fingerprints.items()
             if record.originals[path] is not MISSING
             and print_ is not None

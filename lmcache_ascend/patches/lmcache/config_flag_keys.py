@@ -21,6 +21,7 @@ rebuild can go if LMCache's config class accepts keys added after import.
 
 from __future__ import annotations
 
+from lmcache_ascend.compat.source import NO_SOURCE
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
 
 # What create_config_class and @dataclass build from the definitions table (closures
@@ -118,8 +119,12 @@ PATCH = Patch(
     why="Ascend switches must be settable where LMCache users set everything else, validated",
     mirrors="LMCache-Ascend #246 review: ascend_* keys in lmcache.v1.config._CONFIG_DEFINITIONS",
     delete_when="never while flags carry LMCache keys; the in-place rebuild goes if LMCache allows late keys",
-    # LMCache 0.4.5 and 0.5.6 build these members from the same source.
+    # LMCache 0.4.5 and 0.5.6 build these members from the same source; the
+    # dataclass-made ones have none.
     tested_fingerprints={
+        "LMCacheEngineConfig.__init__": (NO_SOURCE,),
+        "LMCacheEngineConfig.__repr__": (NO_SOURCE,),
+        "LMCacheEngineConfig.__eq__": (NO_SOURCE,),
         "LMCacheEngineConfig.__str__": ("16b6436b5360",),
         "LMCacheEngineConfig.__post_init__": ("8580bd30b261",),
         "LMCacheEngineConfig.from_defaults": ("85caac355d3f",),
