@@ -24,6 +24,7 @@ __all__ = [
     "Flag",
     "FlagError",
     "FlagKind",
+    "coerce_flag",
     "flag_value",
     "parse_flag",
     "validate_all",
@@ -244,9 +245,38 @@ def parse_flag(name: str, raw: str | None) -> object:
 CONFIG_FILE_VARIABLE = "LMCACHE_CONFIG_FILE"
 
 
+def coerce_flag(name: str, value: object) -> object:
+    """The typed value of flag `name` for one configured value, whatever its source.
+
+    The one validation of every source: text (the environment, ``LMCACHE_<KEY>``), a
+    value of LMCache's YAML (a boolean, a number, a list) or of an LMCache config
+    object (already typed, so this is idempotent).  None or blank text is the default.
+    A list is only a value of a list flag: anywhere else it is refused, naming the
+    flag, the value and what is allowed.
+    """
+    flag = get_flag(name)
+    if value is None:
+        return flag.default
+    if isinstance(value, str):
+        return flag.default if value.strip() == "" else _parse_memoized(name, value)
+    if isinstance(value, bool):
+        if flag.kind is FlagKind.BOOL:
+            return value
+        raise FlagError(f"{name}={value!r} is a boolean, not one of its values; allowed: {flag.allowed_text()}")
+    if isinstance(value, (list, tuple)):
+        if flag.kind is not FlagKind.NAME_LIST:
+            raise FlagError(f"{name}={value!r} is a list, but {name} takes one value; allowed: {flag.allowed_text()}")
+        if not all(isinstance(item, str) for item in value):
+            raise FlagError(f"{name}={value!r} holds a non-text item; allowed: {flag.allowed_text()}")
+        return _parse_memoized(name, ",".join(value))
+    if isinstance(value, int):  # YAML `ascend_blend_holes: 1`: the same as the text "1"
+        return _parse_memoized(name, str(value))
+    raise FlagError(f"{name}={value!r} is a {type(value).__name__}; allowed: {flag.allowed_text()}")
+
+
 @functools.lru_cache(maxsize=4)
-def _config_file_texts(path: str, modified: float) -> dict[str, str]:
-    """Raw flag texts from LMCache's YAML file, for the flags that have an LMCache key."""
+def _config_file_values(path: str, modified: float) -> dict[str, object]:
+    """flag name -> the value LMCache's YAML file gives its LMCache key, as YAML typed it."""
     try:
         import yaml  # LMCache's own dependency; only needed when its config file is used
     except ImportError:
@@ -263,48 +293,11 @@ def _config_file_texts(path: str, modified: float) -> dict[str, str]:
             f"{CONFIG_FILE_VARIABLE}={path!r} holds a YAML {type(document).__name__}; "
             "LMCache's configuration is a mapping of keys to values"
         )
-    texts: dict[str, str] = {}
-    for flag in FLAGS:
-        value = document.get(flag.lmcache_config_key) if flag.lmcache_config_key else None
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            texts[flag.name] = "1" if value else "0"
-        elif isinstance(value, (list, tuple)):
-            texts[flag.name] = ",".join(str(item) for item in value)
-        else:
-            texts[flag.name] = str(value)
-    return texts
-
-
-def _raw_texts(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """(flag name -> raw text, flag name -> where it came from); the environment wins, as in LMCache."""
-    texts: dict[str, str] = {}
-    sources: dict[str, str] = {}
-    path = environ.get(CONFIG_FILE_VARIABLE, "").strip()
-    if path:
-        try:
-            modified = os.stat(path).st_mtime
-        except OSError as error:
-            raise FlagError(f"{CONFIG_FILE_VARIABLE}={path!r} can't be read: {error}") from None
-        for name, text in _config_file_texts(path, modified).items():
-            texts[name] = text
-            sources[name] = f"LMCache key {get_flag(name).lmcache_config_key!r} in {path}"
-    for flag in FLAGS:
-        raw = environ.get(flag.name)
-        if raw is not None and raw.strip() != "":
-            texts[flag.name] = raw
-            sources.pop(flag.name, None)
-    return texts, sources
-
-
-def _parse_from(name: str, texts: Mapping[str, str], sources: Mapping[str, str]) -> object:
-    try:
-        return parse_flag(name, texts.get(name))
-    except FlagError as error:
-        if name in sources:
-            raise FlagError(f"{error} (set by {sources[name]})") from None
-        raise
+    return {
+        flag.name: document[flag.lmcache_config_key]
+        for flag in FLAGS
+        if flag.lmcache_config_key and document.get(flag.lmcache_config_key) is not None
+    }
 
 
 @functools.lru_cache(maxsize=256)
@@ -313,43 +306,60 @@ def _parse_memoized(name: str, raw: str) -> object:
     return parse_flag(name, raw)
 
 
-def flag_value(name: str, environ: Mapping[str, str] | None = None) -> object:
-    """The validated value of flag `name`: the environment, else LMCache's config file, else the default.
+def _configured(flag: Flag, env: Mapping[str, str], lmcache_config: object) -> tuple[object, str | None]:
+    """(the value LMCache's configuration gives `flag`, where it was set), or (None, None)."""
+    if lmcache_config is not None:
+        value = getattr(lmcache_config, flag.lmcache_config_key, None)
+        if value is not None:
+            return value, f"LMCache config key {flag.lmcache_config_key!r}"
+    path = env.get(CONFIG_FILE_VARIABLE, "").strip()
+    if not path:
+        return None, None
+    try:
+        modified = os.stat(path).st_mtime
+    except OSError as error:
+        raise FlagError(f"{CONFIG_FILE_VARIABLE}={path!r} can't be read: {error}") from None
+    value = _config_file_values(path, modified).get(flag.name)
+    return value, f"LMCache key {flag.lmcache_config_key!r} in {path}"
 
-    Reads only this flag, and cheaply: hot paths (every KV transfer) call it.
+
+def flag_value(name: str, environ: Mapping[str, str] | None = None, lmcache_config: object = None) -> object:
+    """The validated value of flag `name`: the one resolution every reader uses.
+
+    The environment if set, else (for a flag with an LMCache key) LMCache's
+    configuration: `lmcache_config` (an LMCache config object, which holds the YAML
+    and the connector's extra config) when it has the key, else the file
+    ``LMCACHE_CONFIG_FILE`` names; else the default.  As in LMCache, the
+    environment wins.  Every value goes through `coerce_flag`.  Cheap (hot paths,
+    every KV transfer, call it).
     """
     flag = get_flag(name)
     env = os.environ if environ is None else environ
     raw = env.get(name)
     if raw is not None and raw.strip() != "":
         return _parse_memoized(name, raw)
-    path = env.get(CONFIG_FILE_VARIABLE, "").strip()
-    if path and flag.lmcache_config_key:
-        try:
-            modified = os.stat(path).st_mtime
-        except OSError as error:
-            raise FlagError(f"{CONFIG_FILE_VARIABLE}={path!r} can't be read: {error}") from None
-        text = _config_file_texts(path, modified).get(name)
-        if text is not None:
-            try:
-                return _parse_memoized(name, text)
-            except FlagError as error:
-                raise FlagError(f"{error} (set by LMCache key {flag.lmcache_config_key!r} in {path})") from None
-    return flag.default
+    if flag.lmcache_config_key is None:
+        return flag.default
+    value, source = _configured(flag, env, lmcache_config)
+    try:
+        return coerce_flag(name, value)
+    except FlagError as error:
+        raise FlagError(f"{error} (set by {source})") from None
 
 
 def validate_all(environ: Mapping[str, str] | None = None) -> dict[str, object]:
     """Parse every flag activation checks (all but those owned by patches); raise one FlagError listing every bad value."""
-    texts, sources = _raw_texts(os.environ if environ is None else environ)
+    env = os.environ if environ is None else environ
     values: dict[str, object] = {}
     problems: list[str] = []
     for flag in FLAGS:
         if flag.owned_by_patches:
             continue
         try:
-            values[flag.name] = _parse_from(flag.name, texts, sources)
+            values[flag.name] = flag_value(flag.name, env)
         except FlagError as error:
-            problems.append(str(error))
+            if str(error) not in problems:  # an unreadable config file is one problem, not one per key
+                problems.append(str(error))
     if problems:
         raise FlagError("invalid lmcache-ascend flag: " + "; ".join(problems))
     return values

@@ -5,7 +5,9 @@ package imports asyncio and friends on first use, which alone would cost more
 than the whole activation budget (20 ms).  One meta-path finder sits in front of
 the others; for a module with pending hooks it asks the remaining finders for the
 spec and wraps the loader so the hooks run right after the module's code.
-A module that is already imported gets its hooks at once.
+A module that is already imported gets its hooks at once.  A hook can also ask to
+run after every later execution of the module's body (``importlib.reload`` runs
+it again in the same module object, through the same finders).
 """
 
 from __future__ import annotations
@@ -22,14 +24,22 @@ _pending: dict[str, list[Hook]] = {}
 _bodies_done: set[str] = set()  # executed by our loader, hooks running: complete for the hooks
 _deferred: dict[str, list[Hook]] = {}  # modules half imported by the registering thread
 _finding: set[str] = set()  # names being looked up by us (no recursion into ourselves)
+_every_execution: dict[str, list[Hook]] = {}  # also after each later run of the body (importlib.reload)
 
 
-def register_post_import_hook(module_name: str, hook: Hook) -> None:
+def register_post_import_hook(module_name: str, hook: Hook, *, every_execution: bool = False) -> None:
     """Run `hook(module)` once `module_name` is imported (now, if it already is), exactly once.
 
     A module whose body is still running (imported by another thread, or by this
     one further up the stack) is not imported yet: the hook waits for its end.
+    With `every_execution`, the hook also runs each time the module's body runs
+    again later (``importlib.reload``), on the same module object; a hook may then
+    be called more than once for one execution, so it must be idempotent.
     """
+    if every_execution:
+        with _lock:
+            _every_execution.setdefault(module_name, []).append(hook)
+            _install_finder()
     with _lock:
         module = sys.modules.get(module_name)
         if module is None:
@@ -92,6 +102,7 @@ def pending_modules() -> list[str]:
 def _run_hooks(module_name: str) -> None:
     with _lock:
         hooks = _pending.pop(module_name, [])
+        hooks += [hook for hook in _every_execution.get(module_name, ()) if hook not in hooks]
     module = sys.modules.get(module_name)
     if module is None:
         return
@@ -130,7 +141,7 @@ class _PostImportFinder:
         if _deferred:
             run_deferred_hooks()
         with _lock:
-            if fullname not in _pending or fullname in _finding:
+            if (fullname not in _pending and fullname not in _every_execution) or fullname in _finding:
                 return None
             _finding.add(fullname)
         try:

@@ -63,8 +63,14 @@ def _code_object_of(value: object) -> object:
     return value
 
 
+# The fingerprint of code whose source can't be read (a .pyc-only install, generated
+# code): never a hash, so it is untested unless a patch lists it as tested.
+NO_SOURCE = "no-source"
+
+
 def fingerprint(value: object) -> str | None:
-    """A short hash of the source of a patch target, or None when it has no source.
+    """A short hash of the source of a patch target; `NO_SOURCE` for code without
+    readable source; None for data (fingerprints cover code only).
 
     Blank lines and trailing blanks are ignored so that re-indenting a file's
     whitespace does not read as a different target.
@@ -78,6 +84,6 @@ def fingerprint(value: object) -> str | None:
     try:
         text = inspect.getsource(target)
     except (OSError, TypeError):
-        return None
+        return NO_SOURCE
     lines = [line.rstrip() for line in text.splitlines() if line.strip()]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]

@@ -90,7 +90,7 @@ def install_multigroup_connector(adapter: Any):
     Returns the connector in use when it is ours, None when LMCache's own stays.
     """
     from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
-    from lmcache_ascend.multigroup.connector_state import flag_or_config_value
+    from lmcache_ascend.flags import flag_value
 
     engine = adapter.lmcache_engine
     if engine is None:  # LMCache runs degraded (recompute); nothing to move
@@ -134,7 +134,8 @@ def install_multigroup_connector(adapter: Any):
         kv_caches,
         plane_groups,
         geometry,
-        bundle_multi_spec=bool(flag_or_config_value("LMCACHE_ASCEND_BUNDLE_MULTI_SPEC", config)),
-        flatten_multi_spec=bool(flag_or_config_value("LMCACHE_ASCEND_FLATTEN_MULTI_SPEC", config)),
+        bundle_multi_spec=flag_value("LMCACHE_ASCEND_BUNDLE_MULTI_SPEC", lmcache_config=config),
+        flatten_multi_spec=flag_value("LMCACHE_ASCEND_FLATTEN_MULTI_SPEC", lmcache_config=config),
+        backend=flag_value("LMCACHE_ASCEND_TRANSFER_BACKEND", lmcache_config=config),
         backend_layouts=backend_layouts,
     )

@@ -1,17 +1,16 @@
 """Connector-level decisions for multi-group mode (pure; no vLLM/LMCache import).
 
-Reads the state-skip flags (environment first, then the LMCache config keys
-registered from the flag table, as LMCache does: env wins), checks the
+Reads the state-skip flags through the flag table's one resolution
+(`lmcache_ascend.flags.flag_value`: environment, then LMCache's config), checks the
 settings multi-group mode depends on, and builds the layout once per
 connector.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from lmcache_ascend.flags import get_flag, parse_flag
+from lmcache_ascend.flags import flag_value
 from lmcache_ascend.multigroup.specs import MultiGroupLayout, layout_from_kv_cache_config
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy, policy_from_values
 
@@ -20,7 +19,6 @@ __all__ = [
     "check_chunk_size",
     "check_discard_partial_chunks",
     "check_native_adapter",
-    "flag_or_config_value",
     "layout_for_connector",
     "policy_for_config",
 ]
@@ -30,27 +28,10 @@ class MultiGroupConfigError(ValueError):
     """The connector's configuration cannot serve a multi-group model."""
 
 
-def flag_or_config_value(flag_name: str, lmcache_config: Any) -> object:
-    """A flag's value: the environment if set, else the LMCache config key, else the default."""
-    flag = get_flag(flag_name)
-    raw = os.environ.get(flag_name)
-    if raw is not None and raw.strip() != "":
-        return parse_flag(flag_name, raw)
-    if flag.lmcache_config_key is not None and lmcache_config is not None:
-        value = getattr(lmcache_config, flag.lmcache_config_key, None)
-        if value is not None:
-            if isinstance(value, str):
-                return parse_flag(flag_name, value)
-            if isinstance(value, list):
-                return tuple(value)
-            return value
-    return flag.default
-
-
 def policy_for_config(lmcache_config: Any) -> StateGroupPolicy:
     return policy_from_values(
-        flag_or_config_value("LMCACHE_ASCEND_SKIP_STATE_GROUPS", lmcache_config),
-        flag_or_config_value("LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST", lmcache_config),
+        flag_value("LMCACHE_ASCEND_SKIP_STATE_GROUPS", lmcache_config=lmcache_config),
+        flag_value("LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST", lmcache_config=lmcache_config),
     )
 
 

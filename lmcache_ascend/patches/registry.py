@@ -24,7 +24,7 @@ from typing import Iterable, Mapping
 from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat import import_hooks, markers
 from lmcache_ascend.compat.guards import GuardResult, evaluate_guard
-from lmcache_ascend.compat.source import fingerprint, module_is_locatable
+from lmcache_ascend.compat.source import NO_SOURCE, fingerprint, module_is_locatable
 from lmcache_ascend.compat.versions import installed_version, specifier_error, version_satisfies
 from lmcache_ascend.patches.model import (
     MISSING,
@@ -63,6 +63,10 @@ class PatchRecord:
     # What apply installed and what it replaced, per attribute path (for revert).
     installed: dict[str, object] = field(default_factory=dict)
     originals: dict[str, object] = field(default_factory=dict)
+    owners: dict[str, object] = field(default_factory=dict)
+    # (owner, attribute, ours, original) left on the objects of an earlier execution of
+    # the target (importlib.reload): whoever bound them keeps the patch until revert.
+    stale: list[tuple[object, str, object, object]] = field(default_factory=list)
 
     def set(self, state: State, reason: str, error: str | None = None) -> None:
         self.state, self.reason, self.error = state, reason, error
@@ -289,6 +293,8 @@ class Registry:
     def apply_to_module(self, name: str, module: types.ModuleType) -> None:
         record = self.record(name)
         with self._lock:
+            if record.state is State.APPLIED and record.installed:
+                self._follow_reexecution(record, module)
             if record.state is not State.PENDING:
                 return
             try:
@@ -297,6 +303,38 @@ class Registry:
                 record.set(State.FAILED, f"unexpected error: {type(error).__name__}: {error}", _short_trace())
             if record.state is State.FAILED:
                 _log("warning", "lmcache-ascend: patch %s failed: %s", name, record.reason)
+
+    def _follow_reexecution(self, record: PatchRecord, module: types.ModuleType) -> None:
+        """The target's body ran again (importlib.reload): re-apply to the objects it made.
+
+        Nothing happens while our values are in place.  When none of them is there
+        and nothing of this patch is (fresh objects), the patch goes pending to be
+        applied once to the new objects; what is left in between is `overridden`.
+        """
+        current = {}
+        for path in record.installed:
+            owner_path, attribute = split_attribute_path(path)
+            try:
+                current[path] = read_raw(resolve_owner(module, owner_path), attribute)
+            except AttributeError:
+                current[path] = MISSING
+        kept = [path for path, value in current.items() if _same(value, record.installed[path])]
+        if len(kept) == len(current):
+            return
+        if kept or any(record.patch.name in markers.patch_names_on(value) for value in current.values()):
+            record.set(
+                State.OVERRIDDEN,
+                f"{record.patch.target} was executed again and kept only part of the patch ({', '.join(kept)})",
+            )
+            return
+        record.stale.extend(
+            (record.owners[path], split_attribute_path(path)[1], ours, record.originals[path])
+            for path, ours in record.installed.items()
+        )
+        record.installed.clear()
+        record.originals.clear()
+        record.owners.clear()
+        record.set(State.PENDING, f"{record.patch.target} was executed again (importlib.reload)")
 
     def _apply_locked(self, record: PatchRecord, module: types.ModuleType) -> None:
         patch = record.patch
@@ -411,10 +449,12 @@ class Registry:
             record.set(State.FAILED, f"installing raised {type(error).__name__}: {error}", _short_trace())
             return
         record.installed = {path: read_raw(owners[path], split_attribute_path(path)[1]) for path in patch.attributes}
+        record.owners = owners
 
-        # 9. Drift: a target whose source we never tested still applies, but says so.
+        # 9. Drift: a target whose source we never tested still applies, but says so;
+        #    code without source is untested too unless the patch lists it so.
         untested = [
-            path
+            path + (" has no source" if print_ == NO_SOURCE else "")
             for path, print_ in record.fingerprints.items()
             if record.originals[path] is not MISSING
             and print_ is not None
@@ -434,7 +474,8 @@ class Registry:
                 record.set(State.FAILED, f"needs patch {prerequisite!r}, which is not declared")
                 return False
             module = sys.modules.get(other.patch.target)
-            if other.state is State.PENDING and module is not None and not import_hooks.is_initializing(module):
+            # PENDING: not yet in; APPLIED: its target may have been executed again.
+            if other.state in (State.PENDING, State.APPLIED) and module is not None and not import_hooks.is_initializing(module):
                 self.apply_to_module(prerequisite, module)
             if other.state in (State.APPLIED, State.SKIPPED_UPSTREAM):
                 continue
@@ -452,6 +493,10 @@ class Registry:
             for dependent in self._records.values():  # what was built on top goes first
                 if name in dependent.patch.after and dependent.installed:
                     self.revert(dependent.patch.name)
+            for owner, attribute, ours, original in record.stale:
+                if _same(read_raw(owner, attribute), ours):
+                    _restore(owner, attribute, original)
+            record.stale.clear()
             self._notice_override(record)
             if record.state not in (State.APPLIED, State.OVERRIDDEN) or not record.installed:
                 return record.state  # not applied, or applied by another copy: nothing of ours to undo
@@ -470,6 +515,7 @@ class Registry:
                     kept.append(path)
             record.installed.clear()
             record.originals.clear()
+            record.owners.clear()
             record.untested = False
             if kept:
                 record.set(State.OVERRIDDEN, f"replaced by someone else, left as found: {', '.join(kept)}")
@@ -512,6 +558,11 @@ class Registry:
                             State.TARGET_MISSING,
                             f"import of {record.patch.target} failed: {type(error).__name__}: {error}",
                         )
+
+
+def _register_post_import_hook(target: str, hook) -> None:
+    # Every execution: a reloaded target gets the patch again (see _follow_reexecution).
+    import_hooks.register_post_import_hook(target, hook, every_execution=True)
 
 
 def _is_callable_member(raw: object) -> bool:
@@ -563,10 +614,6 @@ def _forget_abc_answers(old_bases: tuple, new_bases: tuple) -> None:
 
 def _short_trace() -> str:
     return "".join(traceback.format_exc(limit=4))
-
-
-def _register_post_import_hook(target: str, hook) -> None:
-    import_hooks.register_post_import_hook(target, hook)
 
 
 # -------------------------------------------------------------------- the process registry

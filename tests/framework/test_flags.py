@@ -126,3 +126,16 @@ def test_unusable_config_file_names_the_variable_and_the_file(tmp_path, content,
     config.write_bytes(content)
     with pytest.raises(FlagError, match=f"LMCACHE_CONFIG_FILE=.*lmcache.yaml.*{message}"):
         validate_all({"LMCACHE_CONFIG_FILE": str(config)})
+
+
+@pytest.mark.parametrize(("line", "shown"), [("ascend_transfer_backend: [torch]", "['torch']"), ("ascend_blend_holes: [1, 0]", "[1, 0]")])
+def test_a_list_for_a_one_value_flag_is_refused_at_activation(tmp_path, line, shown):
+    """Not joined into text (which LMCache's own loader would then refuse)."""
+    config = tmp_path / "lmcache.yaml"
+    config.write_text(line + "\n")
+    flag = next(f for f in flag_table.FLAGS if f.lmcache_config_key == line.split(":")[0])
+    with pytest.raises(FlagError) as caught:
+        validate_all({"LMCACHE_CONFIG_FILE": str(config)})
+    message = str(caught.value)
+    assert f"{flag.name}={shown} is a list" in message
+    assert f"allowed: {flag.allowed_text()}" in message and str(config) in message

@@ -426,6 +426,46 @@ def test_pyc_only_target_falls_back_to_the_version_gate(tmp_path, monkeypatch):
         sys.modules.pop(name, None)
 
 
+def test_a_target_without_source_is_untested_and_fails_strict(tmp_path, monkeypatch, capsys):
+    """No source, no proof that it is a version we tested: applied, but untested."""
+    from lmcache_ascend.patches import __main__ as cli
+
+    package = tmp_path / "sourceless_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "target.py").write_text("class Thing:\n    def method(self):\n        return 'original'\n")
+    compileall.compile_dir(str(package), legacy=True, quiet=1)
+    (package / "target.py").unlink()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    patch = Patch(
+        name="test-sourceless", target="sourceless_pkg.target", attributes=("Thing.method",), kind=PatchKind.REPLACE,
+        build=lambda ctx: {"Thing.method": lambda self: "patched"}, summary="s", why="w", mirrors="m",
+        delete_when="d", requires={"vllm": ">=0.1"}, tested_fingerprints={"Thing.method": ("0123456789ab",)},
+    )
+    registry = Registry([patch])
+    monkeypatch.setattr(registry_module, "_PROCESS_REGISTRY", registry)
+    try:
+        assert registry.apply_now("test-sourceless", DEFAULT_FLAGS) is State.APPLIED
+        record = registry.record("test-sourceless")
+        assert record.untested and "Thing.method has no source" in record.reason
+        assert cli.main(["--strict"]) == 1
+        out = capsys.readouterr().out
+        assert "applied (untested target)" in out and "test-sourceless: untested target" in out
+        from lmcache_ascend.compat.source import NO_SOURCE
+
+        assert record.fingerprints == {"Thing.method": NO_SOURCE}
+        # Listed as tested without source (generated code), it is tested.
+        registry.revert("test-sourceless")
+        tested_sourceless = Registry([Patch(**{**vars(patch), "tested_fingerprints": {"Thing.method": (NO_SOURCE,)}})])
+        assert tested_sourceless.apply_now("test-sourceless", DEFAULT_FLAGS) is State.APPLIED
+        assert not tested_sourceless.record("test-sourceless").untested
+        tested_sourceless.revert("test-sourceless")
+    finally:
+        registry.revert("test-sourceless")
+        for name in ("sourceless_pkg.target", "sourceless_pkg"):
+            sys.modules.pop(name, None)
+
+
 def test_lmcache_target_round_trip():
     """One real LMCache class, to prove the framework on the second distribution too."""
     engine_module = importlib.import_module("lmcache.v1.cache_engine")

@@ -103,3 +103,67 @@ def test_late_activation_reaches_every_binding_of_the_config_class(fresh_python,
     result = fresh_python(LATE_ACTIVATION % str(path), env={"LMCACHE_ASCEND_AUTOLOAD": "0"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "STALE []" in result.stdout and "VALUE False" in result.stdout, result.stdout[-2000:]
+
+
+# One resolution: activation (LMCACHE_CONFIG_FILE), LMCache's loader (the registered
+# keys) and the connector (an LMCache config object) give a YAML value the same
+# answer: the same typed value, or the same refusal naming flag, value and what is allowed.
+RESOLUTION_CASES = [
+    ("ascend_transfer_backend", ["torch"]),  # a list for a one-value flag
+    ("ascend_blend_holes", ["1"]),
+    ("ascend_transfer_backend", True),
+    ("ascend_transfer_backend", 3.5),
+    ("ascend_skip_state_spec_allowlist", [1, 2]),
+    ("ascend_skip_state_spec_allowlist", ["C4AttnKVState", "Custom"]),
+    ("ascend_skip_state_spec_allowlist", "C4AttnKVState, Custom"),
+    ("ascend_blend_holes", 1),
+    ("ascend_blend_holes", "on"),
+    ("ascend_transfer_backend", "torch"),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), RESOLUTION_CASES, ids=[f"{k}={v!r}" for k, v in RESOLUTION_CASES])
+def test_activation_loader_and_connector_resolve_a_value_alike(config_module, tmp_path, key, value):
+    import types
+
+    import yaml
+
+    from lmcache_ascend.flags import FlagError, flag_value, validate_all
+
+    flag = KEYS[key]
+    path = tmp_path / "lmcache.yaml"
+    path.write_text(yaml.safe_dump({key: value}))
+
+    def outcome(resolve):
+        try:
+            return "value", resolve()
+        except (FlagError, ConfigKeyError) as error:
+            return "refused", str(error)
+
+    answers = {
+        "activation": outcome(lambda: validate_all({"LMCACHE_CONFIG_FILE": str(path)})[flag.name]),
+        "loader": outcome(lambda: getattr(config_module.LMCacheEngineConfig.from_file(str(path)), key)),
+        "connector": outcome(lambda: flag_value(flag.name, {}, lmcache_config=types.SimpleNamespace(**{key: value}))),
+    }
+    kinds = {kind for kind, _ in answers.values()}
+    assert len(kinds) == 1, answers
+    if kinds == {"value"}:
+        assert len({repr(answer) for _, answer in answers.values()}) == 1, answers
+    else:
+        for where, (_, message) in answers.items():
+            assert f"{flag.name}={value!r}" in message and f"allowed: {flag.allowed_text()}" in message, (where, message)
+    if isinstance(value, list) and flag.kind.value != "name-list":
+        assert "is a list" in answers["activation"][1]
+
+
+def test_the_connector_reads_the_loaded_config_through_the_same_resolution(config_module, tmp_path):
+    from lmcache_ascend.flags import flag_value
+
+    path = tmp_path / "lmcache.yaml"
+    path.write_text("ascend_transfer_backend: torch\nascend_bundle_multi_spec: false\n")
+    config = config_module.LMCacheEngineConfig.from_file(str(path))
+    assert flag_value("LMCACHE_ASCEND_TRANSFER_BACKEND", {}, lmcache_config=config) == "torch"
+    assert flag_value("LMCACHE_ASCEND_BUNDLE_MULTI_SPEC", {}, lmcache_config=config) is False
+    # The environment wins over every LMCache source, as in LMCache.
+    environ = {"LMCACHE_ASCEND_TRANSFER_BACKEND": "triton"}
+    assert flag_value("LMCACHE_ASCEND_TRANSFER_BACKEND", environ, lmcache_config=config) == "triton"

@@ -7,11 +7,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lmcache_ascend.flags import flag_value
 from lmcache_ascend.multigroup.connector_state import (
     MultiGroupConfigError,
     check_chunk_size,
     check_discard_partial_chunks,
-    flag_or_config_value,
     policy_for_config,
 )
 from lmcache_ascend.multigroup.slicing import (
@@ -148,7 +148,7 @@ def test_flag_beats_lmcache_config_value(monkeypatch):
     monkeypatch.delenv("LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST", raising=False)
     assert policy_for_config(Config()) == StateGroupPolicy(False, frozenset({"OnlyThis"}))
     monkeypatch.setenv("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "1")
-    assert flag_or_config_value("LMCACHE_ASCEND_SKIP_STATE_GROUPS", Config()) is True
+    assert flag_value("LMCACHE_ASCEND_SKIP_STATE_GROUPS", lmcache_config=Config()) is True
     assert policy_for_config(None) == StateGroupPolicy()
 
 

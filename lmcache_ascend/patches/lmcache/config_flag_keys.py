@@ -10,7 +10,7 @@ among them) and every existing instance's class see the keys. The keys can be
 set in LMCache's YAML, in ``kv_connector_extra_config`` (``lmcache.<key>``) or
 as ``LMCACHE_<KEY>`` in the environment, which (as always in LMCache) wins.
 LMCache's env name for ``ascend_x`` is ``LMCACHE_ASCEND_X``: the flag itself.
-Values are validated by the flag table; a bad one raises `ConfigKeyError`
+Values are validated by the flag table (`coerce_flag`, as at activation); a bad one raises `ConfigKeyError`
 naming key, value and what is allowed (LMCache would only log a ValueError).
 Why: LMCache-Ascend #246 review: the Ascend switches belong in LMCache's config
 definitions, not only in ad-hoc environment reads.
@@ -21,6 +21,7 @@ rebuild can go if LMCache's config class accepts keys added after import.
 
 from __future__ import annotations
 
+from lmcache_ascend.compat.source import NO_SOURCE
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
 
 # What create_config_class and @dataclass build from the definitions table (closures
@@ -55,7 +56,7 @@ class ConfigKeyError(Exception):
 
 def config_definitions() -> dict[str, dict[str, object]]:
     """LMCache config definitions for every flag row with an LMCache key."""
-    from lmcache_ascend.flags import FLAGS, FlagError, FlagKind, parse_flag
+    from lmcache_ascend.flags import FLAGS, FlagError, FlagKind, coerce_flag
 
     definitions: dict[str, dict[str, object]] = {}
     for flag in FLAGS:
@@ -64,12 +65,8 @@ def config_definitions() -> dict[str, dict[str, object]]:
             continue
 
         def convert(value, flag=flag, key=key):
-            if isinstance(value, (list, tuple)) and flag.kind is FlagKind.NAME_LIST:
-                value = ",".join(str(item) for item in value)
-            elif isinstance(value, bool):
-                value = "1" if value else "0"
             try:
-                return parse_flag(flag.name, str(value))
+                return coerce_flag(flag.name, value)
             except FlagError as error:
                 raise ConfigKeyError(f"LMCache config key {key}={value!r}: {error}") from None
 
@@ -122,8 +119,12 @@ PATCH = Patch(
     why="Ascend switches must be settable where LMCache users set everything else, validated",
     mirrors="LMCache-Ascend #246 review: ascend_* keys in lmcache.v1.config._CONFIG_DEFINITIONS",
     delete_when="never while flags carry LMCache keys; the in-place rebuild goes if LMCache allows late keys",
-    # LMCache 0.4.5 and 0.5.6 build these members from the same source.
+    # LMCache 0.4.5 and 0.5.6 build these members from the same source; the
+    # dataclass-made ones have none.
     tested_fingerprints={
+        "LMCacheEngineConfig.__init__": (NO_SOURCE,),
+        "LMCacheEngineConfig.__repr__": (NO_SOURCE,),
+        "LMCacheEngineConfig.__eq__": (NO_SOURCE,),
         "LMCacheEngineConfig.__str__": ("16b6436b5360",),
         "LMCacheEngineConfig.__post_init__": ("8580bd30b261",),
         "LMCacheEngineConfig.from_defaults": ("85caac355d3f",),
