@@ -28,19 +28,32 @@ def module_source_path(module_name: str) -> str | None:
     return None
 
 
-def module_is_locatable(module_name: str) -> bool:
-    """Whether `module_name` exists on sys.path as source or bytecode (no import)."""
-    if module_name in sys.modules:
-        return True
+def module_directory(module_name: str) -> str | None:
+    """The sys.path entry holding `module_name` as source, bytecode or a package (no import).
+
+    A plain file-system search: asking the import system's finders instead would
+    run every meta-path finder, the start-up hook's among them, which activates
+    this package from inside its own activation.
+    """
+    module = sys.modules.get(module_name)
+    origin = getattr(module, "__file__", None) if module is not None else None
+    if origin:
+        return os.path.dirname(os.path.dirname(origin) if origin.endswith("__init__.py") else origin)
     parts = module_name.split(".")
     for entry in sys.path:
-        base = os.path.join(entry or os.getcwd(), *parts)
+        root = entry or os.getcwd()
+        base = os.path.join(root, *parts)
         for suffix in (".py", ".pyc", os.sep + "__init__.py", os.sep + "__init__.pyc"):
             if os.path.isfile(base + suffix):
-                return True
+                return root
         if os.path.isdir(base) and os.path.isdir(os.path.join(base, "__pycache__")):
-            return True
-    return False
+            return root
+    return None
+
+
+def module_is_locatable(module_name: str) -> bool:
+    """Whether `module_name` exists on sys.path as source or bytecode (no import)."""
+    return module_name in sys.modules or module_directory(module_name) is not None
 
 
 def module_source_text(module_name: str) -> str | None:

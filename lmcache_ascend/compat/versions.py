@@ -6,8 +6,8 @@ carry local labels (``0.11.1.dev3+g1a2b3c``), and a fork may be renamed.  The
 version that gates a patch is that of the distribution whose files include the
 import package.
 
-Cheap on purpose (activation reads it): the package's directory is found without
-importing it, and only distributions installed beside it whose name starts like
+Cheap on purpose (activation reads it): the package's directory is found on
+sys.path without importing it, and only distributions installed beside it whose name starts like
 the package are read first; the full scan of every installed distribution
 (`importlib.metadata.packages_distributions`, ~0.1-0.2 s) is the last resort.
 """
@@ -15,10 +15,10 @@ the package are read first; the full scan of every installed distribution
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
 import re
 from typing import NamedTuple
+
+from lmcache_ascend.compat.source import module_directory
 
 # Projects the overlay acts on or reports, by import package, in the CLI's order.
 # triton-ascend installs the `triton` package too: it is told apart by its name.
@@ -57,19 +57,6 @@ def _distribution_files_list_package(dist, package: str) -> bool:
     return any(line.startswith(prefix) for line in record.splitlines())
 
 
-def _package_directory(package: str) -> str | None:
-    """The directory holding `package` (e.g. site-packages), without importing it."""
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    locations = list(spec.submodule_search_locations or ())
-    origin = locations[0] if locations else spec.origin
-    return os.path.dirname(origin) if origin else None
-
-
 @functools.lru_cache(maxsize=None)
 def installed_project(project: str) -> Installed | None:
     """How `project` is installed, or None when its import package is absent.
@@ -89,7 +76,7 @@ def installed_project(project: str) -> Installed | None:
     package = PROJECT_PACKAGES.get(project)
     if package is None:
         return by_name(project)
-    directory = _package_directory(package)
+    directory = module_directory(package)
     if directory is None:
         return None
     # 1. Distributions installed beside the package whose name starts like it

@@ -61,6 +61,9 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         # req_id -> GroupSlotMappings of the step being served (bound by the adapter patch).
         self._request_slots: dict[str, Any] = {}
         self.launches = 0  # kernel launches so far (one per layer group per chunk)
+        # Tokens of the chunks moved so far, per direction (what the engine asked for).
+        self.tokens_stored = 0
+        self.tokens_loaded = 0
 
     # ---- registration -------------------------------------------------------------
     def register(self, layers: Sequence[LayerLayout], layout: ChunkLayout) -> None:
@@ -148,6 +151,10 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
                 f"({total} bytes); was it allocated by the lmcache-metadata-chunk-bytes shape?"
             )
         skip = 0 if store else int(kwargs.get("vllm_cached_tokens", 0) or 0)
+        if store:
+            self.tokens_stored += end - start
+        else:
+            self.tokens_loaded += end - start
         if self._staging is None or chunk.device == self._staging.device:
             self.launches += mover.move(chunk, start, end, slot_mappings, store=store, skip_tokens_before=skip)
             return

@@ -39,6 +39,8 @@ def worker_report(worker) -> dict:
             moved = {
                 "connector": type(gpu_connector).__name__ if gpu_connector is not None else None,
                 "launches": getattr(gpu_connector, "launches", None),
+                "tokens_stored": getattr(gpu_connector, "tokens_stored", None),
+                "tokens_loaded": getattr(gpu_connector, "tokens_loaded", None),
             }
     except Exception as error:  # the report must not hide the outputs
         moved = {"error": repr(error)}

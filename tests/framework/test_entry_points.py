@@ -73,6 +73,9 @@ ORDERS = {
     "import-then-targets": ("import lmcache_ascend\n" + IMPORT_TARGETS, {"LMCACHE_ASCEND_AUTOLOAD": "0"}),
     "targets-then-import": (IMPORT_TARGETS + "import lmcache_ascend\n", {"LMCACHE_ASCEND_AUTOLOAD": "0"}),
     "pth-autoload": (IMPORT_TARGETS, {"LMCACHE_ASCEND_AUTOLOAD": "1"}),
+    # The start-up hook is armed and the user imports the overlay first: activation must
+    # not call back into the hook (it once deadlocked on its own lock there).
+    "import-with-hook-armed": ("import lmcache_ascend\n" + IMPORT_TARGETS, {"LMCACHE_ASCEND_AUTOLOAD": "1"}),
     "vllm-plugin": (
         "from vllm.plugins import load_general_plugins\nload_general_plugins()\n" + IMPORT_TARGETS,
         {"LMCACHE_ASCEND_AUTOLOAD": "0"},
@@ -94,6 +97,7 @@ def test_every_entry_point_activates(order_reports):
         "import-then-targets": "import",
         "targets-then-import": "import",
         "pth-autoload": "autoload",
+        "import-with-hook-armed": "import",
         "vllm-plugin": "vllm-plugin",
     }
     for label, report in order_reports.items():
