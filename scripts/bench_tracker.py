@@ -162,7 +162,7 @@ def main() -> int:
         )
     out = REPO_ROOT / "results" / "bench_tracker.json"
     out.parent.mkdir(exist_ok=True)
-    from importlib.metadata import version
+    from lmcache_ascend.compat.versions import installed_version as version
 
     out.write_text(
         json.dumps(

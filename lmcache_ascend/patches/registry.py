@@ -312,12 +312,17 @@ class Registry:
         applied once to the new objects; what is left in between is `overridden`.
         """
         current = {}
+        rebound = set()  # paths whose owner survived the execution (the module itself)
         for path in record.installed:
             owner_path, attribute = split_attribute_path(path)
             try:
-                current[path] = read_raw(resolve_owner(module, owner_path), attribute)
+                owner = resolve_owner(module, owner_path)
+                current[path] = read_raw(owner, attribute)
             except AttributeError:
                 current[path] = MISSING
+                continue
+            if owner is record.owners[path]:
+                rebound.add(path)
         kept = [path for path, value in current.items() if _same(value, record.installed[path])]
         if len(kept) == len(current):
             return
@@ -327,9 +332,13 @@ class Registry:
                 f"{record.patch.target} was executed again and kept only part of the patch ({', '.join(kept)})",
             )
             return
+        # An owner that survived (a module-level name: the module object stays) had its
+        # attribute bound afresh by the execution; the re-apply installs over that, and
+        # only owners of the earlier execution keep ours until revert.
         record.stale.extend(
             (record.owners[path], split_attribute_path(path)[1], ours, record.originals[path])
             for path, ours in record.installed.items()
+            if path not in rebound
         )
         record.installed.clear()
         record.originals.clear()

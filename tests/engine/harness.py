@@ -76,4 +76,25 @@ def run_engine(spec: dict, timeout_s: int = ENGINE_TIMEOUT_S) -> dict:
         result = json.loads(out_path.read_text())
     result["log_tail"] = tail
     _results[key] = result
+    _record(spec, result)
     return result
+
+
+def _record(spec: dict, result: dict) -> None:
+    """One line per engine run in results/engine-runs.jsonl: the table of runs for the notes."""
+    workers = result.get("workers") or [{}]
+    line = {
+        "model": Path(spec["model"]).name,
+        "lmcache": bool(spec.get("lmcache")),
+        "hybrid_manager": not spec.get("disable_hybrid_kv_cache_manager", False),
+        "env": spec.get("env", {}),
+        "rounds": len(spec["rounds"]),
+        "groups": [group["spec"] for group in workers[0].get("groups", [])],
+        "num_cached_tokens": [[output["num_cached_tokens"] for output in round_] for round_ in result["rounds"]],
+        "connector": workers[0].get("connector"),
+        "seconds": result.get("seconds"),
+    }
+    results = REPO_ROOT / "results"
+    results.mkdir(exist_ok=True)
+    with open(results / "engine-runs.jsonl", "a") as handle:
+        handle.write(json.dumps(line) + "\n")

@@ -9,7 +9,7 @@ each test can fail.
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
+from lmcache_ascend.compat.versions import installed_version
 import py_compile
 
 import pytest
@@ -29,7 +29,7 @@ from tests.prefix_cache.harness import (
 )
 
 PATCH_NAMES = CORE_BACKPORT_PATCHES + (SCHEDULER_BACKPORT_PATCH,)
-VLLM_HAS_RETENTION = Version(metadata.version("vllm")) >= Version("0.23")
+VLLM_HAS_RETENTION = Version(installed_version("vllm")) >= Version("0.23")
 
 
 def _apply_all() -> dict[str, State]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import importlib.metadata as metadata
+from lmcache_ascend.compat.versions import installed_version
 import os
 import subprocess
 import sys
@@ -24,7 +24,7 @@ PATCH_MODULES = {
     "vllm-ascend-dsv4-aggregated-page-size": "lmcache_ascend.patches.vllm_ascend.dsv4_aggregated_page_size",
 }
 # The vllm-ascend release built on each stack's vLLM (fetched by scripts/fetch-vllm-ascend).
-VLLM_VERSION = Version(metadata.version("vllm"))
+VLLM_VERSION = Version(installed_version("vllm"))
 # vLLM 0.33 (stack C) has no vllm-ascend release built on it.
 SDIST_VERSION = (
     "0.18.0" if VLLM_VERSION < Version("0.23") else "0.23.0.post1" if VLLM_VERSION < Version("0.24") else None
