@@ -40,10 +40,6 @@ class _ActivateOnFirstImport:
             print(f"lmcache-ascend: autoload did not activate: {error}", file=sys.stderr)
         return None  # let the regular finders import the package
 
-    # Python < 3.4 API, kept so that old-style callers see a finder that declines.
-    def find_module(self, fullname, path=None):
-        return None
-
 
 def install():
     """Called from the .pth line; cheap and idempotent."""

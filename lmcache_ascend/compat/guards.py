@@ -1,12 +1,40 @@
-"""Evaluating a patch's upstream guard: capability probe first, then source text."""
+"""A patch's upstream guard (how to tell upstream already has the change) and its evaluation:
+capability probe first, then source text."""
 
 from __future__ import annotations
 
+import enum
 import types
 from dataclasses import dataclass
+from typing import Callable
 
 from lmcache_ascend.compat.source import module_source_text
-from lmcache_ascend.patches.model import UpstreamGuard, Verdict
+
+
+class Verdict(enum.Enum):
+    """What a source guard found out about upstream."""
+
+    HAS_FIX = "has-fix"
+    LACKS_FIX = "lacks-fix"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class UpstreamGuard:
+    """How to tell that upstream already has what a patch adds.
+
+    ``probe`` inspects the imported target module and answers True (upstream has
+    it), False (it lacks it) or None (can't tell); it is the first and strongest
+    test.  Without an import (the listing CLI), or when the probe can't tell, the
+    target module's source text is searched: any of ``fixed_if_source_contains``
+    means upstream has it, any of ``unfixed_if_source_contains`` means it lacks
+    it.  When neither answers (no source, e.g. a .pyc-only install) the verdict is
+    UNKNOWN and the patch's version requirements decide alone.
+    """
+
+    probe: Callable[[types.ModuleType], bool | None] | None = None
+    fixed_if_source_contains: tuple[str, ...] = ()
+    unfixed_if_source_contains: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

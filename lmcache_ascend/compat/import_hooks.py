@@ -94,11 +94,6 @@ def run_deferred_hooks() -> None:
             hook(sys.modules[name])
 
 
-def pending_modules() -> list[str]:
-    with _lock:
-        return sorted(_pending)
-
-
 def _run_hooks(module_name: str) -> None:
     with _lock:
         hooks = _pending.pop(module_name, [])

@@ -3,9 +3,25 @@
 from __future__ import annotations
 
 import enum
+import functools
+import inspect
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
+
+# The guard types belong to compat (which evaluates them); patches declare with them.
+from lmcache_ascend.compat.guards import UpstreamGuard, Verdict
+
+__all__ = [
+    "MISSING", "Patch", "PatchContext", "PatchKind", "State", "UpstreamGuard", "Verdict", "Wrapper",
+    "wrapped_member",
+]
+
+# A module-level wrapper, wrapt's convention: ``wrapper(wrapped, instance, args, kwargs)``
+# where ``wrapped`` is the original, already bound to ``instance`` (the object, the class
+# for a classmethod, None for a function or staticmethod) and ``args`` / ``kwargs`` are the
+# call's own arguments; it returns what the call returns.
+Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
 
 class _Missing:
@@ -50,51 +66,33 @@ class State(enum.Enum):
     OVERRIDDEN = "overridden"
 
 
-class Verdict(enum.Enum):
-    """What a source guard found out about upstream."""
-
-    HAS_FIX = "has-fix"
-    LACKS_FIX = "lacks-fix"
-    UNKNOWN = "unknown"
-
-
-@dataclass(frozen=True)
-class UpstreamGuard:
-    """How to tell that upstream already has what a patch adds.
-
-    ``probe`` inspects the imported target module and answers True (upstream has
-    it), False (it lacks it) or None (can't tell); it is the first and strongest
-    test.  Without an import (the listing CLI), or when the probe can't tell, the
-    target module's source text is searched: any of ``fixed_if_source_contains``
-    means upstream has it, any of ``unfixed_if_source_contains`` means it lacks
-    it.  When neither answers (no source, e.g. a .pyc-only install) the verdict is
-    UNKNOWN and the patch's version requirements decide alone.
-    """
-
-    probe: Callable[[types.ModuleType], bool | None] | None = None
-    fixed_if_source_contains: tuple[str, ...] = ()
-    unfixed_if_source_contains: tuple[str, ...] = ()
-
-
 @dataclass(frozen=True)
 class Patch:
     """One change to one upstream module, declared once.
 
-    ``build`` receives a `PatchContext` and returns the raw values to install,
-    keyed by the dotted attribute paths of ``attributes`` (all of them, no
-    more): the framework installs all or none, marks what it installs and can
-    restore the originals.
+    ``wrappers`` maps attribute paths to module-level `Wrapper` functions: the
+    framework puts each around the original, with the original's binding
+    (method, classmethod, staticmethod, module function).  ``build``, for what
+    no wrapper can express (added or replaced values), receives a `PatchContext`
+    and returns the raw values to install for the other attribute paths.  Together
+    they give every path of ``attributes`` exactly once: the framework installs
+    all or none, marks what it installs and can restore the originals.
+
+    ``summary`` (what), ``why``, ``mirrors`` and ``delete_when`` are the patch's
+    description, written here only: the CLI's ``show`` and `describe` derive
+    from them, and a patch module's docstring says how the code works, not these.
     """
 
     name: str
     target: str
     attributes: tuple[str, ...]
     kind: PatchKind
-    build: Callable[["PatchContext"], Mapping[str, object]]
     summary: str
     why: str
     mirrors: str
     delete_when: str
+    build: Callable[["PatchContext"], Mapping[str, object]] | None = None
+    wrappers: Mapping[str, Wrapper] = field(default_factory=dict)
     requires: Mapping[str, str] = field(default_factory=dict)
     guard: UpstreamGuard = field(default_factory=UpstreamGuard)
     flags: tuple[str, ...] = ()
@@ -105,6 +103,12 @@ class Patch:
     # Patches that must be in (applied, or found upstream) before this one.
     after: tuple[str, ...] = ()
     tested_fingerprints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """What / Why / Mirrors / Delete when, as the CLI shows them."""
+        return (
+            f"What: {self.summary}\nWhy: {self.why}\nMirrors: {self.mirrors}\nDelete when: {self.delete_when}"
+        )
 
     def __post_init__(self) -> None:
         problems = []
@@ -120,6 +124,14 @@ class Patch:
         for path in self.tested_fingerprints:
             if path not in self.attributes:
                 problems.append(f"tested_fingerprints names {path!r}, which is not among attributes")
+        for path in self.wrappers:
+            if path not in self.attributes:
+                problems.append(f"wrappers names {path!r}, which is not among attributes")
+        if self.build is None and set(self.wrappers) != set(self.attributes):
+            unbuilt = sorted(set(self.attributes) - set(self.wrappers))
+            problems.append(f"no build and no wrapper for {', '.join(unbuilt)}")
+        if self.wrappers and self.kind is PatchKind.ADD:
+            problems.append("an ADD patch has nothing to wrap")
         if problems:
             raise ValueError(f"patch {self.name!r}: " + "; ".join(problems))
 
@@ -171,3 +183,35 @@ class PatchContext:
         if isinstance(raw, property):
             return raw.fget
         return raw
+
+
+def wrapped_member(owner: object, name: str, raw: object, wrapper: Wrapper) -> object:
+    """The value to install for `owner.name` (raw value `raw`, MISSING when inherited)
+    that calls ``wrapper(wrapped, instance, args, kwargs)``, bound as the original is."""
+    if raw is MISSING:
+        raw = inspect.getattr_static(owner, name)
+    if isinstance(raw, staticmethod):
+        function = raw.__func__
+
+        def call_static(*args, **kwargs):
+            return wrapper(function, None, args, kwargs)
+
+        return staticmethod(functools.update_wrapper(call_static, function))
+    if isinstance(raw, classmethod):
+        function = raw.__func__
+
+        def call_class(cls, *args, **kwargs):
+            return wrapper(types.MethodType(function, cls), cls, args, kwargs)
+
+        return classmethod(functools.update_wrapper(call_class, function))
+    if not isinstance(owner, type):  # a module's function
+
+        def call_function(*args, **kwargs):
+            return wrapper(raw, None, args, kwargs)
+
+        return functools.update_wrapper(call_function, raw)
+
+    def call_method(self, *args, **kwargs):
+        return wrapper(types.MethodType(raw, self), self, args, kwargs)
+
+    return functools.update_wrapper(call_method, raw)

@@ -3,7 +3,11 @@
 Life of a patch in one process::
 
     declared --activate()--> gated (disabled? distribution installed?)
-        --target imported--> guard + version gate --> build --> installed, all or nothing
+        --target imported--> decide (guard + version gate) --> install (wrappers, build;
+        all or nothing) --> record
+
+Deciding and installing return an `Outcome`; `PatchRecord.settle` is the one
+place that writes it down.
 
 Nothing here imports a patch target by itself except `import_targets` (the
 CLI's ``--import``) and `apply_now` (tests).  Every failure is caught and
@@ -12,6 +16,7 @@ recorded; the user's import never sees an exception from a patch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import sys
@@ -37,8 +42,8 @@ from lmcache_ascend.patches.model import (
     read_raw,
     resolve_owner,
     split_attribute_path,
+    wrapped_member,
 )
-
 
 
 def _log(level: str, message: str, *args: object) -> None:
@@ -46,7 +51,39 @@ def _log(level: str, message: str, *args: object) -> None:
 
     getattr(logging.getLogger("lmcache_ascend"), level)(message, *args)
 
+
 SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Installation:
+    """What an apply put in place, per attribute path: owner, original raw value, our raw value."""
+
+    owners: Mapping[str, object]
+    originals: Mapping[str, object]
+    installed: Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What deciding about or applying a patch came to; recorded by `PatchRecord.settle`."""
+
+    state: State
+    reason: str
+    error: str | None = None
+    installation: Installation | None = None
+    fingerprints: Mapping[str, str | None] | None = None  # None: leave the recorded ones
+    untested: bool = False
+    distribution_missing: bool = False
+
+
+@dataclass(frozen=True)
+class _Resolution:
+    """The patch's attributes looked up on the target: owners, raw originals, or what is missing."""
+
+    owners: Mapping[str, object]
+    originals: Mapping[str, object]
+    missing: str | None
 
 
 @dataclass
@@ -70,6 +107,26 @@ class PatchRecord:
 
     def set(self, state: State, reason: str, error: str | None = None) -> None:
         self.state, self.reason, self.error = state, reason, error
+
+    def settle(self, outcome: Outcome) -> None:
+        """Write down `outcome`: the one place a decision or an apply reaches the record."""
+        self.set(outcome.state, outcome.reason, outcome.error)
+        if outcome.distribution_missing:
+            self.distribution_installed = False
+        if outcome.fingerprints is not None:
+            self.fingerprints = dict(outcome.fingerprints)
+        if outcome.installation is not None:
+            self.installed = dict(outcome.installation.installed)
+            self.originals = dict(outcome.installation.originals)
+            self.owners = dict(outcome.installation.owners)
+            self.untested = outcome.untested
+
+    def forget_installation(self) -> None:
+        """Nothing of ours is in place any more (reverted, or the target was executed again)."""
+        self.installed.clear()
+        self.originals.clear()
+        self.owners.clear()
+        self.untested = False
 
     def as_json(self) -> dict[str, object]:
         patch = self.patch
@@ -129,73 +186,42 @@ class Registry:
         return record.state
 
     # ------------------------------------------------------------- the gates
-    def _gate_before_import(self, record: PatchRecord, flag_values: Mapping[str, object]) -> bool:
-        """Decide what can be decided without the target; True when it should wait for the import."""
-        patch = record.patch
+    def _gate_before_import(self, patch: Patch, flag_values: Mapping[str, object]) -> Outcome | None:
+        """Decide what can be decided without the target; None when it should wait for the import."""
         if not flag_values["LMCACHE_ASCEND_PATCHES"]:
-            record.set(State.SKIPPED_DISABLED, "LMCACHE_ASCEND_PATCHES=0")
-            return False
+            return Outcome(State.SKIPPED_DISABLED, "LMCACHE_ASCEND_PATCHES=0")
         disabled = flag_values["LMCACHE_ASCEND_DISABLED_PATCHES"]
         if "*" in disabled or patch.name in disabled:
-            record.set(State.SKIPPED_DISABLED, "listed in LMCACHE_ASCEND_DISABLED_PATCHES")
-            return False
+            return Outcome(State.SKIPPED_DISABLED, "listed in LMCACHE_ASCEND_DISABLED_PATCHES")
         if patch.enabled_by is not None and not flag_values[patch.enabled_by]:
-            record.set(State.SKIPPED_DISABLED, f"off by default; set {patch.enabled_by}=1")
-            return False
+            return Outcome(State.SKIPPED_DISABLED, f"off by default; set {patch.enabled_by}=1")
         # Only a cheap file lookup here: versions are read when the target is imported
         # (importlib.metadata alone would cost more than activation may).
-        if not module_is_locatable(patch.target):
-            # A package that exists but lacks the module is usually a version the
-            # patch is not for (vllm-ascend 0.18 has no DeepSeek-V4 code): say so.
-            if module_is_locatable(patch.target.partition(".")[0]):
-                skip_state, note = self._version_gate(record)
-                if skip_state is State.SKIPPED_VERSION:
-                    record.set(skip_state, note)
-                    return False
-            else:
-                record.distribution_installed = False  # not even its top-level package is there
-            record.set(State.TARGET_MISSING, f"module {patch.target} not found")
-            return False
-        return True
+        if module_is_locatable(patch.target):
+            return None
+        missing = Outcome(State.TARGET_MISSING, f"module {patch.target} not found")
+        if not module_is_locatable(patch.target.partition(".")[0]):
+            return dataclasses.replace(missing, distribution_missing=True)  # not even its package is there
+        # A package that exists but lacks the module is usually a version the
+        # patch is not for (vllm-ascend 0.18 has no DeepSeek-V4 code): say so.
+        skip, _ = _version_gate(patch)
+        if skip is not None and skip.state is State.SKIPPED_VERSION:
+            return skip
+        return dataclasses.replace(missing, distribution_missing=bool(skip and skip.distribution_missing))
 
-    def _version_gate(self, record: PatchRecord) -> tuple[State | None, str]:
-        """(None, versions) when every requirement holds, else (the skip state, why).
-
-        An undecidable check (no `packaging` in a bare interpreter) lets the patch through.
-        """
-        notes = []
-        for distribution, specifier in record.patch.requires.items():
-            version = installed_version(distribution)
-            if version is None:
-                record.distribution_installed = False
-                return State.TARGET_MISSING, f"{distribution} is not installed"
-            bad_specifier = specifier_error(specifier)
-            if bad_specifier:
-                return State.SKIPPED_VERSION, f"invalid requirement for {distribution}: {bad_specifier}"
-            verdict = version_satisfies(version, specifier)
-            if verdict is False:
-                return State.SKIPPED_VERSION, f"{distribution} {version} is outside {specifier}"
-            notes.append(f"{distribution} {version}" + (" (unchecked: packaging missing)" if verdict is None else ""))
-        return None, ", ".join(notes)
-
-    def _decide(self, record: PatchRecord, module: types.ModuleType | None) -> GuardResult | None:
-        """Upstream guard then version gate; None when the patch should apply."""
-        patch = record.patch
+    def _decide(self, patch: Patch, module: types.ModuleType | None) -> tuple[Outcome | None, str]:
+        """Upstream guard, version gate, host: (None, why it applies) or (the skip, "")."""
         guard = evaluate_guard(patch.guard, patch.target, module)
         if guard.verdict is Verdict.HAS_FIX:
-            record.set(State.SKIPPED_UPSTREAM, f"upstream has it ({guard.how})")
-            return guard
-        skip_state, versions_note = self._version_gate(record)
-        if skip_state is not None:
-            record.set(skip_state, versions_note)
-            return guard
+            return Outcome(State.SKIPPED_UPSTREAM, f"upstream has it ({guard.how})"), ""
+        skip, versions_note = _version_gate(patch)
+        if skip is not None:
+            return skip, ""
         if module is not None and patch.host is not None:  # the host is asked only where it applies
             other_host = patch.host()
             if other_host:
-                record.set(State.SKIPPED_HOST, f"{other_host}; {versions_note}")
-                return guard
-        record.reason = f"{versions_note}; guard: {guard.verdict.value} ({guard.how})"
-        return None
+                return Outcome(State.SKIPPED_HOST, f"{other_host}; {versions_note}"), ""
+        return None, f"{versions_note}; guard: {guard.verdict.value} ({guard.how})"
 
     # ------------------------------------------------------------ evaluation
     def evaluate_without_import(self, flag_values: Mapping[str, object]) -> None:
@@ -204,11 +230,12 @@ class Registry:
             for record in self._records.values():
                 if record.state is not State.PENDING:
                     continue
-                if not self._gate_before_import(record, flag_values):
+                early = self._gate_before_import(record.patch, flag_values)
+                if early is not None:
+                    record.settle(early)
                     continue
-                module = sys.modules.get(record.patch.target)
-                if self._decide(record, module) is None:
-                    record.set(State.PENDING, f"applies when {record.patch.target} is imported; {record.reason}")
+                skip, note = self._decide(record.patch, sys.modules.get(record.patch.target))
+                record.settle(skip or Outcome(State.PENDING, f"applies when {record.patch.target} is imported; {note}"))
 
     # ----------------------------------------------------------------- apply
     def activate(self, flag_values: Mapping[str, object], source: str) -> None:
@@ -229,7 +256,9 @@ class Registry:
                     record.set(State.PENDING, "")  # re-armed after deactivate(): decide again
                 if record.state is not State.PENDING:
                     continue
-                if not self._gate_before_import(record, flag_values):
+                early = self._gate_before_import(record.patch, flag_values)
+                if early is not None:
+                    record.settle(early)
                     continue
                 name, target = record.patch.name, record.patch.target
                 if name not in self._hooked:
@@ -270,16 +299,18 @@ class Registry:
             if record.state is not State.PENDING:
                 # A gate decided earlier (e.g. disabled); decide again with the given flags.
                 record.set(State.PENDING, "")
-            if not self._gate_before_import(record, values):
+            early = self._gate_before_import(record.patch, values)
+            if early is not None:
+                record.settle(early)
                 return record.state
         for prerequisite in record.patch.after:
             if prerequisite in self._records and self._records[prerequisite].state is not State.APPLIED:
                 self.apply_now(prerequisite, values)
         with self._lock:
             # A version the patch is not for is not even imported (its import may need other packages).
-            skip_state, note = self._version_gate(record)
-            if skip_state is not None:
-                record.set(skip_state, note)
+            skip, _ = _version_gate(record.patch)
+            if skip is not None:
+                record.settle(skip)
                 return record.state
         try:
             module = importlib.import_module(record.patch.target)
@@ -298,9 +329,12 @@ class Registry:
             if record.state is not State.PENDING:
                 return
             try:
-                self._apply_locked(record, module)
+                self._bring_in_prerequisites(record.patch)
+                record.settle(self._decide_and_install(record.patch, module))
             except Exception as error:  # the last line of defence: a patch never breaks an import
                 record.set(State.FAILED, f"unexpected error: {type(error).__name__}: {error}", _short_trace())
+            if record.state is State.APPLIED:
+                _log("debug", "lmcache-ascend: applied %s", name)
             if record.state is State.FAILED:
                 _log("warning", "lmcache-ascend: patch %s failed: %s", name, record.reason)
 
@@ -340,159 +374,59 @@ class Registry:
             for path, ours in record.installed.items()
             if path not in rebound
         )
-        record.installed.clear()
-        record.originals.clear()
-        record.owners.clear()
+        record.forget_installation()
         record.set(State.PENDING, f"{record.patch.target} was executed again (importlib.reload)")
 
-    def _apply_locked(self, record: PatchRecord, module: types.ModuleType) -> None:
-        patch = record.patch
-        # 1. Resolve every attribute; what is missing is reported after the version gate.
-        owners: dict[str, object] = {}
-        missing: str | None = None
-        for path in patch.attributes:
-            owner_path, attribute = split_attribute_path(path)
-            try:
-                owner = resolve_owner(module, owner_path)
-            except AttributeError:
-                missing = f"{patch.target} has no {owner_path}"
-                break
-            raw = read_raw(owner, attribute)
-            if patch.kind is not PatchKind.ADD and raw is MISSING and not hasattr(owner, attribute):
-                missing = f"{patch.target} has no {path}"
-                break
-            owners[path] = owner
-            record.originals[path] = raw
-
-        # 2. Never twice: a mark of this patch on a current value means it is already in
-        #    (checked before the guard, which would take our own work for upstream's).
-        if missing is None and any(patch.name in markers.patch_names_on(raw) for raw in record.originals.values()):
+    def _decide_and_install(self, patch: Patch, module: types.ModuleType) -> Outcome:
+        """Decide whether `patch` goes in on `module`, and install it if so."""
+        resolution = _resolve(patch, module)
+        # Never twice: a mark of this patch on a current value means it is already in
+        # (checked before the guard, which would take our own work for upstream's).
+        if resolution.missing is None and any(
+            patch.name in markers.patch_names_on(raw) for raw in resolution.originals.values()
+        ):
             # Another copy of the registry installed it: ours to report, not to revert.
-            record.originals.clear()
-            record.set(State.APPLIED, "already applied (marked objects found)")
-            return
-
-        # 3. Upstream guard and version gate, then a missing target.
-        if self._decide(record, module) is not None:
-            record.originals.clear()
-            return
-        if missing is not None:
-            record.originals.clear()
-            record.set(State.TARGET_MISSING, missing)
-            return
-        record.fingerprints = {
-            path: fingerprint(raw) if raw is not MISSING else None for path, raw in record.originals.items()
+            return Outcome(State.APPLIED, "already applied (marked objects found)")
+        skip, note = self._decide(patch, module)
+        if skip is not None:
+            return skip
+        if resolution.missing is not None:
+            return Outcome(State.TARGET_MISSING, resolution.missing)
+        fingerprints = {
+            path: fingerprint(raw) if raw is not MISSING else None for path, raw in resolution.originals.items()
         }
+        refusal = _refusal(patch, resolution) or self._prerequisite_refusal(patch)
+        if refusal is None:
+            # The flags this patch owns are checked now, by the patch that reads them
+            # (activation leaves them alone: upstream may read them with its own rules).
+            flag_problems = _owned_flag_problems(patch)
+            refusal = Outcome(State.FAILED, "; ".join(flag_problems)) if flag_problems else None
+        if refusal is not None:
+            return dataclasses.replace(refusal, fingerprints=fingerprints)
+        return dataclasses.replace(_install(patch, module, resolution, fingerprints, note), fingerprints=fingerprints)
 
-        # 4a. WRAP needs something to call.
-        not_callable = [
-            path for path, raw in record.originals.items()
-            if patch.kind is PatchKind.WRAP and raw is not MISSING and not _is_callable_member(raw)
-        ]
-        if not_callable:
-            record.originals.clear()
-            record.set(State.FAILED, f"target attribute not callable: {', '.join(not_callable)}")
-            return
-
-        # 4. ADD must not shadow an attribute upstream now defines itself.
-        if patch.kind is PatchKind.ADD:
-            present = [p for p in patch.attributes if record.originals[p] is not MISSING]
-            if present:
-                record.set(State.SKIPPED_UPSTREAM, f"upstream defines {', '.join(present)}")
-                record.originals.clear()
-                return
-
-        # 5. Prerequisites first; a dependent of a patch that is out can't go in.
-        if not self._prerequisites_in(record):
-            record.originals.clear()
-            return
-
-        # 6. The flags this patch owns are checked now, by the patch that reads them
-        #    (activation leaves them alone: upstream may read them with its own rules).
-        flag_problems = _owned_flag_problems(patch)
-        if flag_problems:
-            record.originals.clear()
-            record.set(State.FAILED, "; ".join(flag_problems))
-            return
-
-        # 7. Build the new values; nothing is touched if this raises.
-        try:
-            new_values = dict(patch.build(PatchContext(patch, module)))
-        except Exception as error:
-            record.originals.clear()
-            record.set(State.FAILED, f"build raised {type(error).__name__}: {error}", _short_trace())
-            return
-        if set(new_values) != set(patch.attributes):
-            record.originals.clear()
-            record.set(
-                State.FAILED,
-                f"build returned {sorted(new_values)}, expected exactly {sorted(patch.attributes)}",
-            )
-            return
-        # REPLACE puts a function where a function was, and data where data was.
-        mismatched = [
-            path for path, value in new_values.items()
-            if patch.kind is PatchKind.REPLACE and record.originals[path] is not MISSING
-            and _is_callable_member(value) != _is_callable_member(record.originals[path])
-        ]
-        if mismatched:
-            record.originals.clear()
-            record.set(State.FAILED, f"target attribute not callable where the replacement is (or the reverse): {', '.join(mismatched)}")
-            return
-        for value in new_values.values():
-            markers.mark(value, patch.name)
-
-        # 8. Install all or none.
-        done: list[str] = []
-        try:
-            for path in patch.attributes:
-                attribute = split_attribute_path(path)[1]
-                setattr(owners[path], attribute, new_values[path])
-                done.append(path)
-                if attribute in TYPE_SLOT_ATTRIBUTES:
-                    _forget_abc_answers(record.originals[path], new_values[path])
-        except Exception as error:
-            for path in reversed(done):
-                _restore(owners[path], split_attribute_path(path)[1], record.originals[path])
-            record.originals.clear()
-            record.set(State.FAILED, f"installing raised {type(error).__name__}: {error}", _short_trace())
-            return
-        record.installed = {path: read_raw(owners[path], split_attribute_path(path)[1]) for path in patch.attributes}
-        record.owners = owners
-
-        # 9. Drift: a target whose source we never tested still applies, but says so;
-        #    code without source is untested too unless the patch lists it so.
-        untested = [
-            path + (" has no source" if print_ == NO_SOURCE else "")
-            for path, print_ in record.fingerprints.items()
-            if record.originals[path] is not MISSING
-            and print_ is not None
-            and print_ not in patch.tested_fingerprints.get(path, ())
-        ]
-        record.untested = bool(untested)
-        note = record.reason
-        if untested:
-            note = f"untested target ({', '.join(untested)}); {note}"
-        record.set(State.APPLIED, note)
-        _log("debug", "lmcache-ascend: applied %s", patch.name)
-
-    def _prerequisites_in(self, record: PatchRecord) -> bool:
-        for prerequisite in record.patch.after:
+    def _bring_in_prerequisites(self, patch: Patch) -> None:
+        """Apply the prerequisites whose targets are imported (or executed again) and still pending."""
+        for prerequisite in patch.after:
             other = self._records.get(prerequisite)
             if other is None:
-                record.set(State.FAILED, f"needs patch {prerequisite!r}, which is not declared")
-                return False
+                continue
             module = sys.modules.get(other.patch.target)
             # PENDING: not yet in; APPLIED: its target may have been executed again.
             if other.state in (State.PENDING, State.APPLIED) and module is not None and not import_hooks.is_initializing(module):
                 self.apply_to_module(prerequisite, module)
+
+    def _prerequisite_refusal(self, patch: Patch) -> Outcome | None:
+        """Why `patch` can't go in for its prerequisites, or None; a skip is inherited as such."""
+        for prerequisite in patch.after:
+            other = self._records.get(prerequisite)
+            if other is None:
+                return Outcome(State.FAILED, f"needs patch {prerequisite!r}, which is not declared")
             if other.state in (State.APPLIED, State.SKIPPED_UPSTREAM):
                 continue
-            # The dependent inherits why its prerequisite is out, as long as that is a skip.
             inherited = other.state if other.state in (State.SKIPPED_DISABLED, State.SKIPPED_VERSION, State.SKIPPED_HOST) else State.FAILED
-            record.set(inherited, f"needs {prerequisite}, which is {other.state.value}: {other.reason}")
-            return False
-        return True
+            return Outcome(inherited, f"needs {prerequisite}, which is {other.state.value}: {other.reason}")
+        return None
 
     # ---------------------------------------------------------------- revert
     def revert(self, name: str) -> State:
@@ -522,10 +456,7 @@ class Registry:
                     _restore(owner, attribute, record.originals[path])
                 else:
                     kept.append(path)
-            record.installed.clear()
-            record.originals.clear()
-            record.owners.clear()
-            record.untested = False
+            record.forget_installation()
             if kept:
                 record.set(State.OVERRIDDEN, f"replaced by someone else, left as found: {', '.join(kept)}")
             else:
@@ -567,6 +498,145 @@ class Registry:
                             State.TARGET_MISSING,
                             f"import of {record.patch.target} failed: {type(error).__name__}: {error}",
                         )
+
+
+    # ------------------------------------------------------------- originals
+    def get_original(self, target: str, attribute: str) -> object:
+        """The value `target`'s `attribute` (a dotted path such as ``"Cls.method"``) had
+        before a patch of ours replaced it; the current raw value where none did.
+
+        Raw, as stored on the owner (a staticmethod stays one); MISSING where the
+        attribute was absent.  Raises LookupError when `target` is not imported.
+        """
+        with self._lock:
+            for record in self._records.values():
+                if record.patch.target == target and attribute in record.installed:
+                    return record.originals[attribute]
+        module = sys.modules.get(target)
+        if module is None:
+            raise LookupError(f"get_original: module {target!r} is not imported")
+        owner_path, name = split_attribute_path(attribute)
+        return read_raw(resolve_owner(module, owner_path), name)
+
+
+def _version_gate(patch: Patch) -> tuple[Outcome | None, str]:
+    """(None, the versions found) when every requirement holds, else (the skip, "").
+
+    An undecidable check (no `packaging` in a bare interpreter) lets the patch through.
+    """
+    notes = []
+    for distribution, specifier in patch.requires.items():
+        version = installed_version(distribution)
+        if version is None:
+            return Outcome(State.TARGET_MISSING, f"{distribution} is not installed", distribution_missing=True), ""
+        bad_specifier = specifier_error(specifier)
+        if bad_specifier:
+            return Outcome(State.SKIPPED_VERSION, f"invalid requirement for {distribution}: {bad_specifier}"), ""
+        verdict = version_satisfies(version, specifier)
+        if verdict is False:
+            return Outcome(State.SKIPPED_VERSION, f"{distribution} {version} is outside {specifier}"), ""
+        notes.append(f"{distribution} {version}" + (" (unchecked: packaging missing)" if verdict is None else ""))
+    return None, ", ".join(notes)
+
+
+def _resolve(patch: Patch, module: types.ModuleType) -> _Resolution:
+    """Every attribute's owner and raw original; what is missing is reported after the version gate."""
+    owners: dict[str, object] = {}
+    originals: dict[str, object] = {}
+    for path in patch.attributes:
+        owner_path, attribute = split_attribute_path(path)
+        try:
+            owner = resolve_owner(module, owner_path)
+        except AttributeError:
+            return _Resolution(owners, originals, f"{patch.target} has no {owner_path}")
+        raw = read_raw(owner, attribute)
+        if patch.kind is not PatchKind.ADD and raw is MISSING and not hasattr(owner, attribute):
+            return _Resolution(owners, originals, f"{patch.target} has no {path}")
+        owners[path] = owner
+        originals[path] = raw
+    return _Resolution(owners, originals, None)
+
+
+def _refusal(patch: Patch, resolution: _Resolution) -> Outcome | None:
+    """WRAP needs something to call; ADD must not shadow what upstream now defines itself."""
+    if patch.kind is PatchKind.WRAP:
+        not_callable = [
+            path for path, raw in resolution.originals.items() if raw is not MISSING and not _is_callable_member(raw)
+        ]
+        if not_callable:
+            return Outcome(State.FAILED, f"target attribute not callable: {', '.join(not_callable)}")
+    if patch.kind is PatchKind.ADD:
+        present = [path for path in patch.attributes if resolution.originals[path] is not MISSING]
+        if present:
+            return Outcome(State.SKIPPED_UPSTREAM, f"upstream defines {', '.join(present)}")
+    return None
+
+
+def _new_values(patch: Patch, module: types.ModuleType, resolution: _Resolution) -> dict[str, object]:
+    """The values to install: each wrapper around its original, plus what ``build`` returns."""
+    values = dict(patch.build(PatchContext(patch, module))) if patch.build is not None else {}
+    for path, wrapper in patch.wrappers.items():
+        values[path] = wrapped_member(
+            resolution.owners[path], split_attribute_path(path)[1], resolution.originals[path], wrapper
+        )
+    return values
+
+
+def _install(
+    patch: Patch, module: types.ModuleType, resolution: _Resolution, fingerprints: Mapping[str, str | None], note: str
+) -> Outcome:
+    """Build the new values and set them all, or none; returns what was installed."""
+    try:
+        new_values = _new_values(patch, module, resolution)
+    except Exception as error:  # nothing is touched if this raises
+        return Outcome(State.FAILED, f"build raised {type(error).__name__}: {error}", _short_trace())
+    if set(new_values) != set(patch.attributes) or len(new_values) != len(patch.attributes):
+        return Outcome(
+            State.FAILED, f"build returned {sorted(new_values)}, expected exactly {sorted(patch.attributes)}"
+        )
+    originals = resolution.originals
+    # REPLACE puts a function where a function was, and data where data was.
+    mismatched = [
+        path for path, value in new_values.items()
+        if patch.kind is PatchKind.REPLACE and originals[path] is not MISSING
+        and _is_callable_member(value) != _is_callable_member(originals[path])
+    ]
+    if mismatched:
+        return Outcome(
+            State.FAILED,
+            f"target attribute not callable where the replacement is (or the reverse): {', '.join(mismatched)}",
+        )
+    for value in new_values.values():
+        markers.mark(value, patch.name)
+    owners = resolution.owners
+    done: list[str] = []
+    try:
+        for path in patch.attributes:
+            attribute = split_attribute_path(path)[1]
+            setattr(owners[path], attribute, new_values[path])
+            done.append(path)
+            if attribute in TYPE_SLOT_ATTRIBUTES:
+                _forget_abc_answers(originals[path], new_values[path])
+    except Exception as error:
+        for path in reversed(done):
+            _restore(owners[path], split_attribute_path(path)[1], originals[path])
+        return Outcome(State.FAILED, f"installing raised {type(error).__name__}: {error}", _short_trace())
+    installed = {path: read_raw(owners[path], split_attribute_path(path)[1]) for path in patch.attributes}
+    # Drift: a target whose source we never tested still applies, but says so;
+    # code without source is untested too unless the patch lists it so.
+    untested = [
+        path + (" has no source" if print_ == NO_SOURCE else "")
+        for path, print_ in fingerprints.items()
+        if originals[path] is not MISSING and print_ is not None and print_ not in patch.tested_fingerprints.get(path, ())
+    ]
+    if untested:
+        note = f"untested target ({', '.join(untested)}); {note}"
+    return Outcome(
+        State.APPLIED,
+        note,
+        installation=Installation(dict(owners), dict(originals), installed),
+        untested=bool(untested),
+    )
 
 
 def _register_post_import_hook(target: str, hook) -> None:
@@ -673,3 +743,8 @@ def state(name: str) -> State:
 
 def record(name: str) -> PatchRecord:
     return process_registry().record(name)
+
+
+def get_original(target: str, attribute: str) -> object:
+    """See `Registry.get_original`."""
+    return process_registry().get_original(target, attribute)

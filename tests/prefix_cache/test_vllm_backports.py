@@ -219,7 +219,7 @@ def test_guard_on_pyc_only_target_falls_back_to_versions(tmp_path, monkeypatch):
     import sys
 
     from lmcache_ascend.compat.guards import evaluate_guard
-    from lmcache_ascend.patches.model import Verdict
+    from lmcache_ascend.compat.guards import Verdict
     from lmcache_ascend.patches.vllm import free_queue_prepend
 
     package = tmp_path / "pyc_only_vllm_core"
@@ -277,7 +277,7 @@ def test_signature_guards_see_through_third_party_wrappers(unpatched, monkeypatc
     import functools
 
     from lmcache_ascend.compat.guards import evaluate_guard
-    from lmcache_ascend.patches.model import Verdict
+    from lmcache_ascend.compat.guards import Verdict
     from vllm.v1.core import kv_cache_coordinator as module
 
     record = registry.record("vllm-coordinator-scheduler-block-size")
