@@ -38,3 +38,28 @@ def with_keyword_only(signature: inspect.Signature, name: str, default: object) 
     if parameters and parameters[-1].kind is inspect.Parameter.VAR_KEYWORD:
         at -= 1
     return signature.replace(parameters=parameters[:at] + [extra] + parameters[at:])
+
+
+def call_arguments(wrapped: Callable, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+    """The arguments of the call ``wrapped(*args, **kwargs)`` by parameter name, defaults
+    applied, so a wrapper reads what it needs without restating upstream's signature.
+
+    Edit ``.arguments`` and call ``wrapped(*bound.args, **bound.kwargs)`` to pass them on.
+    """
+    function = getattr(wrapped, "__func__", wrapped)
+    signature = _signature(function)
+    if function is not wrapped:  # bound: the first parameter is taken
+        signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound
+
+
+_SIGNATURES: dict[Callable, inspect.Signature] = {}
+
+
+def _signature(function: Callable) -> inspect.Signature:
+    signature = _SIGNATURES.get(function)
+    if signature is None:
+        signature = _SIGNATURES[function] = inspect.signature(function)
+    return signature

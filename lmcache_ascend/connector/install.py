@@ -22,12 +22,12 @@ from lmcache_ascend.kv_layout.registration import (
     plane_groups_from_layer_names,
     transferred_kv_caches,
 )
+from lmcache_ascend.multigroup.adapter_scheduler import LAYOUT_ATTRIBUTE  # set by the lmcache-adapter-multigroup patch
 
 __all__ = ["install_multigroup_connector", "plan_for_engine"]
 
 logger = logging.getLogger(__name__)
 
-LAYOUT_ATTRIBUTE = "_ascend_multigroup_layout"  # set by the lmcache-adapter-multigroup patch
 METADATA_LAYOUT_ATTRIBUTE = "ascend_chunk_layout"  # read by the lmcache-metadata-chunk-bytes patch
 
 

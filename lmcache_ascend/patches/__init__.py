@@ -2,9 +2,10 @@
 
 Patch authors need only::
 
-    from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard, PatchContext
+    from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard, adds_keywords
 
-and a line in `lmcache_ascend.patches.catalogue`.  See `model.Patch`.
+module-level wrappers ``wrapper(wrapped, instance, args, kwargs)`` and a line in
+`lmcache_ascend.patches.catalogue`.  See `model.Patch`.
 """
 
 from lmcache_ascend.patches.model import (
@@ -15,6 +16,7 @@ from lmcache_ascend.patches.model import (
     State,
     UpstreamGuard,
     Verdict,
+    adds_keywords,
 )
 
-__all__ = ["MISSING", "Patch", "PatchContext", "PatchKind", "State", "UpstreamGuard", "Verdict"]
+__all__ = ["MISSING", "Patch", "PatchContext", "PatchKind", "State", "UpstreamGuard", "Verdict", "adds_keywords"]

@@ -14,7 +14,7 @@ from lmcache_ascend.compat.guards import UpstreamGuard, Verdict
 
 __all__ = [
     "MISSING", "Patch", "PatchContext", "PatchKind", "State", "UpstreamGuard", "Verdict", "Wrapper",
-    "wrapped_member",
+    "adds_keywords", "wrapped_member",
 ]
 
 # A module-level wrapper, wrapt's convention: ``wrapper(wrapped, instance, args, kwargs)``
@@ -79,8 +79,8 @@ class Patch:
     all or none, marks what it installs and can restore the originals.
 
     ``summary`` (what), ``why``, ``mirrors`` and ``delete_when`` are the patch's
-    description, written here only: the CLI's ``show`` and `describe` derive
-    from them, and a patch module's docstring says how the code works, not these.
+    description, written here only: the CLI's ``show`` derives from them, and a
+    patch module's docstring says how the code works, not these (a test checks).
     """
 
     name: str
@@ -103,12 +103,6 @@ class Patch:
     # Patches that must be in (applied, or found upstream) before this one.
     after: tuple[str, ...] = ()
     tested_fingerprints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-    def describe(self) -> str:
-        """What / Why / Mirrors / Delete when, as the CLI shows them."""
-        return (
-            f"What: {self.summary}\nWhy: {self.why}\nMirrors: {self.mirrors}\nDelete when: {self.delete_when}"
-        )
 
     def __post_init__(self) -> None:
         problems = []
@@ -185,33 +179,60 @@ class PatchContext:
         return raw
 
 
+def adds_keywords(**defaults: object) -> Callable[[Wrapper], Wrapper]:
+    """Declare the keyword-only arguments a wrapper takes beyond the original's (it pops
+    them from ``kwargs``); the installed function's signature shows them."""
+
+    def declare(wrapper: Wrapper) -> Wrapper:
+        wrapper.added_keywords = dict(defaults)
+        return wrapper
+
+    return declare
+
+
 def wrapped_member(owner: object, name: str, raw: object, wrapper: Wrapper) -> object:
     """The value to install for `owner.name` (raw value `raw`, MISSING when inherited)
     that calls ``wrapper(wrapped, instance, args, kwargs)``, bound as the original is."""
     if raw is MISSING:
         raw = inspect.getattr_static(owner, name)
+    if isinstance(raw, property):
+        raise TypeError(f"{name} is a property: wrap its getter with a build instead")
     if isinstance(raw, staticmethod):
         function = raw.__func__
 
         def call_static(*args, **kwargs):
             return wrapper(function, None, args, kwargs)
 
-        return staticmethod(functools.update_wrapper(call_static, function))
+        return staticmethod(_like(call_static, function, wrapper))
     if isinstance(raw, classmethod):
         function = raw.__func__
 
         def call_class(cls, *args, **kwargs):
             return wrapper(types.MethodType(function, cls), cls, args, kwargs)
 
-        return classmethod(functools.update_wrapper(call_class, function))
+        return classmethod(_like(call_class, function, wrapper))
     if not isinstance(owner, type):  # a module's function
 
         def call_function(*args, **kwargs):
             return wrapper(raw, None, args, kwargs)
 
-        return functools.update_wrapper(call_function, raw)
+        return _like(call_function, raw, wrapper)
 
     def call_method(self, *args, **kwargs):
         return wrapper(types.MethodType(raw, self), self, args, kwargs)
 
-    return functools.update_wrapper(call_method, raw)
+    return _like(call_method, raw, wrapper)
+
+
+def _like(call: Callable[..., Any], original: Callable[..., Any], wrapper: Wrapper) -> Callable[..., Any]:
+    """`call` with the original's name, doc and signature (plus the wrapper's added keywords)."""
+    functools.update_wrapper(call, original)
+    added = getattr(wrapper, "added_keywords", None)
+    if added:
+        from lmcache_ascend.compat.signatures import with_keyword_only
+
+        signature = inspect.signature(original)
+        for keyword, default in added.items():
+            signature = with_keyword_only(signature, keyword, default)
+        call.__signature__ = signature
+    return call

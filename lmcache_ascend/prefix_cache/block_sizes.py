@@ -108,3 +108,11 @@ def aggregated_page_size_bytes(page_sizes_by_group: Iterable[int]) -> int:
     if not sizes or any(size < 0 for size in sizes):
         raise ValueError(f"page sizes by group {sizes} must be a non-empty list of sizes >= 0")
     return sum(sizes)
+
+
+def spec_with_flag_block_size(wrapped, instance, args, kwargs):
+    """Wrapper of vllm-ascend's DeepSeek-V4 ``get_kv_cache_spec`` methods: the spec they
+    return, with the block size ``VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE`` sets."""
+    from lmcache_ascend.flags import flag_value
+
+    return with_compressed_block_size(wrapped(*args, **kwargs), flag_value(COMPRESSED_BLOCK_SIZE_FLAG))

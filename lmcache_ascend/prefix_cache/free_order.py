@@ -29,3 +29,15 @@ def split_for_free(blocks_in_free_order: Iterable[Block], is_cached: Callable[[B
     for block in blocks_in_free_order:
         (split.to_back if is_cached(block) else split.to_front).append(block)
     return split
+
+
+def free_scratch_first(block_pool, blocks_in_free_order: Iterable[Block]) -> None:
+    """Free `blocks_in_free_order` into vLLM's `block_pool`: cached ones to the back of the
+    free queue, then scratch ones to the front (``free_blocks(..., prepend=True)``)."""
+    split = split_for_free(blocks_in_free_order, _is_cached)
+    block_pool.free_blocks(split.to_back)
+    block_pool.free_blocks(split.to_front, prepend=True)
+
+
+def _is_cached(block) -> bool:
+    return block.block_hash is not None

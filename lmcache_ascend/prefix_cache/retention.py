@@ -173,3 +173,39 @@ class SlidingWindowCheckpoints:
             if all(kept[run_start:run_end]):
                 positions.append(length)
         return positions
+
+
+def cache_sliding_window_blocks(manager, request, num_tokens: int, retention_interval: int | None) -> None:
+    """vLLM 0.23's sliding-window ``cache_blocks`` on a vLLM 0.18 manager (duck-typed):
+    cache only the full blocks that can serve a hit at an aligned length."""
+    request_id = request.request_id
+    num_cached_blocks = manager.num_cached_block.get(request_id, 0)
+    num_full_blocks = num_tokens // manager.block_size
+    if num_cached_blocks >= num_full_blocks:
+        return
+    checkpoints = SlidingWindowCheckpoints(
+        block_size=manager.block_size,
+        sliding_window=manager.sliding_window,
+        alignment_tokens=getattr(manager, "scheduler_block_size", manager.block_size),
+        use_eagle=getattr(manager, "use_eagle", False),
+        retention_interval=retention_interval,
+    )
+    mask = checkpoints.block_mask(num_cached_blocks, num_full_blocks, request.num_prompt_tokens)
+    blocks = manager.req_to_blocks[request_id]
+    if mask is not None:
+        # BlockPool.cache_full_blocks skips null blocks: hand it a view in
+        # which the blocks that can never serve a hit are null, so they stay
+        # uncached scratch (and are reused first when freed).
+        blocks = list(blocks[:num_full_blocks])
+        for offset, keep in enumerate(mask):
+            if not keep:
+                blocks[num_cached_blocks + offset] = manager._null_block
+    manager.block_pool.cache_full_blocks(
+        request=request,
+        blocks=blocks,
+        num_cached_blocks=num_cached_blocks,
+        num_full_blocks=num_full_blocks,
+        block_size=manager.block_size,
+        kv_cache_group_id=manager.kv_cache_group_id,
+    )
+    manager.num_cached_block[request_id] = num_full_blocks

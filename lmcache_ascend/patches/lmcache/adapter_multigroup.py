@@ -1,166 +1,102 @@
-"""Per-group block tracking and slot mappings in LMCache's in-process vLLM adapter.
+"""Scheduler side of multi-group KV caches in LMCache's in-process vLLM adapter.
 
-What: in ``lmcache.integration.vllm.vllm_v1_adapter`` the scheduler side keeps
-every KV-cache group: ``RequestTracker`` gains a per-group block tracker
-(``tracker.ascend_block_tracker``), ``ReqMeta`` gains per-group slot mappings
-(``req_meta.ascend_group_slots``, a `GroupSlotMappings`), and the connector
-checks at start that multi-group mode has ``discard_partial_chunks`` and a
-chunk size every compress ratio divides; a tracker rolled back after a failed
-load keeps the prefix all groups cover. Single-group models take the
+``RequestTracker`` gains a per-group block tracker (``tracker.ascend_block_tracker``),
+``ReqMeta`` gains per-group slot mappings (``req_meta.ascend_group_slots``, a
+`GroupSlotMappings`), and the connector checks at start that multi-group mode has
+``discard_partial_chunks`` and a chunk size every compress ratio divides; a tracker
+rolled back after a failed load keeps the prefix all groups cover
+(`lmcache_ascend.multigroup.adapter_scheduler`).  Single-group models take the
 untouched upstream path (nothing is attached, results are byte-identical).
-Why: upstream keeps only ``block_ids[0]`` ("TODO: support multiple
-KVCacheGroup"), so hybrid models (DeepSeek-V4: 11 groups on vllm-ascend, 5 on
-CUDA) lose every other group's KV.
-Mirrors: LMCache-Ascend #246 (multi-group in-process connector) and vLLM
-#42437 (per-group block ids for LMCache's MP connector), on the in-process path.
-Delete when: LMCache's in-process adapter tracks ``block_ids`` per group.
 """
 
 from __future__ import annotations
 
 import contextvars
-import functools
 
-from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
+from lmcache_ascend.compat.signatures import call_arguments
+from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 # The layout of the connector whose build_connector_meta is running; the
 # tracker/ReqMeta hooks are static methods with no connector at hand.
 _ACTIVE_LAYOUT: contextvars.ContextVar = contextvars.ContextVar("lmcache_ascend_active_layout", default=None)
 
-LAYOUT_ATTRIBUTE = "_ascend_multigroup_layout"
-TRACKER_ATTRIBUTE = "ascend_block_tracker"
+
+def init_connector_state_wrapper(wrapped, instance, args, kwargs):
+    from lmcache_ascend.multigroup.adapter_scheduler import connector_layout
+
+    wrapped(*args, **kwargs)
+    connector_layout(instance)  # fail at connector start, naming the setting
 
 
-def _build(ctx: PatchContext) -> dict[str, object]:
-    from lmcache_ascend.multigroup.connector_state import (
-        check_chunk_size,
-        check_discard_partial_chunks,
-        layout_for_connector,
-    )
-    from lmcache_ascend.multigroup.slicing import prefix_bound_in_vllm_blocks, primary_group_index
+def build_connector_meta_wrapper(wrapped, instance, args, kwargs):
+    from lmcache_ascend.multigroup.adapter_scheduler import connector_layout, roll_back_trackers
+
+    layout = connector_layout(instance)
+    if layout is None:
+        return wrapped(*args, **kwargs)
+    roll_back_trackers(instance, call_arguments(wrapped, args, kwargs).arguments["scheduler_output"], layout)
+    token = _ACTIVE_LAYOUT.set(layout)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _ACTIVE_LAYOUT.reset(token)
+
+
+def from_new_request_wrapper(wrapped, instance, args, kwargs):
+    tracker = wrapped(*args, **kwargs)
+    layout = _ACTIVE_LAYOUT.get()
+    if layout is not None:
+        from lmcache_ascend.multigroup.adapter_scheduler import TRACKER_ATTRIBUTE
+        from lmcache_ascend.multigroup.tracker import GroupBlockTracker
+
+        new_request = call_arguments(wrapped, args, kwargs).arguments["new_request"]
+        setattr(tracker, TRACKER_ATTRIBUTE, GroupBlockTracker.for_new_request(new_request.block_ids, layout.num_groups))
+    return tracker
+
+
+def update_wrapper(wrapped, instance, args, kwargs):
+    from lmcache_ascend.multigroup.adapter_scheduler import TRACKER_ATTRIBUTE
+
+    wrapped(*args, **kwargs)
+    groups = vars(instance).get(TRACKER_ATTRIBUTE)
+    if groups is None:
+        return
+    call = call_arguments(wrapped, args, kwargs).arguments
+    new_block_ids, preempted = call["new_block_ids"], call.get("preempted", False)
+    if preempted:
+        groups.reset_after_preemption(new_block_ids)
+    elif new_block_ids is not None:
+        groups.append_new_blocks(new_block_ids)
+
+
+def from_request_tracker_wrapper(wrapped, instance, args, kwargs):
+    from lmcache_ascend.multigroup.adapter_scheduler import TRACKER_ATTRIBUTE
+    from lmcache_ascend.multigroup.slicing import primary_group_index
     from lmcache_ascend.multigroup.slots import REQ_META_ATTRIBUTE, build_group_slot_mappings
-    from lmcache_ascend.multigroup.tracker import GroupBlockTracker
 
-    original_init_state = ctx.original_function("LMCacheConnectorV1Impl._init_connector_state")
-    original_build_meta = ctx.original_function("LMCacheConnectorV1Impl.build_connector_meta")
-    original_from_new = ctx.original_function("RequestTracker.from_new_request")
-    original_update = ctx.original_function("RequestTracker.update")
-    original_from_tracker = ctx.original_function("ReqMeta.from_request_tracker")
-
-    def connector_layout(connector):
-        """Layout of `connector` (computed once); None for single-group models."""
-        try:
-            return vars(connector)[LAYOUT_ATTRIBUTE]
-        except KeyError:
-            pass
-        parent = getattr(connector, "_parent", None)
-        layout = layout_for_connector(
-            getattr(parent, "_kv_cache_config", None), connector._block_size, getattr(connector, "config", None)
-        )
-        if layout is not None and layout.is_multi_group:
-            check_discard_partial_chunks(layout, connector._discard_partial_chunks)
-            check_chunk_size(layout, connector._lmcache_chunk_size)
-        else:
-            layout = None
-        setattr(connector, LAYOUT_ATTRIBUTE, layout)
-        return layout
-
-    @functools.wraps(original_init_state)
-    def _init_connector_state(self, role, vllm_config, config):
-        original_init_state(self, role, vllm_config, config)
-        connector_layout(self)  # fail at connector start, naming the setting
-
-    def roll_back_trackers(connector, scheduler_output, layout) -> None:
-        """Truncate rolled-back multi-group trackers before upstream does.
-
-        After a failed load vLLM lowers ``num_computed_tokens``; upstream then
-        caps the kept tokens at ``len(allocated_block_ids) * vLLM block size``,
-        which for group 0 of a hybrid model is wrong (e.g. 256-token blocks
-        counted as 4-token ones). The right cap is the prefix every
-        transferred group covers (seed 001's bound, missing groups count 0).
-        """
-        for req_id in getattr(scheduler_output.scheduled_cached_reqs, "req_ids", ()):
-            tracker = connector._request_trackers.get(req_id)
-            request = connector._unfinished_requests.get(req_id)
-            groups = vars(tracker).get(TRACKER_ATTRIBUTE) if tracker is not None else None
-            if groups is None or request is None or request.num_computed_tokens >= len(tracker.token_ids):
-                continue
-            counts = groups.num_blocks_by_group()
-            covered_blocks = prefix_bound_in_vllm_blocks(
-                {g: counts[g] for g in layout.transferred_group_indices},
-                {g: layout.groups[g].block_size for g in layout.transferred_group_indices},
-                layout.vllm_block_size,
-            )
-            keep = min(request.num_computed_tokens, covered_blocks * layout.vllm_block_size)
-            tracker.token_ids = list(request.all_token_ids[:keep])
-            tracker.num_saved_tokens = min(tracker.num_saved_tokens, keep)
-
-    @functools.wraps(original_build_meta)
-    def build_connector_meta(self, scheduler_output):
-        layout = connector_layout(self)
-        if layout is None:
-            return original_build_meta(self, scheduler_output)
-        roll_back_trackers(self, scheduler_output, layout)
-        token = _ACTIVE_LAYOUT.set(layout)
-        try:
-            return original_build_meta(self, scheduler_output)
-        finally:
-            _ACTIVE_LAYOUT.reset(token)
-
-    @functools.wraps(original_from_new)
-    def from_new_request(lmcache_config, new_request, *args, **kwargs):
-        tracker = original_from_new(lmcache_config, new_request, *args, **kwargs)
-        layout = _ACTIVE_LAYOUT.get()
-        if layout is not None:
-            setattr(tracker, TRACKER_ATTRIBUTE, GroupBlockTracker.for_new_request(new_request.block_ids, layout.num_groups))
-        return tracker
-
-    @functools.wraps(original_update)
-    def update(self, new_token_ids, new_block_ids, preempted=False, *args, **kwargs):
-        original_update(self, new_token_ids, new_block_ids, preempted, *args, **kwargs)
-        groups = vars(self).get(TRACKER_ATTRIBUTE)
-        if groups is not None and (preempted or new_block_ids is not None):
-            if preempted:
-                groups.reset_after_preemption(new_block_ids)
-            else:
-                groups.append_new_blocks(new_block_ids)
-
-    @functools.wraps(original_from_tracker)
-    def from_request_tracker(tracker, block_size, lmcache_chunk_size=256, load_spec=None, *args, **kwargs):
-        groups = vars(tracker).get(TRACKER_ATTRIBUTE)
-        layout = _ACTIVE_LAYOUT.get()
-        if groups is None or layout is None:
-            return original_from_tracker(tracker, block_size, lmcache_chunk_size, load_spec, *args, **kwargs)
-        # Upstream sizes its single slot mapping from one block table; hand it
-        # the primary group's table and block size so its bookkeeping (token
-        # count checks, slot_mapping length = token count) stays meaningful.
-        primary = primary_group_index(
-            groups.num_blocks_by_group(), layout.block_sizes, layout.transferred_group_indices
-        )
-        group_zero_ids = tracker.allocated_block_ids
-        tracker.allocated_block_ids = groups.block_ids_by_group[primary]
-        try:
-            req_meta = original_from_tracker(
-                tracker, layout.groups[primary].block_size, lmcache_chunk_size, load_spec, *args, **kwargs
-            )
-        finally:
-            tracker.allocated_block_ids = group_zero_ids
-        if req_meta is not None:
-            vllm_cached = load_spec.vllm_cached_tokens if load_spec is not None and load_spec.can_load else 0
-            setattr(
-                req_meta,
-                REQ_META_ATTRIBUTE,
-                build_group_slot_mappings(layout, groups, len(req_meta.token_ids), lmcache_chunk_size, vllm_cached),
-            )
-        return req_meta
-
-    return {
-        "LMCacheConnectorV1Impl._init_connector_state": _init_connector_state,
-        "LMCacheConnectorV1Impl.build_connector_meta": build_connector_meta,
-        "RequestTracker.from_new_request": staticmethod(from_new_request),
-        "RequestTracker.update": update,
-        "ReqMeta.from_request_tracker": staticmethod(from_request_tracker),
-    }
+    call = call_arguments(wrapped, args, kwargs)
+    tracker = call.arguments["tracker"]
+    groups = vars(tracker).get(TRACKER_ATTRIBUTE)
+    layout = _ACTIVE_LAYOUT.get()
+    if groups is None or layout is None:
+        return wrapped(*args, **kwargs)
+    # Upstream sizes its single slot mapping from one block table; hand it
+    # the primary group's table and block size so its bookkeeping (token
+    # count checks, slot_mapping length = token count) stays meaningful.
+    primary = primary_group_index(groups.num_blocks_by_group(), layout.block_sizes, layout.transferred_group_indices)
+    call.arguments["block_size"] = layout.groups[primary].block_size
+    group_zero_ids = tracker.allocated_block_ids
+    tracker.allocated_block_ids = groups.block_ids_by_group[primary]
+    try:
+        req_meta = wrapped(*call.args, **call.kwargs)
+    finally:
+        tracker.allocated_block_ids = group_zero_ids
+    if req_meta is not None:
+        load_spec, chunk_size = call.arguments["load_spec"], call.arguments["lmcache_chunk_size"]
+        vllm_cached = load_spec.vllm_cached_tokens if load_spec is not None and load_spec.can_load else 0
+        slots = build_group_slot_mappings(layout, groups, len(req_meta.token_ids), chunk_size, vllm_cached)
+        setattr(req_meta, REQ_META_ATTRIBUTE, slots)
+    return req_meta
 
 
 def _upstream_tracks_groups(module) -> bool | None:
@@ -188,7 +124,13 @@ PATCH = Patch(
         unfixed_if_source_contains=("TODO: Please support multiple KVCacheGroup",),
     ),
     flags=("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"),
-    build=_build,
+    wrappers={
+        "LMCacheConnectorV1Impl._init_connector_state": init_connector_state_wrapper,
+        "LMCacheConnectorV1Impl.build_connector_meta": build_connector_meta_wrapper,
+        "RequestTracker.from_new_request": from_new_request_wrapper,
+        "RequestTracker.update": update_wrapper,
+        "ReqMeta.from_request_tracker": from_request_tracker_wrapper,
+    },
     summary="tracks block ids and slot mappings per KV-cache group in LMCache's in-process adapter",
     why="upstream keeps only block_ids[0]; hybrid models (DeepSeek-V4) lose every other group's KV",
     mirrors="LMCache-Ascend #246 (multi-group in-process connector); vLLM #42437 per-group block ids",

@@ -1,6 +1,6 @@
 """Worker side of multi-group KV caches in LMCache's in-process vLLM adapter.
 
-What: in ``lmcache.integration.vllm.vllm_v1_adapter``,
+in ``lmcache.integration.vllm.vllm_v1_adapter``,
 ``LMCacheConnectorV1Impl.register_kv_caches`` swaps lmcache-ascend's
 ``MultiGroupGPUConnector`` into the engine when the registered caches are
 multi-group or multi-plane (or the device has no LMCache connector), and
@@ -11,93 +11,83 @@ which picks the request's slots. ``wait_for_save`` never persists a chunk that
 has a row to store on vLLM's null block (e.g. a sliding-window tail released
 after a vLLM prefix hit): such a chunk would be loaded later as if it were KV. Single-group CUDA models keep upstream's
 connector and path unchanged.
-Why: upstream moves one homogeneous layer set with the slot mapping of group 0,
-so every other group's KV (and every multi-plane layer) is lost or rejected.
-Mirrors: LMCache-Ascend #246 (multi-group NPU connector and the adapter's
-per-group ``wait_for_save`` / ``start_load_kv``).
-Delete when: LMCache's in-process adapter and connector move every KV-cache
-group with its own slot mapping.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 
-from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
+from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 
-def _build(ctx: PatchContext) -> dict[str, object]:
-    from lmcache_ascend.connector.install import install_multigroup_connector
+def _bound_connector(adapter):
+    """The engine's connector when it is lmcache-ascend's multi-group one, else None."""
     from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
+
+    engine = adapter.lmcache_engine
+    connector = getattr(engine, "gpu_connector", None) if engine is not None else None
+    return connector if isinstance(connector, MultiGroupGPUConnector) else None
+
+
+def _run_with_request_slots(adapter, wrapped, args, kwargs):
+    """Call `wrapped` with the multi-group connector holding each scheduled request's group slots."""
     from lmcache_ascend.multigroup.slots import group_slots_of
 
-    original_register = ctx.original_function("LMCacheConnectorV1Impl.register_kv_caches")
-    original_start_load = ctx.original_function("LMCacheConnectorV1Impl.start_load_kv")
-    original_wait_for_save = ctx.original_function("LMCacheConnectorV1Impl.wait_for_save")
+    connector = _bound_connector(adapter)
+    if connector is None:
+        return wrapped(*args, **kwargs)
+    metadata = adapter._parent._get_connector_metadata()
+    requests = getattr(metadata, "requests", ()) or ()
+    connector.bind_request_slots({request.req_id: group_slots_of(request) for request in requests})
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        connector.unbind_request_slots()
 
-    def bound_connector(adapter):
-        engine = adapter.lmcache_engine
-        connector = getattr(engine, "gpu_connector", None) if engine is not None else None
-        return connector if isinstance(connector, MultiGroupGPUConnector) else None
 
-    def run_with_request_slots(adapter, original, *args, **kwargs):
-        connector = bound_connector(adapter)
-        if connector is None:
-            return original(adapter, *args, **kwargs)
-        metadata = adapter._parent._get_connector_metadata()
-        requests = getattr(metadata, "requests", ()) or ()
-        connector.bind_request_slots({request.req_id: group_slots_of(request) for request in requests})
-        try:
-            return original(adapter, *args, **kwargs)
-        finally:
-            connector.unbind_request_slots()
+def register_kv_caches_wrapper(wrapped, instance, args, kwargs):
+    from lmcache_ascend.connector.install import install_multigroup_connector
 
-    @functools.wraps(original_register)
-    def register_kv_caches(self, kv_caches):
-        original_register(self, kv_caches)
-        install_multigroup_connector(self)
+    wrapped(*args, **kwargs)
+    install_multigroup_connector(instance)
 
-    @functools.wraps(original_start_load)
-    def start_load_kv(self, forward_context, **kwargs):
-        return run_with_request_slots(self, original_start_load, forward_context, **kwargs)
 
-    def skip_unfillable_chunks(adapter) -> None:
-        """Raise each request's store start past its last chunk with a row on vLLM's null block."""
-        metadata = adapter._parent._get_connector_metadata()
-        producer = getattr(adapter, "kv_role", None) == "kv_producer"
-        for request in getattr(metadata, "requests", ()) or ():
-            slots = group_slots_of(request)
-            save_spec = getattr(request, "save_spec", None)
-            # Upstream stores for a producer even when can_save is False.
-            if slots is None or save_spec is None or not (save_spec.can_save or producer):
-                continue
-            first = slots.first_storable_token()
-            # A producer starts at min(skip_leading_tokens, disagg_spec.num_transferred_tokens):
-            # both must be raised, or upstream lowers the start below the holes again.
-            disagg_spec = getattr(request, "disagg_spec", None) if producer else None
-            starts = [save_spec.skip_leading_tokens]
-            if disagg_spec is not None:
-                starts.append(disagg_spec.num_transferred_tokens)
-            if first <= min(starts):
-                continue
-            _log_skipped_store(request.req_id, min(starts), first)
-            request.save_spec = dataclasses.replace(save_spec, skip_leading_tokens=max(first, starts[0]))
-            if disagg_spec is not None and disagg_spec.num_transferred_tokens < first:
-                # Upstream sets it to the stored length after the store; nothing else reads it.
-                disagg_spec.num_transferred_tokens = first
+def start_load_kv_wrapper(wrapped, instance, args, kwargs):
+    return _run_with_request_slots(instance, wrapped, args, kwargs)
 
-    @functools.wraps(original_wait_for_save)
-    def wait_for_save(self):
-        skip_unfillable_chunks(self)
-        return run_with_request_slots(self, original_wait_for_save)
 
-    return {
-        "LMCacheConnectorV1Impl.register_kv_caches": register_kv_caches,
-        "LMCacheConnectorV1Impl.start_load_kv": start_load_kv,
-        "LMCacheConnectorV1Impl.wait_for_save": wait_for_save,
-    }
+def wait_for_save_wrapper(wrapped, instance, args, kwargs):
+    _skip_unfillable_chunks(instance)
+    return _run_with_request_slots(instance, wrapped, args, kwargs)
+
+
+def _skip_unfillable_chunks(adapter) -> None:
+    """Raise each request's store start past its last chunk with a row on vLLM's null block."""
+    from lmcache_ascend.multigroup.slots import group_slots_of
+
+    metadata = adapter._parent._get_connector_metadata()
+    producer = getattr(adapter, "kv_role", None) == "kv_producer"
+    for request in getattr(metadata, "requests", ()) or ():
+        slots = group_slots_of(request)
+        save_spec = getattr(request, "save_spec", None)
+        # Upstream stores for a producer even when can_save is False.
+        if slots is None or save_spec is None or not (save_spec.can_save or producer):
+            continue
+        first = slots.first_storable_token()
+        # A producer starts at min(skip_leading_tokens, disagg_spec.num_transferred_tokens):
+        # both must be raised, or upstream lowers the start below the holes again.
+        disagg_spec = getattr(request, "disagg_spec", None) if producer else None
+        starts = [save_spec.skip_leading_tokens]
+        if disagg_spec is not None:
+            starts.append(disagg_spec.num_transferred_tokens)
+        if first <= min(starts):
+            continue
+        _log_skipped_store(request.req_id, min(starts), first)
+        request.save_spec = dataclasses.replace(save_spec, skip_leading_tokens=max(first, starts[0]))
+        if disagg_spec is not None and disagg_spec.num_transferred_tokens < first:
+            # Upstream sets it to the stored length after the store; nothing else reads it.
+            disagg_spec.num_transferred_tokens = first
 
 
 def _log_skipped_store(request_id: str, requested_start: int, start: int) -> None:
@@ -133,7 +123,11 @@ PATCH = Patch(
         fixed_if_source_contains=("slot_mappings_by_group",),
         unfixed_if_source_contains=("slot_mapping=slot_mapping,",),
     ),
-    build=_build,
+    wrappers={
+        "LMCacheConnectorV1Impl.register_kv_caches": register_kv_caches_wrapper,
+        "LMCacheConnectorV1Impl.start_load_kv": start_load_kv_wrapper,
+        "LMCacheConnectorV1Impl.wait_for_save": wait_for_save_wrapper,
+    },
     summary="worker moves every KV-cache group: multi-group connector swapped in, per-group slots fed per request",
     why="upstream moves only group 0 with one homogeneous connector; other groups and multi-plane layers are lost",
     mirrors="LMCache-Ascend #246 (multi-group NPU connector, per-group wait_for_save / start_load_kv)",

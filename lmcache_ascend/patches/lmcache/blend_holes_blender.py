@@ -1,114 +1,108 @@
 """Hole-mode CacheBlend, blender side: always recompute holes, top-k the rest.
 
-What: ``LMCBlender.blend_layer`` passes the hole-aware engine
-(`blend_holes_engine`) a sink through which the retrieval reports the
-`SegmentLookup` it acted on; ``LMCBlender.process_qkv`` then, at the check
-layer, selects hole tokens (everything not loaded) plus, per stretch of cached
-documents, the top ``ratio`` of cached tokens by K deviation
-(`lmcache_ascend.blend.selection`), and before the check layer writes the
-freshly computed K/V of every token into the layerwise buffer, so holes (which
-LMCache's buffer zeroes) never reach paged memory with zero or stale KV.
-Without a reported lookup (engine side off, or a standard request) both run
-the original.
-Why: standard CacheBlend assumes a contiguous cached prefix; with holes the
-unloaded tokens must be recomputed in every layer, whatever their deviation.
-Mirrors: LMCache-Ascend PR #254 (``LMCBlenderHole``), rewritten as a thin
-wrapper around LMCache's own blender.
-Delete when: LMCache's blender handles non-contiguous cached segments.
+``LMCBlender.blend_layer`` passes the hole-aware engine (`blend_holes_engine`) a
+sink through which the retrieval reports the `SegmentLookup` it acted on;
+``LMCBlender.process_qkv`` then, at the check layer, selects hole tokens
+(everything not loaded) plus, per stretch of cached documents, the top ``ratio``
+of cached tokens by K deviation (`lmcache_ascend.blend.selection`), and before
+the check layer writes the freshly computed K/V of every token into the
+layerwise buffer, so holes (which LMCache's buffer zeroes) never reach paged
+memory with zero or stale KV.  Without a reported lookup (engine side off, or a
+standard request) both run the original.
 """
 
 from __future__ import annotations
 
-from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
-from lmcache_ascend.patches.lmcache.blend_holes_engine import BLENDER_PATCH_NAME, HOLE_SINK_KWARG
-
-# Per-request state on the blender: (SegmentLookup, first buffer token) or None.
-HOLE_STATE_ATTRIBUTE = "_ascend_blend_hole_state"
+from lmcache_ascend.blend.holes import BLENDER_PATCH_NAME, ENGINE_PATCH_NAME, HOLE_SINK_KWARG, HOLE_STATE_ATTRIBUTE
+from lmcache_ascend.compat.signatures import call_arguments
+from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 
-def _build(ctx: PatchContext) -> dict[str, object]:
+def blend_layer_wrapper(wrapped, instance, args, kwargs):
+    from lmcache_ascend.compat.markers import patch_names_on
+
+    setattr(instance, HOLE_STATE_ATTRIBUTE, None)  # never carry a lookup across requests
+    engine_retrieve = getattr(type(instance.cache_engine), "retrieve_layer", None)
+    if ENGINE_PATCH_NAME in patch_names_on(engine_retrieve):
+
+        def receive(lookup, buffer_start: int) -> None:
+            setattr(instance, HOLE_STATE_ATTRIBUTE, (lookup, buffer_start))
+
+        kwargs = {**kwargs, HOLE_SINK_KWARG: receive}
+    return wrapped(*args, **kwargs)
+
+
+def process_qkv_wrapper(wrapped, instance, args, kwargs):
+    state = getattr(instance, HOLE_STATE_ATTRIBUTE, None)
+    if state is None:
+        return wrapped(*args, **kwargs)
+    import torch
+
+    call = call_arguments(wrapped, args, kwargs).arguments
+    q, k, v, layer_id = call["q"], call["k"], call["v"], call["layer_id"]
+    lookup, buffer_start = state
+    metadata = instance.metadata
+    if metadata.imp_indices is None and lookup.num_tokens != q.shape[0]:
+        raise ValueError(
+            f"hole-mode blend: the retrieval covered {lookup.num_tokens} tokens but layer "
+            f"{layer_id} computes {q.shape[0]}; the blender and engine disagree on the request"
+        )
+    old_k, old_v = instance.gpu_connector.get_kv(layer_id)
+    buffer_rows = slice(buffer_start, buffer_start + old_k.shape[0])
+    attn_output = call["attn_output"]
+    if attn_output is None:
+        attn_output = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if metadata.positions is None:
+        metadata.positions = torch.arange(q.shape[0], device=q.device, dtype=torch.int64)
+    rotary = instance.layerwise_model.vllm_model.model.layers[layer_id].self_attn.rotary_emb
+    q, k = rotary(metadata.positions, q, k)
+    residual, attn_metadata = call["residual"], call["attn_metadata"]
+    if metadata.imp_indices is None and layer_id not in instance.common_metadata.check_layers:
+        # Before the check layer every token is recomputed; its fresh KV is
+        # exact, and holes have none in the buffer, so it goes there.
+        old_k.copy_(k[buffer_rows])
+        old_v.copy_(v[buffer_rows])
+        return q, k, v, residual, attn_output, attn_metadata
+    if metadata.imp_indices is None:  # the check layer: choose once
+        chosen = _choose_recomputed_tokens(instance, lookup, k, old_k, buffer_rows)
+        q, k, v, residual = q[chosen], k[chosen], v[chosen], residual[chosen]
+        metadata.imp_indices = chosen
+        metadata.positions = metadata.positions[chosen]
+        attn_output = attn_output[: chosen.numel()]
+        attn_metadata.update_from_top_indices(chosen)
+    k, v = _write_chosen_kv(metadata.imp_indices, k, v, old_k, old_v, buffer_rows)
+    return q, k, v, residual, attn_output, attn_metadata
+
+
+def _choose_recomputed_tokens(blender, lookup, k, old_k, buffer_rows):
+    """Every hole token plus the top deviating cached tokens of each stretch, on k's device."""
     import torch
 
     from lmcache_ascend.blend.selection import select_recompute_tokens
 
-    original_process_qkv = ctx.original_function("LMCBlender.process_qkv")
-    original_blend_layer = ctx.original_function("LMCBlender.blend_layer")
+    cached_mask = torch.tensor(lookup.cached_token_mask(), dtype=torch.bool)
+    cached_k = torch.zeros_like(k)
+    cached_k[buffer_rows] = old_k
+    assert blender.common_metadata.recomp_ratios is not None, "blend_recompute_ratios is not set"
+    selection = select_recompute_tokens(
+        k, cached_k, cached_mask, blender.common_metadata.recomp_ratios[0], lookup.cached_stretches()
+    )
+    return selection.indices.to(k.device)
 
-    def blend_layer(self, tokens, mask=None, **kwargs):
-        setattr(self, HOLE_STATE_ATTRIBUTE, None)  # never carry a lookup across requests
-        engine_retrieve = getattr(type(self.cache_engine), "retrieve_layer", None)
-        if getattr(engine_retrieve, "_ascend_accepts_hole_sink", False):
 
-            def receive(lookup, buffer_start: int) -> None:
-                setattr(self, HOLE_STATE_ATTRIBUTE, (lookup, buffer_start))
+def _write_chosen_kv(chosen, k, v, old_k, old_v, buffer_rows):
+    """Write the recomputed tokens' K/V into the buffer; the K/V attention then uses."""
+    import torch
 
-            kwargs[HOLE_SINK_KWARG] = receive
-        yield from original_blend_layer(self, tokens, mask, **kwargs)
-
-    def process_qkv(self, q, k, v, residual, layer_id, attn_output, attn_metadata):
-        state = getattr(self, HOLE_STATE_ATTRIBUTE, None)
-        if state is None:
-            return original_process_qkv(self, q, k, v, residual, layer_id, attn_output, attn_metadata)
-        lookup, buffer_start = state
-        if self.metadata.imp_indices is None and lookup.num_tokens != q.shape[0]:
-            raise ValueError(
-                f"hole-mode blend: the retrieval covered {lookup.num_tokens} tokens but layer "
-                f"{layer_id} computes {q.shape[0]}; the blender and engine disagree on the request"
-            )
-        old_k, old_v = self.gpu_connector.get_kv(layer_id)
-        buffer_rows = slice(buffer_start, buffer_start + old_k.shape[0])
-        if attn_output is None:
-            attn_output = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        metadata = self.metadata
-        if metadata.positions is None:
-            metadata.positions = torch.arange(q.shape[0], device=q.device, dtype=torch.int64)
-        rotary = self.layerwise_model.vllm_model.model.layers[layer_id].self_attn.rotary_emb
-        q, k = rotary(metadata.positions, q, k)
-
-        if metadata.imp_indices is None and layer_id not in self.common_metadata.check_layers:
-            # Before the check layer every token is recomputed; its fresh KV is
-            # exact, and holes have none in the buffer, so it goes there.
-            old_k.copy_(k[buffer_rows])
-            old_v.copy_(v[buffer_rows])
-            return q, k, v, residual, attn_output, attn_metadata
-
-        if metadata.imp_indices is None:  # the check layer: choose once
-            cached_mask = torch.tensor(lookup.cached_token_mask(), dtype=torch.bool)
-            cached_k = torch.zeros_like(k)
-            cached_k[buffer_rows] = old_k
-            assert self.common_metadata.recomp_ratios is not None, "blend_recompute_ratios is not set"
-            selection = select_recompute_tokens(
-                k,
-                cached_k,
-                cached_mask,
-                self.common_metadata.recomp_ratios[0],
-                lookup.cached_stretches(),
-            )
-            chosen = selection.indices.to(q.device)
-            q, k, v, residual = q[chosen], k[chosen], v[chosen], residual[chosen]
-            metadata.imp_indices = chosen
-            metadata.positions = metadata.positions[chosen]
-            attn_output = attn_output[: chosen.numel()]
-            attn_metadata.update_from_top_indices(chosen)
-
-        chosen = metadata.imp_indices
-        inside = (chosen >= buffer_rows.start) & (chosen < buffer_rows.stop)
-        old_k[chosen[inside] - buffer_start] = k[inside]
-        old_v[chosen[inside] - buffer_start] = v[inside]
-        if buffer_start:
-            # Tokens before the buffer are holes (all chosen, first in order):
-            # attention still needs their keys.
-            return (
-                q,
-                torch.cat((k[:buffer_start], old_k)),
-                torch.cat((v[:buffer_start], old_v)),
-                residual,
-                attn_output,
-                attn_metadata,
-            )
-        return q, old_k, old_v, residual, attn_output, attn_metadata
-
-    return {"LMCBlender.blend_layer": blend_layer, "LMCBlender.process_qkv": process_qkv}
+    buffer_start = buffer_rows.start
+    inside = (chosen >= buffer_start) & (chosen < buffer_rows.stop)
+    old_k[chosen[inside] - buffer_start] = k[inside]
+    old_v[chosen[inside] - buffer_start] = v[inside]
+    if buffer_start:
+        # Tokens before the buffer are holes (all chosen, first in order):
+        # attention still needs their keys.
+        return torch.cat((k[:buffer_start], old_k)), torch.cat((v[:buffer_start], old_v))
+    return old_k, old_v
 
 
 PATCH = Patch(
@@ -123,7 +117,7 @@ PATCH = Patch(
     ),
     flags=("LMCACHE_ASCEND_BLEND_HOLES",),
     enabled_by="LMCACHE_ASCEND_BLEND_HOLES",
-    build=_build,
+    wrappers={"LMCBlender.blend_layer": blend_layer_wrapper, "LMCBlender.process_qkv": process_qkv_wrapper},
     summary="CacheBlend recomputes every hole token plus top-k deviating cached tokens (hole mode)",
     why="with non-contiguous cached documents the unloaded tokens must be recomputed in every layer",
     mirrors="LMCache-Ascend PR #254 LMCBlenderHole",

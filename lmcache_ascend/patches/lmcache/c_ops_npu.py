@@ -1,6 +1,6 @@
 """Give LMCache 0.4.x's `lmcache.c_ops` users this project's KV ops on an Ascend NPU host.
 
-What: LMCache 0.4.x imports `lmcache.c_ops` everywhere; without CUDA its package
+LMCache 0.4.x imports `lmcache.c_ops` everywhere; without CUDA its package
 ``__init__`` puts the Python fallback `lmcache.non_cuda_equivalents` in that
 place. On an NPU host this patch replaces the fallback's KV-movement ops
 (per-token multi-layer, unilateral, single-layer and the flash pair) with
@@ -8,11 +8,6 @@ place. On an NPU host this patch replaces the fallback's KV-movement ops
 (triton-ascend on the NPU) with the same signatures and byte results. Every
 other name of the fallback (pinned memory, codecs, enums, `PageBufferShapeDesc`)
 stays LMCache's. CUDA and CPU-only hosts are left alone (state `skipped-host`).
-Why: the fallback moves KV with per-op Python indexing on the host side of
-torch; LMCache 0.4.x has no device-ops layer through which an NPU kernel could
-be bound (0.5.x has one and loads `lmcache_ascend.ops` itself).
-Mirrors: LMCache 0.5.x `NpuDeviceOps.ensure_native()` binding `lmcache_ascend.ops`.
-Delete when: stack A (LMCache 0.4.x) is no longer served.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Register every lmcache-ascend flag that names an LMCache config key in LMCache's config.
 
-What: adds one definition per flag-table row with ``lmcache_config_key`` (e.g.
+Adds one definition per flag-table row with ``lmcache_config_key`` (e.g.
 ``ascend_skip_state_groups``) to ``lmcache.v1.config._CONFIG_DEFINITIONS`` and
 rebuilds ``LMCacheEngineConfig`` from the enlarged table *in place*: the class
 object stays the same and takes the rebuilt dataclass members and loaders, so
@@ -12,11 +12,6 @@ as ``LMCACHE_<KEY>`` in the environment, which (as always in LMCache) wins.
 LMCache's env name for ``ascend_x`` is ``LMCACHE_ASCEND_X``: the flag itself.
 Values are validated by the flag table (`coerce_flag`, as at activation); a bad one raises `ConfigKeyError`
 naming key, value and what is allowed (LMCache would only log a ValueError).
-Why: LMCache-Ascend #246 review: the Ascend switches belong in LMCache's config
-definitions, not only in ad-hoc environment reads.
-Mirrors: LMCache-Ascend #246 (``_CONFIG_DEFINITIONS["ascend_bundle_multi_spec"]``).
-Delete when: never while lmcache-ascend has LMCache-configurable flags; the
-rebuild can go if LMCache's config class accepts keys added after import.
 """
 
 from __future__ import annotations

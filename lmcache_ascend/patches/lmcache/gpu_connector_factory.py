@@ -1,51 +1,41 @@
 """Give vLLM on NPU (and CPU) an LMCache device connector.
 
-What: ``CreateGPUConnector`` returns lmcache-ascend's ``MultiGroupGPUConnector``
+``CreateGPUConnector`` returns lmcache-ascend's ``MultiGroupGPUConnector``
 for vLLM when LMCache has no connector for the active device (``npu``, or no
 accelerator at all, which LMCache 0.4.x reports as ``cuda``); every other
 device and engine gets upstream's choice. The
 connector learns the KV caches later, when the worker adapter patch registers
 them.
-Why: upstream raises "No supported npu connector found", and the LMCache
-manager then runs degraded (no offload at all).
-Mirrors: LMCache-Ascend's NPU connector selection (#246 routes vllm-ascend
-through its own NPU connector).
-Delete when: LMCache's factory returns a connector for NPU devices that moves
-multi-group, multi-plane KV caches.
 """
 
 from __future__ import annotations
 
-import functools
-
-from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
+from lmcache_ascend.compat.signatures import call_arguments
+from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 # Devices LMCache serves itself; elsewhere ours is the only connector.
 UPSTREAM_DEVICES = frozenset({"cuda", "xpu", "musa", "hpu"})
 
 
-def _build(ctx: PatchContext) -> dict[str, object]:
-    original = ctx.original_function("CreateGPUConnector")
-
+def _upstream_serves(device_type: str | None) -> bool:
     import torch
 
-    def upstream_serves(device_type: str | None) -> bool:
-        # LMCache 0.4.x reports "cuda" on a machine without any accelerator.
-        if device_type == "cuda":
-            return torch.cuda.is_available()
-        return device_type in UPSTREAM_DEVICES
+    # LMCache 0.4.x reports "cuda" on a machine without any accelerator.
+    if device_type == "cuda":
+        return torch.cuda.is_available()
+    return device_type in UPSTREAM_DEVICES
 
-    @functools.wraps(original)
-    def CreateGPUConnector(config, metadata, engine, *args, **kwargs):
-        from lmcache.utils import EngineType
 
-        if engine != EngineType.VLLM or upstream_serves(getattr(ctx.module, "torch_device_type", None)):
-            return original(config, metadata, engine, *args, **kwargs)
-        from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
+def create_gpu_connector_wrapper(wrapped, instance, args, kwargs):
+    from lmcache.utils import EngineType
+    from lmcache.v1 import gpu_connector
 
-        return MultiGroupGPUConnector(chunk_size=config.chunk_size)
+    call = call_arguments(wrapped, args, kwargs).arguments
+    if call["engine"] != EngineType.VLLM or _upstream_serves(getattr(gpu_connector, "torch_device_type", None)):
+        return wrapped(*args, **kwargs)
+    from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
 
-    return {"CreateGPUConnector": CreateGPUConnector}
+    return MultiGroupGPUConnector(chunk_size=call["config"].chunk_size)
 
 
 PATCH = Patch(
@@ -55,11 +45,10 @@ PATCH = Patch(
     kind=PatchKind.WRAP,
     requires={"lmcache": ">=0.4.5,<0.6"},
     guard=UpstreamGuard(
-        probe=lambda module: None,
         fixed_if_source_contains=('torch_device_type == "npu"',),
         unfixed_if_source_contains=("def CreateGPUConnector(",),
     ),
-    build=_build,
+    wrappers={"CreateGPUConnector": create_gpu_connector_wrapper},
     summary="vLLM on NPU / CPU-only LMCache gets the multi-group device connector",
     why="upstream has no NPU connector and degrades to no offload",
     mirrors="LMCache-Ascend #246 NPU connector selection",

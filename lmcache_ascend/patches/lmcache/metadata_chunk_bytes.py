@@ -1,48 +1,36 @@
 """Let LMCache allocate one flat byte buffer per chunk for multi-group KV caches.
 
-What: ``LMCacheMetadata.get_shapes`` / ``get_dtypes`` return the byte shape of
+``LMCacheMetadata.get_shapes`` / ``get_dtypes`` return the byte shape of
 the lmcache-ascend chunk buffer (uint8 ``[1, 1, tokens, ceil(bytes / tokens)]``)
 when the metadata carries a chunk layout (``metadata.ascend_chunk_layout``, set
 by the worker adapter patch when it swaps in the multi-group connector);
 otherwise upstream answers unchanged.
-Why: LMCache sizes memory objects from one ``[kv, layers, tokens, hidden]``
-shape per kernel group; multi-plane, compressed and sliding-window groups have
-no such shape (rows per group differ, planes mix dtypes).
-Mirrors: LMCache #2926 (per-group shapes and dtypes in the metadata), as a
-single byte-format object covering every group.
-Delete when: LMCache's in-process engine sizes memory objects per KV-cache
-group itself (group-aware ``get_shapes`` with compressed / windowed groups).
 """
 
 from __future__ import annotations
 
-import functools
-
-from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
+from lmcache_ascend.compat.signatures import call_arguments
+from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 LAYOUT_ATTRIBUTE = "ascend_chunk_layout"
 
 
-def _build(ctx: PatchContext) -> dict[str, object]:
+def get_shapes_wrapper(wrapped, instance, args, kwargs):
+    layout = vars(instance).get(LAYOUT_ATTRIBUTE)
+    if layout is None:
+        return wrapped(*args, **kwargs)
     import torch
 
-    original_get_shapes = ctx.original_function("LMCacheMetadata.get_shapes")
-    original_get_dtypes = ctx.original_function("LMCacheMetadata.get_dtypes")
+    num_tokens = call_arguments(wrapped, args, kwargs).arguments["num_tokens"]
+    return [torch.Size(layout.memory_shape(layout.chunk_size if num_tokens is None else num_tokens))]
 
-    @functools.wraps(original_get_shapes)
-    def get_shapes(self, num_tokens=None):
-        layout = vars(self).get(LAYOUT_ATTRIBUTE)
-        if layout is None:
-            return original_get_shapes(self, num_tokens)
-        return [torch.Size(layout.memory_shape(layout.chunk_size if num_tokens is None else num_tokens))]
 
-    @functools.wraps(original_get_dtypes)
-    def get_dtypes(self):
-        if vars(self).get(LAYOUT_ATTRIBUTE) is None:
-            return original_get_dtypes(self)
-        return [torch.uint8]
+def get_dtypes_wrapper(wrapped, instance, args, kwargs):
+    if vars(instance).get(LAYOUT_ATTRIBUTE) is None:
+        return wrapped(*args, **kwargs)
+    import torch
 
-    return {"LMCacheMetadata.get_shapes": get_shapes, "LMCacheMetadata.get_dtypes": get_dtypes}
+    return [torch.uint8]
 
 
 PATCH = Patch(
@@ -53,11 +41,10 @@ PATCH = Patch(
     requires={"lmcache": ">=0.4.5,<0.6"},
     guard=UpstreamGuard(
         # Upstream has no notion of a byte-format multi-group chunk; the source
-        # test below only proves the wrapped methods are there.
-        probe=lambda module: False if hasattr(module.LMCacheMetadata, "get_shapes") else None,
+        # test only proves the wrapped methods are there.
         unfixed_if_source_contains=("def get_shapes(",),
     ),
-    build=_build,
+    wrappers={"LMCacheMetadata.get_shapes": get_shapes_wrapper, "LMCacheMetadata.get_dtypes": get_dtypes_wrapper},
     summary="memory objects of multi-group KV caches are one uint8 chunk buffer",
     why="LMCache sizes memory objects per homogeneous group; multi-plane / compressed / windowed groups have no such shape",
     mirrors="LMCache #2926 (per-group shapes and dtypes), as one byte-format object",

@@ -1,43 +1,31 @@
 """Key LMCache chunks with a hash that every process computes alike.
 
-What: after ``lmcache.v1.token_database.TokenDatabase.__init__``, a token
+after ``lmcache.v1.token_database.TokenDatabase.__init__``, a token
 database left on Python's salted ``hash()`` (LMCache's "builtin" algorithm,
 which no vLLM release provides) with no fixed ``PYTHONHASHSEED`` hashes with
 `lmcache_ascend.token_hash.stable_token_hash`, and its chain starts from
 `CHAIN_START` instead of vLLM's per-process random ``NONE_HASH``.  A fixed
 ``PYTHONHASHSEED`` or a vLLM hash that LMCache did load is left alone.
-Why: vLLM's scheduler and worker processes otherwise key the same tokens
-differently: LMCache stores chunks that no lookup ever finds.
-Mirrors: LMCache's own warning ("Using builtin hash without PYTHONHASHSEED
-set"), which asks every user to export PYTHONHASHSEED.
-Delete when: LMCache's default hash is the same in every process.
 """
 
 from __future__ import annotations
 
-import functools
-
-from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
+from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 
-def _build(ctx: PatchContext) -> dict[str, object]:
+def init_wrapper(wrapped, instance, args, kwargs):
     import os
+
+    from lmcache.v1 import token_database
 
     from lmcache_ascend.token_hash import CHAIN_START, needs_process_stable_hash, stable_token_hash
 
-    original_init = ctx.original_function("TokenDatabase.__init__")
-    module = ctx.module
-
-    @functools.wraps(original_init)
-    def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        if needs_process_stable_hash(getattr(self, "hash_func", None), os.environ):
-            self.hash_func = stable_token_hash
-            # LMCache reads the chain start from this module global (set by the
-            # original __init__ from vLLM's per-process NONE_HASH).
-            module.NONE_HASH = CHAIN_START
-
-    return {"TokenDatabase.__init__": __init__}
+    wrapped(*args, **kwargs)
+    if needs_process_stable_hash(getattr(instance, "hash_func", None), os.environ):
+        instance.hash_func = stable_token_hash
+        # LMCache reads the chain start from this module global (set by the
+        # original __init__ from vLLM's per-process NONE_HASH).
+        token_database.NONE_HASH = CHAIN_START
 
 
 PATCH = Patch(
@@ -49,7 +37,7 @@ PATCH = Patch(
     guard=UpstreamGuard(
         unfixed_if_source_contains=("Using builtin hash",),
     ),
-    build=_build,
+    wrappers={"TokenDatabase.__init__": init_wrapper},
     summary="LMCache chunk keys use a process-independent hash when it would fall back to the salted hash()",
     why="scheduler and worker processes hash differently without PYTHONHASHSEED: nothing stored is ever found",
     mirrors="LMCache's 'Using builtin hash without PYTHONHASHSEED set' warning",

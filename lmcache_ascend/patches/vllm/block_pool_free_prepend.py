@@ -1,21 +1,16 @@
 """Backport ``BlockPool.free_blocks(..., prepend=)`` to vLLM releases without it.
 
-What: ``free_blocks`` takes ``prepend``; with ``prepend=True`` the blocks that
+``free_blocks`` takes ``prepend``; with ``prepend=True`` the blocks that
 become free go to the FRONT of the free queue (reused first) instead of the
 back. The default (``False``) is the original behaviour, untouched.
-Why: callers free uncached scratch blocks with ``prepend=True`` and cached
-blocks normally, so scratch churn does not evict prefix-cache entries.
-Mirrors: vLLM 0.23 ``BlockPool.free_blocks(ordered_blocks, prepend=False)``.
-Delete when: the oldest supported vLLM is >= 0.23.
-Comes after `vllm-free-queue-prepend` (``prepend_n``).
 """
 
 from __future__ import annotations
 
 import inspect
 
-from lmcache_ascend.compat.signatures import accepts_keyword
-from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
+from lmcache_ascend.compat.signatures import accepts_keyword, call_arguments
+from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard, adds_keywords
 
 
 def _orders_frees_upstream(module) -> bool | None:
@@ -31,24 +26,21 @@ def _orders_frees_upstream(module) -> bool | None:
     return "prepend_n(" in source
 
 
-def _build(ctx: PatchContext) -> dict[str, object]:
-    original_free_blocks = ctx.original_function("BlockPool.free_blocks")
-
-    def free_blocks(self, ordered_blocks, prepend: bool = False) -> None:
-        if not prepend:
-            original_free_blocks(self, ordered_blocks)
-            return
-        blocks = list(ordered_blocks)
-        # The original appends the blocks that reach ref_cnt 0; move exactly
-        # those to the front, in the same order.
-        original_free_blocks(self, blocks)
-        queue = self.free_block_queue
-        now_free = [block for block in blocks if block.ref_cnt == 0 and not block.is_null]
-        for block in now_free:
-            queue.remove(block)
-        queue.prepend_n(now_free)
-
-    return {"BlockPool.free_blocks": free_blocks}
+@adds_keywords(prepend=False)
+def free_blocks_wrapper(wrapped, instance, args, kwargs):
+    if not kwargs.pop("prepend", False):
+        return wrapped(*args, **kwargs)
+    call = call_arguments(wrapped, args, kwargs)
+    blocks = call.arguments["ordered_blocks"] = list(call.arguments["ordered_blocks"])
+    # The original appends the blocks that reach ref_cnt 0; move exactly
+    # those to the front, in the same order.
+    wrapped(*call.args, **call.kwargs)
+    queue = instance.free_block_queue
+    now_free = [block for block in blocks if block.ref_cnt == 0 and not block.is_null]
+    for block in now_free:
+        queue.remove(block)
+    queue.prepend_n(now_free)
+    return None
 
 
 PATCH = Patch(
@@ -63,7 +55,7 @@ PATCH = Patch(
         fixed_if_source_contains=("free_block_queue.prepend_n(",),
         unfixed_if_source_contains=("def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:",),
     ),
-    build=_build,
+    wrappers={"BlockPool.free_blocks": free_blocks_wrapper},
     summary="BlockPool.free_blocks(..., prepend=True) puts newly free blocks at the front of the free queue",
     why="uncached scratch blocks are reused first, cached blocks last, so the prefix cache survives",
     mirrors="vLLM 0.23 BlockPool.free_blocks(prepend=) (sliding-window prefix-cache retention work)",

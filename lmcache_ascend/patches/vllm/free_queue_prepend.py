@@ -1,40 +1,30 @@
 """Backport ``FreeKVCacheBlockQueue.prepend_n`` to vLLM releases without it.
 
-What: adds ``prepend_n(blocks)``, which links `blocks` (in order) at the front
+Adds ``prepend_n(blocks)``, which links `blocks` (in order) at the front
 of vLLM's free-block queue, the end that allocation takes from first.
-Why: freed scratch blocks (no prefix-cache hash) must be reused before cached
-blocks, or a burst of scratch allocations evicts the prefix cache (DeepSeek-V4
-sliding-window groups on vLLM 0.18 get ~0% hits). `block_pool_free_prepend`
-and `sliding_window_retention` build on this.
-Mirrors: vLLM's ``FreeKVCacheBlockQueue.prepend_n`` (shipped in 0.23, with the
-``free_blocks(prepend=)`` change and the sliding-window cached/uncached split).
-Delete when: the oldest supported vLLM has ``prepend_n`` (>= 0.23).
 """
 
 from __future__ import annotations
 
-from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
+from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 
-def _build(ctx: PatchContext) -> dict[str, object]:
-    def prepend_n(self, blocks: list) -> None:
-        """Put `blocks` at the front of the free queue, keeping their order."""
-        if not blocks:
-            return
-        head = self.fake_free_list_head
-        old_first = head.next_free_block
-        if old_first is None:
-            raise RuntimeError("the free queue's head sentinel lost its successor")
-        previous = head
-        for block in blocks:
-            block.prev_free_block = previous
-            previous.next_free_block = block
-            previous = block
-        previous.next_free_block = old_first
-        old_first.prev_free_block = previous
-        self.num_free_blocks += len(blocks)
-
-    return {"FreeKVCacheBlockQueue.prepend_n": prepend_n}
+def prepend_n(self, blocks: list) -> None:
+    """Put `blocks` at the front of the free queue, keeping their order."""
+    if not blocks:
+        return
+    head = self.fake_free_list_head
+    old_first = head.next_free_block
+    if old_first is None:
+        raise RuntimeError("the free queue's head sentinel lost its successor")
+    previous = head
+    for block in blocks:
+        block.prev_free_block = previous
+        previous.next_free_block = block
+        previous = block
+    previous.next_free_block = old_first
+    old_first.prev_free_block = previous
+    self.num_free_blocks += len(blocks)
 
 
 PATCH = Patch(
@@ -48,7 +38,7 @@ PATCH = Patch(
         fixed_if_source_contains=("def prepend_n(",),
         unfixed_if_source_contains=("class FreeKVCacheBlockQueue",),
     ),
-    build=_build,
+    build=lambda ctx: {"FreeKVCacheBlockQueue.prepend_n": prepend_n},
     summary="adds FreeKVCacheBlockQueue.prepend_n (freed blocks to the front of the free queue)",
     why="scratch blocks must be reused before cached ones so prefix-cache entries survive",
     mirrors="vLLM 0.23 FreeKVCacheBlockQueue.prepend_n (sliding-window prefix-cache retention work)",

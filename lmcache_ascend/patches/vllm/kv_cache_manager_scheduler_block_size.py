@@ -1,42 +1,34 @@
-"""Let vLLM's ``KVCacheManager`` take ``scheduler_block_size`` and pass it to its coordinator.
+"""The KV-cache manager side of the scheduler-block-size backport (vLLM 0.18).
 
-What: ``KVCacheManager.__init__`` accepts ``scheduler_block_size`` (default: the
-coordinator's own, the LCM of the groups' block sizes) and threads it into
-the coordinator and its single-type managers; it also keeps it as
-``self.scheduler_block_size``.
-Why: the scheduler decides the alignment of prefix hits; vLLM 0.18's manager
-has no way to hand it down, so the sliding-window checkpoints cannot follow it.
-Mirrors: vLLM 0.23 ``KVCacheManager(..., scheduler_block_size=...)``.
-Delete when: the oldest supported vLLM is >= 0.23.
-Needs `vllm-coordinator-scheduler-block-size`.
+``KVCacheManager.__init__`` accepts ``scheduler_block_size`` (default: the
+coordinator's own) and threads it into the coordinator and its single-type
+managers (`lmcache_ascend.prefix_cache.scheduler_threading`); it also keeps it
+as ``self.scheduler_block_size``.
 """
 
 from __future__ import annotations
 
-
 from lmcache_ascend.compat.signatures import accepts_keyword
-from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
-from lmcache_ascend.patches.vllm.coordinator_scheduler_block_size import thread_scheduler_block_size
+from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard, adds_keywords
 
 
 def _has_scheduler_block_size(module) -> bool | None:
     return accepts_keyword(module.KVCacheManager.__init__, "scheduler_block_size")
 
 
-def _build(ctx: PatchContext) -> dict[str, object]:
-    original_init = ctx.original_function("KVCacheManager.__init__")
+@adds_keywords(scheduler_block_size=None)
+def init_wrapper(wrapped, instance, args, kwargs):
+    from lmcache_ascend.prefix_cache.scheduler_threading import thread_scheduler_block_size
 
-    def __init__(self, *args, scheduler_block_size: int | None = None, **kwargs) -> None:
-        original_init(self, *args, **kwargs)
-        if not hasattr(self.coordinator, "retention_interval"):
-            raise RuntimeError(
-                "the KV-cache coordinator was not patched: apply vllm-coordinator-scheduler-block-size first"
-            )
-        if scheduler_block_size is not None:
-            thread_scheduler_block_size(self.coordinator, scheduler_block_size)
-        self.scheduler_block_size = self.coordinator.scheduler_block_size
-
-    return {"KVCacheManager.__init__": __init__}
+    scheduler_block_size = kwargs.pop("scheduler_block_size", None)
+    wrapped(*args, **kwargs)
+    if not hasattr(instance.coordinator, "retention_interval"):
+        raise RuntimeError(
+            "the KV-cache coordinator was not patched: apply vllm-coordinator-scheduler-block-size first"
+        )
+    if scheduler_block_size is not None:
+        thread_scheduler_block_size(instance.coordinator, scheduler_block_size)
+    instance.scheduler_block_size = instance.coordinator.scheduler_block_size
 
 
 PATCH = Patch(
@@ -44,6 +36,7 @@ PATCH = Patch(
     target="vllm.v1.core.kv_cache_manager",
     attributes=("KVCacheManager.__init__",),
     kind=PatchKind.WRAP,
+    wrappers={"KVCacheManager.__init__": init_wrapper},
     after=("vllm-coordinator-scheduler-block-size",),
     requires={"vllm": ">=0.18.0"},
     guard=UpstreamGuard(
@@ -51,7 +44,6 @@ PATCH = Patch(
         fixed_if_source_contains=("scheduler_block_size",),
         unfixed_if_source_contains=("hash_block_size=hash_block_size,",),
     ),
-    build=_build,
     summary="KVCacheManager(scheduler_block_size=) threads the scheduler's block size into the coordinator",
     why="vLLM 0.18 cannot hand the hit alignment from the scheduler to the KV-cache managers",
     mirrors="vLLM 0.23 KVCacheManager(scheduler_block_size=)",

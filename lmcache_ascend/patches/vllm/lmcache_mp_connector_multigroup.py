@@ -1,6 +1,6 @@
 """Every KV-cache group in vLLM's builtin LMCache multi-process (MP) connector.
 
-What: on ``LMCacheMPConnector`` (vLLM 0.18) and the fallback
+On ``LMCacheMPConnector`` (vLLM 0.18) and the fallback
 ``LMCacheMPConnectorUpstream`` (vLLM >= 0.19, chosen by ``LMCACHE_USE_UPSTREAM_MP``
 or when LMCache ships no MP connector): ``SupportsHMA`` with
 ``request_finished_all_groups``; block ids tracked per KV-cache group;
@@ -10,12 +10,6 @@ without blocks counts 0); each group's slice by the divide-or-multiply rule;
 list of a single-group model for a server of the old format, and a
 multi-group request to such a server refused with both versions named
 (`lmcache_ascend.connector.mp_scheduler`, `lmcache_ascend.multigroup.mp_wire`).
-Why: these connectors keep one flat list and ``reformat_block_ids`` raises on
-more than one group, so vLLM turns the hybrid KV cache manager off and hybrid
-models lose its memory savings (hybrid SSM models cannot start).
-Mirrors: vLLM #42437 (SupportsHMA + per-gid slicing for LMCacheMPConnector) with
-its review (prefix bound over all expected groups); LMCache #3261.
-Delete when: vLLM's builtin MP connector subclasses ``SupportsHMA``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
-"""Plan vllm-ascend's DeepSeek-V4 KV-cache tensors from the page sizes of ALL groups.
-
-What: ``_get_kv_cache_config_deepseek_v4`` (vllm-ascend's layout, which it
-installs over vLLM's function of that name) is replaced by one that buckets
-every group's layers by page size over the union of all groups' page sizes,
-skips tensors whose ``shared_by`` would be empty, and sizes ``num_blocks`` by
-the sum of the page sizes of the tensors it actually plans. Both bindings are
-replaced: vllm-ascend's module attribute and the one in
-``vllm.v1.core.kv_cache_utils`` that ``get_kv_cache_config_from_groups`` calls.
-Why: vllm-ascend takes the page sizes of the first (full-MLA) group only; with
-``VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE`` 32 or 64 the compressed group's
-page size is not among them, so its layers get no tensor (the model runner then
-fails), and empty tensors are still allocated and counted.
-Mirrors: vllm-ascend #10193 (patch_kv_cache_utils: page size aggregated across
-all KV groups, tensors with empty shared_by skipped).
-Logic: `lmcache_ascend.prefix_cache.dsv4_tensor_layout`.
-Delete when: vllm-ascend aggregates the page sizes itself (the guard then
-reports skipped-upstream-has-it).
-"""
+"""``_get_kv_cache_config_deepseek_v4`` (vllm-ascend's layout, which it installs over
+vLLM's function of that name) is replaced by one that plans the tensors with
+`lmcache_ascend.prefix_cache.dsv4_tensor_layout`: every group's layers bucketed by
+page size over the union of all groups' page sizes, no tensor with an empty
+``shared_by``, ``num_blocks`` sized by the tensors it plans.  Both bindings are
+replaced: vllm-ascend's module attribute and the one in ``vllm.v1.core.kv_cache_utils``
+that ``get_kv_cache_config_from_groups`` calls.  A replacement, not a wrapper: the
+original's plan is what is wrong."""
 
 from __future__ import annotations
 
 import inspect
 
-from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
-from lmcache_ascend.prefix_cache.dsv4_tensor_layout import LayerPage, plan_dsv4_kv_tensors
+from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 _ORIGINAL = "_get_kv_cache_config_deepseek_v4"
 _VLLM_BINDING = "vllm.v1.core.kv_cache_utils._get_kv_cache_config_deepseek_v4"
@@ -40,30 +28,29 @@ def _aggregates_page_sizes(module) -> bool | None:
     return None
 
 
-def _build(ctx: PatchContext) -> dict[str, object]:
+def get_kv_cache_config_deepseek_v4(vllm_config, kv_cache_groups, available_memory):
     from vllm.v1.core.kv_cache_utils import may_override_num_blocks
     from vllm.v1.kv_cache_interface import KVCacheTensor, UniformTypeKVCacheSpecs
 
-    def _get_kv_cache_config_deepseek_v4(vllm_config, kv_cache_groups, available_memory):
-        layer_pages_by_group = []
-        for index, group in enumerate(kv_cache_groups):
-            bundle = group.kv_cache_spec
-            if not isinstance(bundle, UniformTypeKVCacheSpecs):
-                raise TypeError(
-                    f"kv_cache_groups[{index}].kv_cache_spec is {type(bundle).__name__}; "
-                    "the DeepSeek-V4 layout needs UniformTypeKVCacheSpecs in every group"
-                )
-            specs = bundle.kv_cache_specs
-            layer_pages_by_group.append([LayerPage(name, specs[name].page_size_bytes) for name in group.layer_names])
-        plan = plan_dsv4_kv_tensors(layer_pages_by_group)
-        num_blocks = may_override_num_blocks(vllm_config, plan.num_blocks_for(available_memory))
-        tensors = [
-            KVCacheTensor(size=tensor.page_size_bytes * num_blocks, shared_by=list(tensor.shared_by))
-            for tensor in plan.tensors
-        ]
-        return num_blocks, tensors
+    from lmcache_ascend.prefix_cache.dsv4_tensor_layout import LayerPage, plan_dsv4_kv_tensors
 
-    return {_ORIGINAL: _get_kv_cache_config_deepseek_v4, _VLLM_BINDING: _get_kv_cache_config_deepseek_v4}
+    layer_pages_by_group = []
+    for index, group in enumerate(kv_cache_groups):
+        bundle = group.kv_cache_spec
+        if not isinstance(bundle, UniformTypeKVCacheSpecs):
+            raise TypeError(
+                f"kv_cache_groups[{index}].kv_cache_spec is {type(bundle).__name__}; "
+                "the DeepSeek-V4 layout needs UniformTypeKVCacheSpecs in every group"
+            )
+        specs = bundle.kv_cache_specs
+        layer_pages_by_group.append([LayerPage(name, specs[name].page_size_bytes) for name in group.layer_names])
+    plan = plan_dsv4_kv_tensors(layer_pages_by_group)
+    num_blocks = may_override_num_blocks(vllm_config, plan.num_blocks_for(available_memory))
+    tensors = [
+        KVCacheTensor(size=tensor.page_size_bytes * num_blocks, shared_by=list(tensor.shared_by))
+        for tensor in plan.tensors
+    ]
+    return num_blocks, tensors
 
 
 PATCH = Patch(
@@ -77,7 +64,10 @@ PATCH = Patch(
         probe=_aggregates_page_sizes,
         unfixed_if_source_contains=(_FIRST_GROUP_ONLY,),
     ),
-    build=_build,
+    build=lambda ctx: {
+        _ORIGINAL: get_kv_cache_config_deepseek_v4,
+        _VLLM_BINDING: get_kv_cache_config_deepseek_v4,
+    },
     summary="DSv4 KV-cache tensors planned from the page sizes of all groups; empty shared_by tensors skipped",
     why="vllm-ascend plans from group 0's page sizes only, so smaller compressed blocks leave layers without a tensor",
     mirrors="vllm-ascend #10193 (patch_kv_cache_utils: page size aggregated across all KV groups)",

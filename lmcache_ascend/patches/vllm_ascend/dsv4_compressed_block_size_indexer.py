@@ -1,19 +1,11 @@
-"""Configurable DeepSeek-V4 compressed KV block size for vllm-ascend's indexer cache spec.
-
-What: ``AscendDeepseekV4IndexerCache.get_kv_cache_spec`` applies
-``VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE`` exactly as the DSA attention
-patch does (only compress ratio 128; default 128 = the original object).
-Why: the indexer cache must keep the same block size as the DSA attention
-cache it indexes, or the two groups' blocks stop lining up.
-Mirrors: vllm-ascend #10193 (the indexer calls the same resolver).
-Delete when: vllm-ascend reads the switch itself.
-"""
+"""``AscendDeepseekV4IndexerCache.get_kv_cache_spec`` applies
+``VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE`` exactly as the DSA attention patch does
+(only compress ratio 128; default 128 = the original object)."""
 
 from __future__ import annotations
 
 from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
-from lmcache_ascend.patches.vllm_ascend.dsv4_compressed_block_size_attention import spec_getter_build
-from lmcache_ascend.prefix_cache.block_sizes import COMPRESSED_BLOCK_SIZE_FLAG
+from lmcache_ascend.prefix_cache.block_sizes import COMPRESSED_BLOCK_SIZE_FLAG, spec_with_flag_block_size
 
 
 PATCH = Patch(
@@ -25,7 +17,7 @@ PATCH = Patch(
     requires={"vllm-ascend": ">=0.23.0rc1"},
     flags=(COMPRESSED_BLOCK_SIZE_FLAG,),
     guard=UpstreamGuard(fixed_if_source_contains=(COMPRESSED_BLOCK_SIZE_FLAG,)),
-    build=spec_getter_build("AscendDeepseekV4IndexerCache.get_kv_cache_spec"),
+    wrappers={"AscendDeepseekV4IndexerCache.get_kv_cache_spec": spec_with_flag_block_size},
     summary="DSv4 indexer cache spec follows VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE like the DSA attention spec",
     why="indexer and DSA attention caches must share one compressed block size",
     mirrors="vllm-ascend #10193 AscendDeepseekV4IndexerCache.get_kv_cache_spec",

@@ -1,0 +1,70 @@
+"""The scheduler side of LMCache's in-process adapter in multi-group mode (pure, duck-typed).
+
+The connector's multi-group layout, computed once per connector and checked at
+start, and the truncation of rolled-back request trackers to the prefix every
+transferred group covers.  Used by the ``lmcache-adapter-multigroup`` patch.
+"""
+
+from __future__ import annotations
+
+from lmcache_ascend.multigroup.connector_state import (
+    check_chunk_size,
+    check_discard_partial_chunks,
+    layout_for_connector,
+)
+from lmcache_ascend.multigroup.slicing import prefix_bound_in_vllm_blocks
+
+__all__ = ["LAYOUT_ATTRIBUTE", "TRACKER_ATTRIBUTE", "connector_layout", "roll_back_trackers"]
+
+# On LMCache's connector: its multi-group layout (None for single-group models).
+LAYOUT_ATTRIBUTE = "_ascend_multigroup_layout"
+# On a request tracker: its `GroupBlockTracker`.
+TRACKER_ATTRIBUTE = "ascend_block_tracker"
+
+
+def connector_layout(connector):
+    """Layout of LMCache's scheduler-side `connector` (computed once); None for single-group models.
+
+    Raises naming the setting when multi-group mode can't work with the connector's config.
+    """
+    try:
+        return vars(connector)[LAYOUT_ATTRIBUTE]
+    except KeyError:
+        pass
+    parent = getattr(connector, "_parent", None)
+    layout = layout_for_connector(
+        getattr(parent, "_kv_cache_config", None), connector._block_size, getattr(connector, "config", None)
+    )
+    if layout is not None and layout.is_multi_group:
+        check_discard_partial_chunks(layout, connector._discard_partial_chunks)
+        check_chunk_size(layout, connector._lmcache_chunk_size)
+    else:
+        layout = None
+    setattr(connector, LAYOUT_ATTRIBUTE, layout)
+    return layout
+
+
+def roll_back_trackers(connector, scheduler_output, layout) -> None:
+    """Truncate rolled-back multi-group trackers before upstream does.
+
+    After a failed load vLLM lowers ``num_computed_tokens``; upstream then
+    caps the kept tokens at ``len(allocated_block_ids) * vLLM block size``,
+    which for group 0 of a hybrid model is wrong (e.g. 256-token blocks
+    counted as 4-token ones). The right cap is the prefix every
+    transferred group covers (seed 001's bound, missing groups count 0).
+    """
+    for req_id in getattr(scheduler_output.scheduled_cached_reqs, "req_ids", ()):
+        tracker = connector._request_trackers.get(req_id)
+        request = connector._unfinished_requests.get(req_id)
+        groups = vars(tracker).get(TRACKER_ATTRIBUTE) if tracker is not None else None
+        if groups is None or request is None or request.num_computed_tokens >= len(tracker.token_ids):
+            continue
+        counts = groups.num_blocks_by_group()
+        covered_blocks = prefix_bound_in_vllm_blocks(
+            {g: counts[g] for g in layout.transferred_group_indices},
+            {g: layout.groups[g].block_size for g in layout.transferred_group_indices},
+            layout.vllm_block_size,
+        )
+        keep = min(request.num_computed_tokens, covered_blocks * layout.vllm_block_size)
+        tracker.token_ids = list(request.all_token_ids[:keep])
+        tracker.num_saved_tokens = min(tracker.num_saved_tokens, keep)
