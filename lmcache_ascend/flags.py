@@ -16,8 +16,7 @@ from __future__ import annotations
 import enum
 import functools
 import os
-from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 __all__ = [
     "FLAGS",
@@ -47,8 +46,7 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
-@dataclass(frozen=True)
-class Flag:
+class Flag(NamedTuple):  # a NamedTuple: a frozen dataclass costs more at import than activation may
     name: str
     kind: FlagKind
     default: object

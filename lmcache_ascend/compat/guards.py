@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import enum
 import types
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from lmcache_ascend.compat.source import module_source_text
 
@@ -19,8 +18,7 @@ class Verdict(enum.Enum):
     UNKNOWN = "unknown"
 
 
-@dataclass(frozen=True)
-class UpstreamGuard:
+class UpstreamGuard(NamedTuple):
     """How to tell that upstream already has what a patch adds.
 
     ``probe`` inspects the imported target module and answers True (upstream has
@@ -37,8 +35,7 @@ class UpstreamGuard:
     unfixed_if_source_contains: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class GuardResult:
+class GuardResult(NamedTuple):
     verdict: Verdict
     how: str  # a few words for the CLI: which test decided
 

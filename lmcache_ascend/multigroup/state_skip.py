@@ -14,12 +14,10 @@ keeps `DEFAULT_STATE_SPEC_CLASS_NAMES`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
 
 __all__ = [
     "DEFAULT_STATE_SPEC_CLASS_NAMES",
     "StateGroupPolicy",
-    "policy_from_environment",
     "policy_from_values",
 ]
 
@@ -71,12 +69,3 @@ def policy_from_values(skip_state_groups: object, allowlist: object) -> StateGro
     names = frozenset(allowlist) if allowlist else DEFAULT_STATE_SPEC_CLASS_NAMES
     return StateGroupPolicy(skip_state_groups=skip_state_groups, state_spec_class_names=names)
 
-
-def policy_from_environment(environ: Mapping[str, str] | None = None) -> StateGroupPolicy:
-    """Policy from the validated flag table (environment only)."""
-    from lmcache_ascend.flags import flag_value
-
-    return policy_from_values(
-        flag_value("LMCACHE_ASCEND_SKIP_STATE_GROUPS", environ),
-        flag_value("LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST", environ),
-    )

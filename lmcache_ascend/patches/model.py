@@ -6,7 +6,6 @@ import enum
 import functools
 import inspect
 import types
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 # The guard types belong to compat (which evaluates them); patches declare with them.
@@ -66,9 +65,33 @@ class State(enum.Enum):
     OVERRIDDEN = "overridden"
 
 
-@dataclass(frozen=True)
+# Patch's fields: (name, default factory); None for the required ones.
+_PATCH_FIELDS: dict[str, Callable[[], object] | None] = {
+    "name": None,
+    "target": None,
+    "attributes": None,
+    "kind": None,
+    "summary": None,
+    "why": None,
+    "mirrors": None,
+    "delete_when": None,
+    "build": lambda: None,  # Callable[[PatchContext], Mapping[str, object]] | None
+    "wrappers": dict,  # Mapping[str, Wrapper]
+    "requires": dict,  # Mapping[distribution, PEP 440 specifier]
+    "guard": UpstreamGuard,
+    "flags": tuple,
+    "enabled_by": lambda: None,
+    # The machines the patch is for: None (any), or a callable answering None on
+    # such a host and the reason otherwise; asked when the target is imported.
+    "host": lambda: None,
+    # Patches that must be in (applied, or found upstream) before this one.
+    "after": tuple,
+    "tested_fingerprints": dict,  # Mapping[attribute path, tuple of fingerprints]
+}
+
+
 class Patch:
-    """One change to one upstream module, declared once.
+    """One change to one upstream module, declared once (immutable; keywords only).
 
     ``wrappers`` maps attribute paths to module-level `Wrapper` functions: the
     framework puts each around the original, with the original's binding
@@ -81,30 +104,36 @@ class Patch:
     ``summary`` (what), ``why``, ``mirrors`` and ``delete_when`` are the patch's
     description, written here only: the CLI's ``show`` derives from them, and a
     patch module's docstring says how the code works, not these (a test checks).
+
+    A plain class, not a dataclass: every patch module declares one at activation,
+    and generating a frozen dataclass costs milliseconds of it.
     """
 
-    name: str
-    target: str
-    attributes: tuple[str, ...]
-    kind: PatchKind
-    summary: str
-    why: str
-    mirrors: str
-    delete_when: str
-    build: Callable[["PatchContext"], Mapping[str, object]] | None = None
-    wrappers: Mapping[str, Wrapper] = field(default_factory=dict)
-    requires: Mapping[str, str] = field(default_factory=dict)
-    guard: UpstreamGuard = field(default_factory=UpstreamGuard)
-    flags: tuple[str, ...] = ()
-    enabled_by: str | None = None
-    # The machines the patch is for: None (any), or a callable answering None on
-    # such a host and the reason otherwise; asked when the target is imported.
-    host: Callable[[], str | None] | None = None
-    # Patches that must be in (applied, or found upstream) before this one.
-    after: tuple[str, ...] = ()
-    tested_fingerprints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    __slots__ = tuple(_PATCH_FIELDS)
 
-    def __post_init__(self) -> None:
+    def __init__(self, **fields: object) -> None:
+        missing = [name for name, default in _PATCH_FIELDS.items() if default is None and name not in fields]
+        unknown = sorted(set(fields) - set(_PATCH_FIELDS))
+        if missing or unknown:
+            raise TypeError(f"Patch({fields.get('name')!r}): missing fields {missing}, unknown fields {unknown}")
+        for name, default in _PATCH_FIELDS.items():
+            object.__setattr__(self, name, fields[name] if name in fields else default())
+        self._check()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Patch {self.name!r} is immutable: use .replace({name}=...)")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Patch {self.name!r} is immutable")
+
+    def __repr__(self) -> str:
+        return f"Patch(name={self.name!r}, target={self.target!r}, kind={self.kind})"
+
+    def replace(self, **changes: object) -> "Patch":
+        """A copy with `changes` (checked like a new declaration)."""
+        return Patch(**{**{name: getattr(self, name) for name in _PATCH_FIELDS}, **changes})
+
+    def _check(self) -> None:
         problems = []
         if not self.name or self.name != self.name.strip() or " " in self.name:
             problems.append(f"name {self.name!r} must be a non-empty word without spaces")

@@ -16,15 +16,13 @@ recorded; the user's import never sees an exception from a patch.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import sys
 import threading
 import traceback
 import types
-from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat import import_hooks, markers
@@ -55,8 +53,8 @@ def _log(level: str, message: str, *args: object) -> None:
 SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True)
-class Installation:
+# Value types are NamedTuples: frozen dataclasses cost more at import than activation may.
+class Installation(NamedTuple):
     """What an apply put in place, per attribute path: owner, original raw value, our raw value."""
 
     owners: Mapping[str, object]
@@ -64,8 +62,7 @@ class Installation:
     installed: Mapping[str, object]
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
     """What deciding about or applying a patch came to; recorded by `PatchRecord.settle`."""
 
     state: State
@@ -77,8 +74,7 @@ class Outcome:
     distribution_missing: bool = False
 
 
-@dataclass(frozen=True)
-class _Resolution:
+class _Resolution(NamedTuple):
     """The patch's attributes looked up on the target: owners, raw originals, or what is missing."""
 
     owners: Mapping[str, object]
@@ -86,24 +82,24 @@ class _Resolution:
     missing: str | None
 
 
-@dataclass
 class PatchRecord:
-    """What happened to one patch in this process."""
+    """What happened to one patch in this process (a plain class: see `Patch`)."""
 
-    patch: Patch
-    state: State = State.PENDING
-    reason: str = ""
-    error: str | None = None
-    untested: bool = False
-    distribution_installed: bool = True
-    fingerprints: dict[str, str | None] = field(default_factory=dict)
-    # What apply installed and what it replaced, per attribute path (for revert).
-    installed: dict[str, object] = field(default_factory=dict)
-    originals: dict[str, object] = field(default_factory=dict)
-    owners: dict[str, object] = field(default_factory=dict)
-    # (owner, attribute, ours, original) left on the objects of an earlier execution of
-    # the target (importlib.reload): whoever bound them keeps the patch until revert.
-    stale: list[tuple[object, str, object, object]] = field(default_factory=list)
+    def __init__(self, patch: Patch) -> None:
+        self.patch = patch
+        self.state = State.PENDING
+        self.reason = ""
+        self.error: str | None = None
+        self.untested = False
+        self.distribution_installed = True
+        self.fingerprints: dict[str, str | None] = {}
+        # What apply installed and what it replaced, per attribute path (for revert).
+        self.installed: dict[str, object] = {}
+        self.originals: dict[str, object] = {}
+        self.owners: dict[str, object] = {}
+        # (owner, attribute, ours, original) left on the objects of an earlier execution of
+        # the target (importlib.reload): whoever bound them keeps the patch until revert.
+        self.stale: list[tuple[object, str, object, object]] = []
 
     def set(self, state: State, reason: str, error: str | None = None) -> None:
         self.state, self.reason, self.error = state, reason, error
@@ -201,13 +197,13 @@ class Registry:
             return None
         missing = Outcome(State.TARGET_MISSING, f"module {patch.target} not found")
         if not module_is_locatable(patch.target.partition(".")[0]):
-            return dataclasses.replace(missing, distribution_missing=True)  # not even its package is there
+            return missing._replace(distribution_missing=True)  # not even its package is there
         # A package that exists but lacks the module is usually a version the
         # patch is not for (vllm-ascend 0.18 has no DeepSeek-V4 code): say so.
         skip, _ = _version_gate(patch)
         if skip is not None and skip.state is State.SKIPPED_VERSION:
             return skip
-        return dataclasses.replace(missing, distribution_missing=bool(skip and skip.distribution_missing))
+        return missing._replace(distribution_missing=bool(skip and skip.distribution_missing))
 
     def _decide(self, patch: Patch, module: types.ModuleType | None) -> tuple[Outcome | None, str]:
         """Upstream guard, version gate, host: (None, why it applies) or (the skip, "")."""
@@ -402,8 +398,8 @@ class Registry:
             flag_problems = _owned_flag_problems(patch)
             refusal = Outcome(State.FAILED, "; ".join(flag_problems)) if flag_problems else None
         if refusal is not None:
-            return dataclasses.replace(refusal, fingerprints=fingerprints)
-        return dataclasses.replace(_install(patch, module, resolution, fingerprints, note), fingerprints=fingerprints)
+            return refusal._replace(fingerprints=fingerprints)
+        return _install(patch, module, resolution, fingerprints, note)._replace(fingerprints=fingerprints)
 
     def _bring_in_prerequisites(self, patch: Patch) -> None:
         """Apply the prerequisites whose targets are imported (or executed again) and still pending."""

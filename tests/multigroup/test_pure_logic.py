@@ -15,7 +15,6 @@ from lmcache_ascend.multigroup.connector_state import (
     policy_for_config,
 )
 from lmcache_ascend.multigroup.slicing import (
-    block_counts_for_tokens,
     group_block_range,
     prefix_bound_in_vllm_blocks,
     primary_group_index,
@@ -36,13 +35,26 @@ from lmcache_ascend.multigroup.specs import (
 from lmcache_ascend.multigroup.state_skip import (
     DEFAULT_STATE_SPEC_CLASS_NAMES,
     StateGroupPolicy,
-    policy_from_environment,
     policy_from_values,
 )
 from lmcache_ascend.multigroup.tracker import GroupBlockTracker
 from tests.multigroup.reference import reference_load_slots, reference_raw_slots, reference_store_slots
 
 CUDA_BLOCK_SIZES = (256, 64, 64, 4, 8)
+
+
+def block_counts_for_tokens(num_tokens, group_block_sizes, vllm_block_size):
+    """Blocks per group covering the whole vLLM blocks of `num_tokens` tokens (by the slice rule)."""
+    end_vllm_block = num_tokens // vllm_block_size
+    return tuple(group_block_range(0, end_vllm_block, size, vllm_block_size)[1] for size in group_block_sizes)
+
+
+def policy_from_environment(environ):
+    """The state-group policy from the flag table, read as the connector reads it."""
+    return policy_from_values(
+        flag_value("LMCACHE_ASCEND_SKIP_STATE_GROUPS", environ),
+        flag_value("LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST", environ),
+    )
 
 
 # ----------------------------------------------------------------- slicing (seed 001)

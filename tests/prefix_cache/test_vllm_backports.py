@@ -215,7 +215,6 @@ def test_burst_evicts_the_prefix_on_unpatched_stack_a(unpatched):
 
 def test_guard_on_pyc_only_target_falls_back_to_versions(tmp_path, monkeypatch):
     """Without source text the guard can't tell; the version gate alone decides."""
-    import dataclasses
     import sys
 
     from lmcache_ascend.compat.guards import evaluate_guard
@@ -235,8 +234,8 @@ def test_guard_on_pyc_only_target_falls_back_to_versions(tmp_path, monkeypatch):
     assert result.verdict is Verdict.UNKNOWN and "no source" in result.how
 
     for requirement, expected in ((">=0.18.0", State.APPLIED), ("<0.18", State.SKIPPED_VERSION)):
-        patch = dataclasses.replace(
-            free_queue_prepend.PATCH, target=target, guard=dataclasses.replace(guard, probe=None),
+        patch = free_queue_prepend.PATCH.replace(
+            target=target, guard=guard._replace(probe=None),
             requires={"vllm": requirement},
         )
         local = Registry([patch])
