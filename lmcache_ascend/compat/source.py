@@ -8,6 +8,7 @@ has no source: the guard then answers "unknown" and the version gate decides.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import types
@@ -65,13 +66,24 @@ def module_is_locatable(module_name: str) -> bool:
         return True
     top, dot, _ = module_name.partition(".")
     if dot:
-        root = module_directory(top)
+        root = module_directory(top) if top in sys.modules else _package_root(top, tuple(sys.path))
         if root is None:
             return False
         if _found_in(root, module_name.split(".")):
             return True
     # A namespace package may spread over several entries.
     return module_directory(module_name) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _package_root(package: str, search_path: tuple[str, ...]) -> str | None:
+    """`module_directory` of a top-level package not imported yet, for one sys.path (cached:
+    activation asks it for every patch target)."""
+    for entry in search_path:
+        root = entry or os.getcwd()
+        if _found_in(root, [package]):
+            return root
+    return None
 
 
 def module_source_text(module_name: str) -> str | None:

@@ -15,7 +15,6 @@ the package are read first; the full scan of every installed distribution
 from __future__ import annotations
 
 import functools
-import re
 from typing import NamedTuple
 
 from lmcache_ascend.compat.source import module_directory
@@ -42,7 +41,11 @@ class Installed(NamedTuple):
 
 
 def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    """PEP 503's normalized name (runs of -, _ and . become one -), without the regex engine."""
+    name = name.lower().replace("_", "-").replace(".", "-")
+    while "--" in name:
+        name = name.replace("--", "-")
+    return name
 
 
 def _distributions_named_like(directory: str, stem: str) -> list:

@@ -109,8 +109,6 @@ class Patch:
     and generating a frozen dataclass costs milliseconds of it.
     """
 
-    __slots__ = tuple(_PATCH_FIELDS)
-
     def __init__(self, **fields: object) -> None:
         missing = [name for name, default in _PATCH_FIELDS.items() if default is None and name not in fields]
         unknown = sorted(set(fields) - set(_PATCH_FIELDS))
