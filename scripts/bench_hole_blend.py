@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Hole-mode CacheBlend vs standard CacheBlend vs plain reuse, without weights.
 
-On the tiny deterministic RoPE transformer (`lmcache_ascend.blend.reference_model`),
+On the tiny deterministic RoPE transformer (`tests.blend.reference.model`),
 for RAG prompts of 6-10 documents with 1, 2 or 3 missing documents ("holes")
 at the start / middle / end and recompute ratios 0.15 / 0.3 / 0.5, it reports
 per mode: the fraction of prompt tokens recomputed (from the check layer on),
@@ -28,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("LMCACHE_ASCEND_AUTOLOAD", "0")
 
-from lmcache_ascend.blend.evaluation import ScenarioSpec, build_scenario, run_mode  # noqa: E402
-from lmcache_ascend.blend.reference_model import TinyModelConfig, TinyRopeTransformer  # noqa: E402
+from tests.blend.reference.scenarios import ScenarioSpec, build_scenario, run_mode  # noqa: E402
+from tests.blend.reference.model import TinyModelConfig, TinyRopeTransformer  # noqa: E402
 
 MODES = ("standard", "hole", "reuse")
 METRICS = (

@@ -9,16 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmcache_ascend.blend.evaluation import (
+from lmcache_ascend.blend.selection import topk_budget
+from tests.blend.reference.model import PromptKV, TinyModelConfig, TinyRopeTransformer
+from tests.blend.reference.plan import build_retrieval_plan
+from tests.blend.reference.scenarios import (
     ScenarioSpec,
     assemble_cached_kv,
     build_scenario,
     hole_document_indices,
     run_mode,
 )
-from lmcache_ascend.blend.plan import build_retrieval_plan
-from lmcache_ascend.blend.reference_model import PromptKV, TinyModelConfig, TinyRopeTransformer
-from lmcache_ascend.blend.selection import topk_budget
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,8 @@ to the check layer, then only the selected tokens, attending over cached KV
 patched with their fresh rows), so standard CacheBlend, hole mode and plain
 reuse can be measured against the truth without model weights.
 
-It lives in the package (not under tests/) because both the test-suite and
-``scripts/bench_hole_blend.py`` use it; it imports only torch and is never
-imported by a patch.
+It uses the package's own token selection (`lmcache_ascend.blend.selection`),
+so what it measures is the selection the blender patch runs.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ from typing import Sequence
 
 import torch
 
-from lmcache_ascend.blend.rope import RopeSpec, apply_rope
 from lmcache_ascend.blend.selection import RecomputeSelection, select_recompute_tokens
+from tests.blend.reference.rope import RopeSpec, apply_rope
 
 __all__ = ["BlendOutcome", "PromptKV", "TinyModelConfig", "TinyRopeTransformer"]
 

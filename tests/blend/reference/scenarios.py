@@ -25,10 +25,11 @@ from typing import Literal
 
 import torch
 
-from lmcache_ascend.blend.plan import RetrievalPlan, build_retrieval_plan
-from lmcache_ascend.blend.reference_model import BlendOutcome, PromptKV, TinyRopeTransformer
-from lmcache_ascend.blend.rope import rerotate_keys
-from lmcache_ascend.blend.segments import SegmentLookup, lookup_segments
+from lmcache_ascend.blend.segments import SegmentLookup
+from tests.blend.reference.documents import lookup_segments
+from tests.blend.reference.model import BlendOutcome, PromptKV, TinyRopeTransformer
+from tests.blend.reference.plan import RetrievalPlan, build_retrieval_plan
+from tests.blend.reference.rope import rerotate_keys
 
 __all__ = [
     "BlendScenario",
