@@ -223,7 +223,7 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=4096, help="prompt tokens")
     parser.add_argument("--prefill-chunk", type=int, default=1024, help="tokens per chunked-prefill step")
     parser.add_argument("--decode-steps", type=int, default=32)
-    parser.add_argument("--long-context", type=int, default=4, help="decode also after a prompt this many times longer")
+    parser.add_argument("--long-context", type=int, default=2, help="decode also after a prompt this many times longer")
     parser.add_argument("--diagnose", action="store_true",
                         help="add cases whose scheduler ships block ids instead of slot tensors (what is left "
                         "of the multi-group cost without slot building)")
