@@ -1,31 +1,46 @@
 #!/usr/bin/env python
-"""Scheduler-side cost of LMCache's in-process connector per request-step.
+"""Scheduler-side cost of LMCache's in-process connector, on equal work.
 
-Times ``LMCacheConnectorV1Impl.build_connector_meta`` (request tracker update +
-ReqMeta / slot-mapping building) of the real LMCache adapter, over whole request
-lives (chunked prefill, then decode), for:
+Times ``LMCacheConnectorV1Impl.build_connector_meta`` (request tracker update
+plus ReqMeta / slot-mapping building) of the real LMCache adapter for one
+request stream that every case processes alike: the same prompt tokens,
+scheduled in the same chunked-prefill steps, then the same decode steps. The
+cases differ only in how the model's KV cache is split into groups:
 
-- unpatched LMCache, single group (the baseline),
-- patched (lmcache-adapter-multigroup), 1 group, 5 groups (DeepSeek-V4 on
-  CUDA) and 11 groups (DeepSeek-V4 on vllm-ascend),
+- ``upstream 1 group``: unpatched LMCache, one full-attention group (the
+  baseline: what LMCache costs today for these tokens);
+- ``ours 1 group``: the same model with ``lmcache-adapter-multigroup``
+  applied (single-group models take upstream's path; this is the price of
+  the wrapper);
+- ``ours 5 groups``: the same tokens split into DeepSeek-V4's 5 CUDA groups
+  (block sizes 256/64/64/4/8, one sliding window);
+- ``ours 11 groups``: the same tokens in vllm-ascend's 11 DeepSeek-V4 groups
+  (six state groups skipped, one sliding window).
 
-in one process, with the scheduler-side connector built as in the tests
-(tests/multigroup/scheduler_driver.py). Prints a table and writes
-results/bench_tracker.json. Decode steps are measured at two context lengths
-to show that their cost does not grow with the number of blocks held.
+Upstream cannot run the multi-group cases (it keeps ``block_ids[0]`` and
+would build wrong slots), so its single-group cost on the same tokens is the
+reference. Each case owns one long-lived connector (its layout computed
+before timing, as at connector start); rounds interleave the cases in a
+rotating order, the patch applied or reverted between cases outside the timed
+region. Prints a table (medians with interquartile range; ratios are medians
+of per-round ratios against the baseline of the same round) and writes JSON
+under results/.
 
-Usage: python scripts/bench_tracker.py [--lives N] [--decode-steps N]
+Usage: python scripts/bench_tracker.py [--rounds N] [--prompt T] [--prefill-chunk T] [--decode-steps N]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import pickle
 import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("LMCACHE_ASCEND_AUTOLOAD", "0")
@@ -36,9 +51,11 @@ import lmcache_ascend  # noqa: E402
 
 lmcache_ascend.deactivate()
 
+from lmcache_ascend.compat.versions import installed_version  # noqa: E402
 from lmcache_ascend.patches import State, registry  # noqa: E402
 from tests.fixtures.kv_cache_configs import (  # noqa: E402
     DSV4_ASCEND_STATE_GROUPS,
+    KVCacheFixture,
     dsv4_ascend_kv_cache_config,
     dsv4_cuda_kv_cache_config,
     single_group_kv_cache_config,
@@ -46,17 +63,25 @@ from tests.fixtures.kv_cache_configs import (  # noqa: E402
 from tests.multigroup.scheduler_driver import RequestDriver, make_connector_impl  # noqa: E402
 
 PATCH = "lmcache-adapter-multigroup"
-CHUNK = 256
+LMCACHE_CHUNK = 256
+METRICS = (
+    "prefill_step_us",
+    "decode_step_us",
+    "decode_step_us_long_context",
+    "request_us",
+    "prefill_pickle_us",
+    "prefill_meta_kib",
+)
 
 
 class BlockAllocator:
     """Hands out fresh block ids per group as a request grows (state groups: one block)."""
 
-    def __init__(self, fixture) -> None:
+    def __init__(self, fixture: KVCacheFixture, first_id: int = 1) -> None:
         self.block_sizes = [g.kv_cache_spec.block_size for g in fixture.kv_cache_config.kv_cache_groups]
         self.state = {i for i, _ in DSV4_ASCEND_STATE_GROUPS} if fixture.name.startswith("dsv4-ascend") else set()
         self.held = [0] * len(self.block_sizes)
-        self.next_id = 1
+        self.next_id = first_id
 
     def grow_to(self, num_tokens: int) -> tuple[list[int], ...]:
         new = []
@@ -69,110 +94,274 @@ class BlockAllocator:
         return tuple(new)
 
 
-def run_life(fixture, prompt_len: int, prefill_chunk: int, decode_steps: int, lifes: int):
-    prefill_ns: list[int] = []
-    decode_ns: list[int] = []
-    for life in range(lifes):
-        impl = make_connector_impl(fixture, chunk_size=CHUNK)
-        original = impl.build_connector_meta
-        sink = []
+def block_ids_only(layout, tracker, num_tokens, chunk_size, vllm_cached_tokens=0):
+    """Diagnostic stand-in for `build_group_slot_mappings`: each transferred group's
+    block ids (the blocks `num_tokens` tokens occupy) instead of its slot tensor,
+    i.e. what the scheduler would ship if the worker resolved the slots."""
+    from lmcache_ascend.multigroup.slicing import primary_group_index
+    from lmcache_ascend.multigroup.slots import GroupSlotMappings
 
-        def timed(scheduler_output, original=original, sink=sink):
-            start = time.perf_counter_ns()
-            result = original(scheduler_output)
-            sink.append(time.perf_counter_ns() - start)
-            return result
+    block_ids = []
+    for group, keep in zip(layout.groups, layout.transferred):
+        num_blocks = -(-group.num_rows(num_tokens) // group.rows_per_block)
+        block_ids.append(tracker.block_ids_by_group[group.group_index][:num_blocks] if keep else None)
+    primary = primary_group_index(tracker.num_blocks_by_group(), layout.block_sizes, layout.transferred_group_indices)
+    BLOCK_IDS_ONLY_CALLS[0] += 1
+    return GroupSlotMappings(layout.groups, tuple(block_ids), primary, num_tokens, chunk_size, vllm_cached_tokens)
 
-        impl.build_connector_meta = timed
-        driver = RequestDriver(impl, f"req{life}", [(i * 31) % 30000 + 1 for i in range(prompt_len)])
-        blocks = BlockAllocator(fixture)
-        done = min(prefill_chunk, prompt_len)
+
+BLOCK_IDS_ONLY_CALLS = [0]
+
+
+@dataclass
+class Case:
+    label: str
+    patched: bool
+    fixture: KVCacheFixture
+    # Diagnostic only: the patch built with `block_ids_only` as its slot builder.
+    block_ids_only: bool = False
+    impl: object = None
+    # One value per round (us): the mean prefill step of the request, the
+    # median decode step, the median decode step after the long prompt, and
+    # the sum of all the request's steps.
+    per_round: dict[str, list[float]] = field(default_factory=lambda: {key: [] for key in METRICS})
+
+    @property
+    def groups(self) -> int:
+        return len(self.fixture.kv_cache_config.kv_cache_groups)
+
+
+def set_patch(patched: bool, slot_builder=None) -> None:
+    """Upstream (reverted) or the patch freshly built, with `slot_builder` in place
+    of `build_group_slot_mappings` if given (the patch binds it when it is built)."""
+    if patched:
+        import lmcache_ascend.multigroup.slots as slots
+
+        registry.revert(PATCH)
+        real = slots.build_group_slot_mappings
+        if slot_builder is not None:
+            slots.build_group_slot_mappings = slot_builder
+        try:
+            state = registry.apply_now(PATCH)
+        finally:
+            slots.build_group_slot_mappings = real
+        if state is not State.APPLIED:
+            raise SystemExit(f"{PATCH} did not apply: {state} ({registry.record(PATCH).reason})")
+    else:
+        state = registry.revert(PATCH)
+        if state in (State.APPLIED, State.OVERRIDDEN):
+            raise SystemExit(f"{PATCH} could not be reverted for the upstream case: {state}")
+
+
+def run_request(case: Case, req_id: str, prompt: list[int], prefill_chunk: int, decode_steps: int):
+    """One request's life on `case`'s connector.
+
+    Returns (prefill step ns, decode step ns, per prefill step (pickle ns, pickled bytes)).
+    The metadata goes to the workers pickled (vLLM's shared-memory broadcast
+    uses pickle), so its serialization is timed too, apart from the step.
+    """
+    impl = case.impl
+    original = impl.build_connector_meta
+    times: list[int] = []
+    pickled: list[tuple[int, int]] = []
+
+    def timed(scheduler_output):
+        start = time.perf_counter_ns()
+        result = original(scheduler_output)
+        times.append(time.perf_counter_ns() - start)
+        start = time.perf_counter_ns()
+        size = len(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+        pickled.append((time.perf_counter_ns() - start, size))
+        return result
+
+    impl.build_connector_meta = timed
+    try:
+        driver = RequestDriver(impl, req_id, prompt)
+        blocks = BlockAllocator(case.fixture)
+        done = min(prefill_chunk, len(prompt))
         driver.start(done, blocks.grow_to(done))
-        while done < prompt_len:
-            step = min(prefill_chunk, prompt_len - done)
+        while done < len(prompt):
+            step = min(prefill_chunk, len(prompt) - done)
             done += step
             driver.advance(step, blocks.grow_to(done))
-        prefill_ns.extend(sink)
-        sink.clear()
+        num_prefill = len(times)
         for i in range(decode_steps):
             done += 1
             driver.advance(1, blocks.grow_to(done), output_token=i + 1)
-        decode_ns.extend(sink)
-    return prefill_ns, decode_ns
+    finally:
+        del impl.build_connector_meta  # back to the class attribute
+    driver.finish()  # untimed: drops the request's tracker
+    return times[:num_prefill], times[num_prefill:], pickled[:num_prefill]
+
+
+def prompt_tokens(length: int, round_index: int) -> list[int]:
+    return [(i * 31 + round_index * 7919) % 30000 + 1 for i in range(length)]
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        return (values[0],) * 3
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} logical CPUs visible"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lives", type=int, default=20)
-    parser.add_argument("--decode-steps", type=int, default=64)
-    parser.add_argument("--prompt", type=int, default=4096)
-    parser.add_argument("--prefill-chunk", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=30, help="requests per case (interleaved)")
+    parser.add_argument("--prompt", type=int, default=4096, help="prompt tokens")
+    parser.add_argument("--prefill-chunk", type=int, default=1024, help="tokens per chunked-prefill step")
+    parser.add_argument("--decode-steps", type=int, default=32)
+    parser.add_argument("--long-context", type=int, default=2, help="decode also after a prompt this many times longer")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="add cases whose scheduler ships block ids instead of slot tensors (what is left "
+                        "of the multi-group cost without slot building)")
+    parser.add_argument("--out", default=str(REPO_ROOT / "results" / "bench_tracker.json"))
     args = parser.parse_args()
+    for name in ("rounds", "prompt", "prefill_chunk", "long_context"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)}; allowed: >= 1")
 
     cases = [
-        ("unpatched", single_group_kv_cache_config()),
-        ("patched", single_group_kv_cache_config()),
-        ("patched", dsv4_cuda_kv_cache_config()),
-        ("patched", dsv4_ascend_kv_cache_config()),
+        Case("upstream 1 group", False, single_group_kv_cache_config()),
+        Case("ours 1 group", True, single_group_kv_cache_config()),
+        Case("ours 5 groups", True, dsv4_cuda_kv_cache_config()),
+        Case("ours 11 groups", True, dsv4_ascend_kv_cache_config()),
     ]
+    if args.diagnose:
+        cases += [
+            Case("5 groups, ids only", True, dsv4_cuda_kv_cache_config(), block_ids_only=True),
+            Case("11 groups, ids only", True, dsv4_ascend_kv_cache_config(), block_ids_only=True),
+        ]
+    import lmcache.integration.vllm.vllm_v1_adapter  # noqa: F401  (the target, imported before any case)
+
+    def enter(case: Case) -> None:
+        set_patch(case.patched, block_ids_only if case.block_ids_only else None)
+
+    warm_prompt = prompt_tokens(2 * LMCACHE_CHUNK, -1)
+    for case in cases:  # build each connector and its layout, warm the code paths
+        enter(case)
+        case.impl = make_connector_impl(case.fixture, chunk_size=LMCACHE_CHUNK)
+        for i in range(3):
+            run_request(case, f"warm{i}", warm_prompt, LMCACHE_CHUNK, 4)
+    set_patch(False)
+
+    long_prompt_len = args.prompt * args.long_context
+    started = time.perf_counter()
+    for round_index in range(args.rounds):
+        prompt = prompt_tokens(args.prompt, round_index)
+        long_prompt = prompt_tokens(long_prompt_len, round_index)
+        shift = round_index % len(cases)
+        for case in cases[shift:] + cases[:shift]:
+            enter(case)
+            calls_before = BLOCK_IDS_ONLY_CALLS[0]
+            gc.collect()
+            gc.disable()
+            try:
+                prefill, decode, pickled = run_request(
+                    case, f"r{round_index}", prompt, args.prefill_chunk, args.decode_steps
+                )
+                _, long_decode, _ = run_request(case, f"l{round_index}", long_prompt, long_prompt_len, args.decode_steps)
+            finally:
+                gc.enable()
+            if (BLOCK_IDS_ONLY_CALLS[0] > calls_before) != case.block_ids_only:
+                raise SystemExit(f"case {case.label!r}: the diagnostic slot builder was (not) used as intended")
+            values = (  # in the units of METRICS: us, us, us, us, us, KiB
+                statistics.fmean(prefill) / 1e3,
+                statistics.median(decode) / 1e3 if decode else float("nan"),
+                statistics.median(long_decode) / 1e3 if long_decode else float("nan"),
+                (sum(prefill) + sum(decode)) / 1e3,
+                statistics.fmean(ns for ns, _ in pickled) / 1e3,
+                statistics.fmean(size for _, size in pickled) / 1024,
+            )
+            for key, value in zip(METRICS, values):
+                case.per_round[key].append(value)
+    set_patch(False)
+    elapsed = time.perf_counter() - started
+
+    base = cases[0]
     rows = []
-    for mode, fixture in cases:
-        if mode == "patched":
-            assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
-        else:
-            registry.revert(PATCH)
-        run_life(fixture, 512, 256, 4, 2)  # warm-up
-        prefill, decode = run_life(fixture, args.prompt, args.prefill_chunk, args.decode_steps, args.lives)
-        _, decode_long = run_life(fixture, args.prompt * 4, args.prompt, args.decode_steps, max(2, args.lives // 4))
-        groups = len(fixture.kv_cache_config.kv_cache_groups)
-        all_steps = prefill + decode
-        rows.append(
-            {
-                "mode": mode,
-                "fixture": fixture.name,
-                "groups": groups,
-                "prefill_step_us": statistics.median(prefill) / 1e3,
-                "decode_step_us": statistics.median(decode) / 1e3,
-                "decode_step_us_4x_context": statistics.median(decode_long) / 1e3,
-                "mean_request_step_us": statistics.fmean(all_steps) / 1e3,
-                "steps": len(all_steps),
-            }
-        )
-        registry.revert(PATCH)
+    for case in cases:
+        row = {
+            "case": case.label,
+            "fixture": case.fixture.name,
+            "groups": case.groups,
+            "patched": case.patched,
+            "diagnostic_block_ids_only": case.block_ids_only,
+        }
+        for key in METRICS:
+            values = case.per_round[key]
+            q1, q2, q3 = quartiles(values)
+            row[key] = {"median": q2, "q1": q1, "q3": q3, "min": min(values), "max": max(values), "n": len(values)}
+        for key, metric in (("prefill_ratio", "prefill_step_us"), ("request_ratio", "request_us")):
+            q1, q2, q3 = quartiles([c / b for c, b in zip(case.per_round[metric], base.per_round[metric])])
+            row[key] = {"median": q2, "q1": q1, "q3": q3}
+        rows.append(row)
 
-    base = rows[0]
-    for row in rows:
-        row["prefill_ratio_vs_unpatched"] = row["prefill_step_us"] / base["prefill_step_us"]
-        row["decode_ratio_vs_unpatched"] = row["decode_step_us"] / base["decode_step_us"]
-        row["mean_ratio_vs_unpatched"] = row["mean_request_step_us"] / base["mean_request_step_us"]
-
-    header = (
-        f"{'mode':<10} {'fixture':<15} {'groups':>6} {'prefill us':>11} {'decode us':>10} "
-        f"{'decode@4x us':>13} {'mean us':>9} {'prefill x':>10} {'decode x':>9} {'mean x':>7}"
+    print(
+        f"build_connector_meta per step, equal work: a {args.prompt}-token prompt in {args.prefill_chunk}-token "
+        f"prefill steps, then {args.decode_steps} decode steps (also after a {long_prompt_len}-token prompt); "
+        f"LMCache chunk {LMCACHE_CHUNK}; {args.rounds} rounds, cases interleaved"
     )
-    print(f"build_connector_meta per request-step; prompt {args.prompt} tokens in {args.prefill_chunk}-token "
-          f"chunks, {args.decode_steps} decode steps, {args.lives} lives (medians; mean over all steps)")
+    print(f"machine: {machine()}; python {platform.python_version()}, vllm {installed_version('vllm')}, "
+          f"lmcache {installed_version('lmcache')}")
+    print("per round: mean prefill step, median decode step, request = sum of its steps; pickle / KiB: "
+          "pickling the metadata of a prefill step (mean per round); us: median over rounds [q1-q3]; "
+          "x: median of per-round ratios to upstream 1 group [q1-q3]")
+    header = (
+        f"{'case':<17} {'groups':>6} | {'prefill step us':>22} | {'decode step us':>18} | "
+        f"{'decode@long us':>18} | {'request us':>22} | {'prefill x':>17} | {'request x':>17} | "
+        f"{'pickle us':>20} | {'KiB':>6}"
+    )
     print(header)
     print("-" * len(header))
-    for r in rows:
-        print(
-            f"{r['mode']:<10} {r['fixture']:<15} {r['groups']:>6} {r['prefill_step_us']:>11.1f} {r['decode_step_us']:>10.1f} "
-            f"{r['decode_step_us_4x_context']:>13.1f} {r['mean_request_step_us']:>9.1f} {r['prefill_ratio_vs_unpatched']:>10.2f} "
-            f"{r['decode_ratio_vs_unpatched']:>9.2f} {r['mean_ratio_vs_unpatched']:>7.2f}"
-        )
-    out = REPO_ROOT / "results" / "bench_tracker.json"
-    out.parent.mkdir(exist_ok=True)
-    from lmcache_ascend.compat.versions import installed_version as version
 
+    def spread(entry, digits=1, width=0):
+        text = f"{entry['median']:.{digits}f} [{entry['q1']:.{digits}f}-{entry['q3']:.{digits}f}]"
+        return text.rjust(width)
+
+    for row in rows:
+        print(
+            f"{row['case']:<17} {row['groups']:>6} | {spread(row['prefill_step_us'], 1, 22)} | "
+            f"{spread(row['decode_step_us'], 1, 18)} | {spread(row['decode_step_us_long_context'], 1, 18)} | "
+            f"{spread(row['request_us'], 0, 22)} | {spread(row['prefill_ratio'], 2, 17)} | "
+            f"{spread(row['request_ratio'], 2, 17)} | {spread(row['prefill_pickle_us'], 1, 20)} | "
+            f"{row['prefill_meta_kib']['median']:>6.1f}"
+        )
+    target = 1.5
+    worst = max(row["prefill_ratio"]["median"] for row, case in zip(rows, cases) if row["groups"] > 1 and not case.block_ids_only)
+    verdict = "met" if worst <= target else "MISSED"
+    print(f"target: multi-group prefill step <= {target}x upstream's single-group cost: {verdict} (worst {worst:.2f}x); "
+          f"{elapsed:.1f}s")
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps(
             {
                 "benchmark": "bench_tracker",
+                "what": "LMCacheConnectorV1Impl.build_connector_meta per step, same request stream in every case",
                 "args": vars(args),
+                "lmcache_chunk_size": LMCACHE_CHUNK,
+                "machine": machine(),
                 "python": platform.python_version(),
-                "vllm": version("vllm"),
-                "lmcache": version("lmcache"),
+                "vllm": installed_version("vllm"),
+                "lmcache": installed_version("lmcache"),
                 "rows": rows,
+                "target_prefill_ratio": target,
+                "worst_multi_group_prefill_ratio": worst,
+                "seconds": elapsed,
             },
             indent=2,
         )

@@ -1,12 +1,12 @@
 """Hole-mode CacheBlend: pure logic (no vLLM / LMCache imports).
 
-* `segments`: split a prompt into separator-delimited documents and look up
-  every one of them (hit / miss runs over the whole prompt);
-* `plan`: place each cached document at its new positions;
-* `selection`: holes always recomputed, plus top-k cached tokens by K deviation;
-* `rope`: re-rotate cached K from stored to new positions;
-* `reference_model` / `evaluation`: a tiny torch transformer and RAG scenarios
-  for measuring CacheBlend against full recomputation.
+* `segments`: a prompt's document segments and their lookup over the whole
+  prompt (hit / miss runs, the stretches of cached documents);
+* `selection`: holes always recomputed, plus top-k cached tokens by K deviation.
+
+The tiny reference transformer, RAG scenarios, retrieval plan and RoPE
+re-rotation that measure CacheBlend against full recomputation are test and
+benchmark code: they live in ``tests/blend/reference/``.
 
 Submodules are imported explicitly; this package file imports nothing, so the
 patch modules that name it stay cheap to import.

@@ -41,7 +41,13 @@ def normalize_group_block_ids(
         raise ValueError(
             f"{what}: got block ids for {len(block_ids)} KV-cache groups, expected {num_groups}"
         )
-    return tuple(() if ids is None else ids for ids in block_ids)
+    groups = tuple(block_ids)
+    # Runs on every scheduler step of every request: the common case (no
+    # group is None) returns the tuple as is, after identity tests only.
+    for ids in groups:
+        if ids is None:
+            return tuple(() if ids is None else ids for ids in groups)
+    return groups
 
 
 class GroupBlockTracker:
@@ -92,7 +98,7 @@ class GroupBlockTracker:
         self.slot_row_caches = [None] * len(self.block_ids_by_group)
 
     def num_blocks_by_group(self) -> tuple[int, ...]:
-        return tuple(len(ids) for ids in self.block_ids_by_group)
+        return tuple(map(len, self.block_ids_by_group))
 
     def __repr__(self) -> str:
         return f"GroupBlockTracker(blocks per group={list(self.num_blocks_by_group())})"

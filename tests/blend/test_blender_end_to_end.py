@@ -23,11 +23,11 @@ import types
 import pytest
 import torch
 
-from lmcache_ascend.blend.reference_model import PromptKV, TinyModelConfig, TinyRopeTransformer
-from lmcache_ascend.blend.rope import apply_rope, rerotate_keys
-from lmcache_ascend.blend.segments import lookup_segments
 from lmcache_ascend.patches import State, registry
 from tests.blend.lmcache_setup import HIDDEN, NUM_LAYERS, SEP, store_document_kv
+from tests.blend.reference.documents import lookup_segments
+from tests.blend.reference.model import PromptKV, TinyModelConfig, TinyRopeTransformer
+from tests.blend.reference.rope import apply_rope, rerotate_keys
 
 ENGINE_PATCH = "lmcache-blend-holes-engine"
 BLENDER_PATCH = "lmcache-blend-holes-blender"

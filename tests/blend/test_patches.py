@@ -197,7 +197,7 @@ def make_blender(connector, check_layers=(1,), ratio=0.25):
     from lmcache.v1.compute.blend.blender import LMCBlender
     from lmcache.v1.compute.blend.metadata import LMCBlendCommonMetadata, LMCBlendMetadata
 
-    from lmcache_ascend.blend.rope import RopeSpec, apply_rope
+    from tests.blend.reference.rope import RopeSpec, apply_rope
 
     spec = RopeSpec(head_dim=8)
 

@@ -9,16 +9,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmcache_ascend.blend.evaluation import (
+from lmcache_ascend.blend.selection import topk_budget
+from tests.blend.reference.model import PromptKV, TinyModelConfig, TinyRopeTransformer
+from tests.blend.reference.plan import build_retrieval_plan
+from tests.blend.reference.scenarios import (
     ScenarioSpec,
     assemble_cached_kv,
     build_scenario,
     hole_document_indices,
+    run_at_budget,
     run_mode,
+    split_budget,
+    standard_budget,
 )
-from lmcache_ascend.blend.plan import build_retrieval_plan
-from lmcache_ascend.blend.reference_model import PromptKV, TinyModelConfig, TinyRopeTransformer
-from lmcache_ascend.blend.selection import topk_budget
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +192,58 @@ def test_blend_rejects_bad_arguments(model):
 def test_hole_placement(documents, holes, placement, expected):
     chosen = hole_document_indices(documents, holes, placement)
     assert chosen == expected and len(set(chosen)) == holes
+
+
+# ------------------------------------------------------------ equal budget
+@pytest.mark.parametrize("placement", ["start", "middle"])
+@pytest.mark.parametrize("ratio", [0.15, 0.5])
+def test_standard_at_its_own_budget_is_standard_at_the_ratio(model, placement, ratio):
+    scenario = build_scenario(model, ScenarioSpec(8, 2, placement, seed=3))
+    truth = model.prefill(scenario.tokens)
+    by_ratio = run_mode(model, scenario, "standard", ratio, truth=truth)
+    budget = standard_budget(scenario, ratio)
+    by_budget = run_at_budget(model, scenario, "standard", budget, truth=truth)
+    assert by_ratio.outcome.recomputed.numel() == budget
+    assert torch.equal(by_budget.outcome.recomputed, by_ratio.outcome.recomputed)
+    assert by_budget.kv_relative_error == by_ratio.kv_relative_error
+
+
+@pytest.mark.parametrize("placement", ["start", "middle"])
+def test_hole_and_random_at_equal_budget_recompute_exactly_the_budget(model, placement):
+    scenario = build_scenario(model, ScenarioSpec(8, 2, placement, seed=4))
+    truth = model.prefill(scenario.tokens)
+    budget = standard_budget(scenario, 0.3)
+    uncached = set(torch.nonzero(~torch.tensor(scenario.lookup.cached_token_mask())).flatten().tolist())
+    results = {
+        "hole": run_at_budget(model, scenario, "hole", budget, truth=truth),
+        "random0": run_at_budget(model, scenario, "random", budget, truth=truth, seed=0),
+        "random0again": run_at_budget(model, scenario, "random", budget, truth=truth, seed=0),
+        "random1": run_at_budget(model, scenario, "random", budget, truth=truth, seed=1),
+    }
+    for result in results.values():
+        recomputed = result.outcome.recomputed.tolist()
+        assert len(recomputed) == len(set(recomputed)) == budget
+        assert uncached <= set(recomputed)
+        assert all_finite(result.outcome.kv)
+    assert torch.equal(results["random0"].outcome.recomputed, results["random0again"].outcome.recomputed)
+    assert not torch.equal(results["random0"].outcome.recomputed, results["random1"].outcome.recomputed)
+    assert not torch.equal(results["hole"].outcome.recomputed, results["random0"].outcome.recomputed)
+
+
+def test_budget_below_the_uncached_tokens_is_refused(model):
+    scenario = build_scenario(model, ScenarioSpec(6, 2, "middle", seed=1))
+    uncached = scenario.tokens.shape[0] - scenario.lookup.num_cached_tokens
+    with pytest.raises(ValueError, match=f"num_recomputed={uncached - 1}; allowed for hole mode"):
+        run_at_budget(model, scenario, "hole", uncached - 1)
+    with pytest.raises(ValueError, match="mode='reuse'; allowed: 'standard', 'hole', 'random'"):
+        run_at_budget(model, scenario, "reuse", uncached)  # type: ignore[arg-type]
+
+
+def test_split_budget_is_proportional_and_exact():
+    assert split_budget(10, [50, 30, 20]) == [5, 3, 2]
+    assert split_budget(3, [1, 1, 1, 1]) == [1, 1, 1, 0]  # ties go to the earlier stretch
+    assert split_budget(7, [10, 3]) == [5, 2]  # 5.38 / 1.62: the larger remainder gets the extra token
+    assert split_budget(13, [10, 3]) == [10, 3]
+    assert split_budget(0, [4, 4]) == [0, 0]
+    with pytest.raises(ValueError, match="budget 14; allowed: 0 to 13"):
+        split_budget(14, [10, 3])

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmcache_ascend.blend.rope import RopeSpec, apply_rope, rerotate_keys
 from lmcache_ascend.blend.selection import key_deviation, select_recompute_tokens, topk_budget
+from tests.blend.reference.rope import RopeSpec, apply_rope, rerotate_keys
 
 
 # ---------------------------------------------------------------------- RoPE

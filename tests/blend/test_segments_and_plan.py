@@ -11,13 +11,9 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from lmcache_ascend.blend.plan import SegmentPlacement, build_retrieval_plan
-from lmcache_ascend.blend.segments import (
-    DocumentSegment,
-    SegmentLookup,
-    lookup_segments,
-    split_by_separator,
-)
+from lmcache_ascend.blend.segments import DocumentSegment, SegmentLookup
+from tests.blend.reference.documents import lookup_segments, split_by_separator
+from tests.blend.reference.plan import SegmentPlacement, build_retrieval_plan
 
 SEP = (7, 8)
 

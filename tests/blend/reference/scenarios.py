@@ -4,17 +4,23 @@ A prompt is ``system + SEP + doc_1 + SEP + ... + doc_n + SEP + question``.
 The system prompt is cached in place; every document except the "holes" was
 cached earlier by prefilling ``system + SEP + doc`` alone, so its KV lacks the
 other documents' context and sits at other positions.  The question is never
-cached.  Each scenario is run four ways:
+cached.  Each scenario is run these ways:
 
 * ``full``: prefill from scratch (the ground truth);
 * ``standard``: LMCache's CacheBlend: the leading run of cached documents is
   blended, everything from the first missing document on is prefilled;
 * ``hole``: hole mode: every cached document is blended, only the holes,
   separators and question are prefilled;
-* ``reuse``: every cached document's KV used as is (re-rotated), no blending.
+* ``reuse``: every cached document's KV used as is (re-rotated), no blending;
+* ``random`` (only at a fixed budget): hole mode's structure, but the cached
+  tokens it recomputes drawn at random instead of by K deviation.
 
-Standard and hole mode use the same selection and the same re-rotation, so
-the comparison isolates what hole mode changes.  Used by the tests and by
+`run_mode` runs a mode at a recompute ratio with the package's selection
+rule; `run_at_budget` runs standard, hole or random mode recomputing exactly
+the same number of tokens (`standard_budget` gives what standard CacheBlend
+spends at a ratio), so modes can be compared at equal cost.  Standard and hole
+mode use the same selection and the same re-rotation, so the comparison
+isolates what hole mode changes.  Used by the tests and by
 ``scripts/bench_hole_blend.py``.
 """
 
@@ -25,19 +31,25 @@ from typing import Literal
 
 import torch
 
-from lmcache_ascend.blend.plan import RetrievalPlan, build_retrieval_plan
-from lmcache_ascend.blend.reference_model import BlendOutcome, PromptKV, TinyRopeTransformer
-from lmcache_ascend.blend.rope import rerotate_keys
-from lmcache_ascend.blend.segments import SegmentLookup, lookup_segments
+from lmcache_ascend.blend.segments import SegmentLookup
+from lmcache_ascend.blend.selection import RecomputeSelection, key_deviation, topk_budget
+from tests.blend.reference.documents import lookup_segments
+from tests.blend.reference.model import BlendOutcome, PromptKV, RecomputeChooser, TinyRopeTransformer
+from tests.blend.reference.plan import RetrievalPlan, build_retrieval_plan
+from tests.blend.reference.rope import rerotate_keys
 
 __all__ = [
     "BlendScenario",
     "ModeResult",
     "ScenarioSpec",
     "assemble_cached_kv",
+    "budget_chooser",
     "build_scenario",
     "hole_document_indices",
+    "run_at_budget",
     "run_mode",
+    "split_budget",
+    "standard_budget",
 ]
 
 HolePlacement = Literal["start", "middle", "end"]
@@ -207,6 +219,14 @@ def _relative_error(candidate: list[torch.Tensor], truth: list[torch.Tensor]) ->
     return (numerator / denominator) ** 0.5 if denominator > 0 else float(numerator > 0)
 
 
+def _lookup_for(scenario: BlendScenario, mode: str) -> SegmentLookup:
+    if mode in ("hole", "random", "reuse"):
+        return scenario.lookup
+    if mode == "standard":
+        return scenario.lookup.truncated_to_prefix()
+    raise ValueError(f"mode={mode!r}; allowed: 'standard', 'hole', 'reuse', 'random'")
+
+
 def run_mode(
     model: TinyRopeTransformer,
     scenario: BlendScenario,
@@ -215,20 +235,114 @@ def run_mode(
     check_layer: int = 1,
     truth: tuple[torch.Tensor, PromptKV] | None = None,
 ) -> ModeResult:
-    if mode == "hole":
-        lookup = scenario.lookup
-    elif mode == "standard":
-        lookup = scenario.lookup.truncated_to_prefix()
-    elif mode == "reuse":
-        lookup, recompute_ratio, check_layer = scenario.lookup, 0.0, 0
-    else:
+    """``mode`` at ``recompute_ratio`` with the package's selection rule."""
+    if mode not in ("standard", "hole", "reuse"):
         raise ValueError(f"mode={mode!r}; allowed: 'standard', 'hole', 'reuse'")
+    lookup = _lookup_for(scenario, mode)
+    if mode == "reuse":
+        recompute_ratio, check_layer = 0.0, 0
     plan = build_retrieval_plan(lookup, scenario.stored_start_of)
     cached, mask = assemble_cached_kv(model, scenario, plan)
     outcome = model.blend_prefill(
         scenario.tokens, cached, mask, check_layer, recompute_ratio, plan.budget_ranges
     )
+    return _measure(model, scenario, mode, outcome, truth)
 
+
+def standard_budget(scenario: BlendScenario, recompute_ratio: float) -> int:
+    """Tokens standard CacheBlend recomputes from the check layer on at ``recompute_ratio``:
+    every token it has no cached KV for (from its first miss on, and separators)
+    plus the top-k share of its cached prefix."""
+    lookup = scenario.lookup.truncated_to_prefix()
+    return lookup.num_tokens - lookup.num_cached_tokens + topk_budget(lookup.num_cached_tokens, recompute_ratio)
+
+
+def split_budget(total: int, weights: list[int]) -> list[int]:
+    """``total`` split in proportion to ``weights`` (largest remainder; ties to the earlier)."""
+    whole = sum(weights)
+    if not 0 <= total <= whole:
+        raise ValueError(f"budget {total}; allowed: 0 to {whole} (the cached tokens)")
+    if whole == 0:
+        return [0] * len(weights)
+    shares = [divmod(total * weight, whole) for weight in weights]
+    result = [share for share, _ in shares]
+    by_remainder = sorted(range(len(weights)), key=lambda i: (-shares[i][1], i))
+    for index in by_remainder[: total - sum(result)]:
+        result[index] += 1
+    return result
+
+
+def budget_chooser(
+    mode: Literal["standard", "hole", "random"], lookup: SegmentLookup, num_recomputed: int, seed: int = 0
+) -> RecomputeChooser:
+    """Recompute exactly ``num_recomputed`` tokens: every token without cached KV,
+    then ``standard`` / ``hole``: the top-k cached tokens by K deviation, the
+    budget split over the stretches of cached documents in proportion to their
+    cached tokens; ``random``: cached tokens drawn uniformly (seeded)."""
+    if mode not in ("standard", "hole", "random"):
+        raise ValueError(f"mode={mode!r}; allowed: 'standard', 'hole', 'random'")
+    mask = torch.tensor(lookup.cached_token_mask(), dtype=torch.bool)
+    holes = torch.nonzero(~mask).flatten()
+    num_topk = num_recomputed - int(holes.numel())
+    if not 0 <= num_topk <= int(mask.sum()):
+        raise ValueError(
+            f"num_recomputed={num_recomputed}; allowed for {mode} mode on this prompt: "
+            f"{int(holes.numel())} (the tokens without cached KV) to {mask.numel()} (all tokens)"
+        )
+    stretches = lookup.cached_stretches()
+
+    def choose(fresh_keys: torch.Tensor, cached_keys: torch.Tensor, cached_token_mask: torch.Tensor):
+        if not torch.equal(cached_token_mask, mask):
+            raise ValueError("budget_chooser: the blend's cached-token mask is not the lookup's")
+        cached_indices = [torch.nonzero(mask[a:b]).flatten() + a for a, b in stretches]
+        if mode == "random":
+            pool = torch.cat(cached_indices) if cached_indices else torch.empty(0, dtype=torch.int64)
+            generator = torch.Generator().manual_seed(seed)
+            chosen = [pool[torch.randperm(pool.numel(), generator=generator)[:num_topk]]]
+        else:
+            deviation = key_deviation(fresh_keys, cached_keys)
+            budgets = split_budget(num_topk, [int(indices.numel()) for indices in cached_indices])
+            chosen = [
+                indices[torch.topk(deviation[indices], k=budget).indices]
+                for indices, budget in zip(cached_indices, budgets)
+            ]
+        return RecomputeSelection(
+            indices=torch.sort(torch.cat([holes, *chosen])).values.to(torch.int64),
+            num_hole_tokens=int(holes.numel()),
+            num_topk_tokens=num_topk,
+        )
+
+    return choose
+
+
+def run_at_budget(
+    model: TinyRopeTransformer,
+    scenario: BlendScenario,
+    mode: Literal["standard", "hole", "random"],
+    num_recomputed: int,
+    check_layer: int = 1,
+    truth: tuple[torch.Tensor, PromptKV] | None = None,
+    seed: int = 0,
+) -> ModeResult:
+    """``mode`` recomputing exactly ``num_recomputed`` tokens from the check layer on
+    (see `budget_chooser`); ``seed`` only matters for ``random``."""
+    lookup = _lookup_for(scenario, mode)
+    plan = build_retrieval_plan(lookup, scenario.stored_start_of)
+    cached, mask = assemble_cached_kv(model, scenario, plan)
+    outcome = model.blend_prefill(
+        scenario.tokens, cached, mask, check_layer, 0.0,
+        choose=budget_chooser(mode, lookup, num_recomputed, seed),
+    )
+    return _measure(model, scenario, mode, outcome, truth)
+
+
+def _measure(
+    model: TinyRopeTransformer,
+    scenario: BlendScenario,
+    mode: str,
+    outcome: BlendOutcome,
+    truth: tuple[torch.Tensor, PromptKV] | None,
+) -> ModeResult:
     truth_hidden, truth_kv = truth if truth is not None else model.prefill(scenario.tokens)
     prefix_end = scenario.lookup.prefix_hit_tokens
     question = slice(scenario.question_start, scenario.tokens.shape[0])

@@ -8,23 +8,25 @@ to the check layer, then only the selected tokens, attending over cached KV
 patched with their fresh rows), so standard CacheBlend, hole mode and plain
 reuse can be measured against the truth without model weights.
 
-It lives in the package (not under tests/) because both the test-suite and
-``scripts/bench_hole_blend.py`` use it; it imports only torch and is never
-imported by a patch.
+It uses the package's own token selection (`lmcache_ascend.blend.selection`),
+so what it measures is the selection the blender patch runs.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from lmcache_ascend.blend.rope import RopeSpec, apply_rope
 from lmcache_ascend.blend.selection import RecomputeSelection, select_recompute_tokens
+from tests.blend.reference.rope import RopeSpec, apply_rope
 
-__all__ = ["BlendOutcome", "PromptKV", "TinyModelConfig", "TinyRopeTransformer"]
+__all__ = ["BlendOutcome", "PromptKV", "RecomputeChooser", "TinyModelConfig", "TinyRopeTransformer"]
+
+# (fresh keys, cached keys, cached-token mask) at the check layer -> the tokens to recompute.
+RecomputeChooser = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], RecomputeSelection]
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,8 @@ class TinyRopeTransformer:
         check_layer: int,
         recompute_ratio: float,
         budget_ranges: Sequence[tuple[int, int]] | None = None,
+        *,
+        choose: RecomputeChooser | None = None,
     ) -> BlendOutcome:
         """CacheBlend over a prompt whose cached rows are in ``cached``.
 
@@ -204,6 +208,9 @@ class TinyRopeTransformer:
         the selected tokens are recomputed and the others keep cached KV.
         ``check_layer=0`` with ratio 0 is plain reuse without blending.
         ``budget_ranges``: see `select_recompute_tokens`.
+        ``choose``: picks the tokens at the check layer instead of the ratio
+        rule (``recompute_ratio`` and ``budget_ranges`` are then unused), e.g.
+        a fixed number of tokens for comparisons at equal budget.
         """
         tokens = self._check_tokens(tokens)
         count = tokens.shape[0]
@@ -221,9 +228,12 @@ class TinyRopeTransformer:
         for layer_id in range(self.config.num_layers):
             q, k, v = self.project_qkv(layer_id, hidden, positions[selected])
             if layer_id == check_layer:
-                selection = select_recompute_tokens(
-                    k, cached.keys[layer_id], cached_token_mask, recompute_ratio, budget_ranges
-                )
+                if choose is None:
+                    selection = select_recompute_tokens(
+                        k, cached.keys[layer_id], cached_token_mask, recompute_ratio, budget_ranges
+                    )
+                else:
+                    selection = choose(k, cached.keys[layer_id], cached_token_mask)
                 keep = selection.indices
                 q, k, v, hidden = q[keep], k[keep], v[keep], hidden[keep]
                 selected = keep
