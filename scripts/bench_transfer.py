@@ -318,7 +318,7 @@ def host_breakdown(device: torch.device, calls: int = 500) -> dict:
     result = {
         "select_backend": per_call(lambda: select_backend(device)),
         "resolve_transfer": per_call(lambda: resolve_transfer(group, slots, chunk, store=True)),
-        "device_table_lookup": per_call(lambda: tt._device_table(transfer, chunk.data_ptr())),
+        "device_table_lookup": per_call(lambda: tt._device_table(group, transfer.layout, 0, chunk.data_ptr())),
         "triton_transfer_raw_launch": per_call(lambda: tt.triton_transfer(transfer)),
     }
     tt._raw_launch["enabled"] = False

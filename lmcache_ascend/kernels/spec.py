@@ -8,9 +8,11 @@ checking of their own. Pure logic: torch only (tensors are the subject).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -22,12 +24,15 @@ __all__ = [
     "PagedGroup",
     "PagedPlane",
     "PlaneSlots",
+    "ResolvedChunkBatch",
     "ResolvedTransfer",
     "TransferError",
     "align_up",
     "chunk_layout",
     "resolve_transfer",
+    "resolve_chunk_batch",
     "strided_chunk_layout",
+    "triton_interpreting",
     "widest_element_width",
 ]
 
@@ -54,15 +59,20 @@ def align_up(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
 
 
-def widest_element_width(*byte_quantities: int) -> int:
-    """Widest of 16/4/2/1 bytes dividing every quantity (sizes, offsets, addresses)."""
+def widest_element_width(*byte_quantities: int, widths: Sequence[int] = ELEMENT_WIDTHS) -> int:
+    """Widest of `widths` (default 16/4/2/1 bytes) dividing every quantity (sizes, offsets, addresses)."""
     common = 0
     for quantity in byte_quantities:
         common = math.gcd(common, int(quantity))
-    for width in ELEMENT_WIDTHS:
+    for width in widths:
         if common % width == 0:
             return width
     return 1
+
+
+def triton_interpreting() -> bool:
+    """Whether Triton runs its interpreter (TRITON_INTERPRET set and not 0): kernels then run on the CPU."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _positive_int(what: str, value: object) -> int:
@@ -545,4 +555,101 @@ def resolve_transfer(
         chunk_offset=chunk_offset,
         layout=layout,
         store=store,
+    )
+
+
+@dataclass(frozen=True)
+class ResolvedChunkBatch:
+    """A validated multi-chunk launch: many chunks of one layout, moved by one launch per group.
+
+    Chunk c's part for this group starts `chunk_offset` bytes into the buffer at
+    `addresses[c]` (device memory, or host memory the device maps: CUDA pinned
+    memory); plane p of chunk c moves `counts[c, p]` rows whose slots are
+    `slots[starts[c, p] : starts[c, p] + counts[c, p]]`. `keep_alive` holds the
+    tensors behind `addresses` until the launch is issued.
+    """
+
+    group: PagedGroup
+    slots: torch.Tensor
+    addresses: np.ndarray  # int64 [chunks]
+    starts: np.ndarray  # int64 [chunks, planes]
+    counts: np.ndarray  # int64 [chunks, planes]
+    chunk_offset: int
+    layout: ChunkLayout
+    store: bool
+    keep_alive: tuple = field(default=(), repr=False, compare=False)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.addresses)
+
+
+def resolve_chunk_batch(
+    group: PagedGroup,
+    slots: torch.Tensor,
+    chunks: Sequence[torch.Tensor],
+    starts: np.ndarray,
+    counts: np.ndarray,
+    *,
+    store: bool,
+    layout: ChunkLayout,
+    chunk_offset: int = 0,
+) -> ResolvedChunkBatch:
+    """Check a multi-chunk launch against the contract; raise TransferError naming the bad input.
+
+    `chunks`: one contiguous flat uint8 tensor per chunk, on the group's device or
+    (CUDA) in pinned host memory the kernel reaches through unified addressing.
+    One slot tensor serves every plane and chunk (`starts` index into it).
+    """
+    if not isinstance(group, PagedGroup):
+        raise TransferError(f"group is a {type(group).__name__}; allowed: PagedGroup")
+    if not isinstance(store, bool):
+        raise TransferError(f"store={store!r} is not allowed; allowed: True (paged -> chunk) or False")
+    if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1 or not slots.is_contiguous():
+        raise TransferError(f"slots={getattr(slots, 'shape', slots)!r}: allowed: a contiguous 1-D int64 tensor")
+    if not group.on_group_device(slots):
+        raise TransferError(f"slots are on {slots.device} but the caches are on {group.device}")
+    starts = np.asarray(starts, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    shape = (len(chunks), group.plane_count)
+    if starts.shape != shape or counts.shape != shape:
+        raise TransferError(
+            f"starts {starts.shape} / counts {counts.shape}: allowed: (chunks, planes) = {shape}"
+        )
+    _non_negative_int("chunk_offset", chunk_offset)
+    _check_layout(group, (), layout)
+    if len(chunks) and ((starts < 0).any() or (counts < 0).any()):
+        raise TransferError("starts and counts must be >= 0")
+    if len(chunks) and (starts + counts > slots.numel()).any():
+        chunk, plane = np.argwhere(starts + counts > slots.numel())[0]
+        raise TransferError(
+            f"chunk {chunk} plane {plane}: start={starts[chunk, plane]} + count={counts[chunk, plane]} exceeds "
+            f"the {slots.numel()} slots"
+        )
+    region_rows = np.asarray(layout.region_rows, dtype=np.int64)
+    if len(chunks) and (counts > region_rows[None, :]).any():
+        chunk, plane = np.argwhere(counts > region_rows[None, :])[0]
+        raise TransferError(
+            f"chunk {chunk} plane {plane}: count={counts[chunk, plane]} > layout region_rows={region_rows[plane]}"
+        )
+    needed = chunk_offset + layout.total_bytes
+    mapped_host = group.device.type == "cuda"
+    addresses = np.empty(len(chunks), dtype=np.int64)
+    for index, chunk in enumerate(chunks):
+        if not isinstance(chunk, torch.Tensor) or chunk.dtype != torch.uint8 or chunk.dim() != 1:
+            raise TransferError(f"chunks[{index}]: allowed: a flat uint8 tensor (see _chunk_as_bytes)")
+        if chunk.numel() < needed:
+            raise TransferError(
+                f"chunks[{index}] holds {chunk.numel()} bytes but chunk_offset={chunk_offset} + the group's "
+                f"{layout.total_bytes} bytes do not fit"
+            )
+        if not group.on_group_device(chunk) and not (mapped_host and chunk.is_cpu and chunk.is_pinned()):
+            raise TransferError(
+                f"chunks[{index}] is on {chunk.device} but the caches are on {group.device}; allowed: the "
+                "caches' device, or pinned host memory with CUDA caches"
+            )
+        addresses[index] = chunk.data_ptr()
+    return ResolvedChunkBatch(
+        group=group, slots=slots, addresses=addresses, starts=starts, counts=counts, chunk_offset=chunk_offset,
+        layout=layout, store=store, keep_alive=tuple(chunks),
     )
