@@ -1,20 +1,27 @@
 """LMCache ``GPUConnectorInterface`` over every KV-cache group and plane.
 
 LMCache's own connectors move one homogeneous set of layers with one slot
-mapping.  This one moves each chunk through the flat chunk buffer planned by
-`lmcache_ascend.kv_layout` (all layer groups, planes and scheduler groups, one
-kernel launch per layer group), with the transfer ops of
-`lmcache_ascend.kernels` (Triton on CUDA / NPU, the torch reference on CPU).
+mapping.  This one moves chunks through the flat chunk buffer planned by
+`lmcache_ascend.kv_layout` (all layer groups, planes and scheduler groups), with
+the transfer ops of `lmcache_ascend.kernels` (Triton on CUDA / NPU, the torch
+reference on CPU).
 
 Memory objects are byte buffers: uint8 ``[1, 1, tokens, ceil(bytes / tokens)]``
 (LMCache reads the token count from dim 2), sized by `ChunkLayout.memory_shape`;
 the ``lmcache-metadata-chunk-bytes`` patch makes LMCache allocate that shape.
 
-Per-group slot mappings come from the ``slot_mappings_by_group`` keyword
-(sequence indexed by scheduler group, or a mapping), else from the request's
-``GroupSlotMappings`` bound by the worker adapter patch (found by the
-``req_id`` LMCache forwards), else the single ``slot_mapping`` stands for
-group 0 (single-group models).
+Slot mappings: the ``slot_mappings_by_group`` keyword (sequence indexed by
+scheduler group, or a mapping), else the request's ``GroupSlotMappings`` handed
+over by the worker adapter patch (`hand_over_requests`; found by the ``req_id``
+LMCache forwards), else the single ``slot_mapping`` stands for group 0
+(single-group models). They go to the device once per request and direction
+and step (`DeviceSlots`); chunks only index into them.
+
+Batched calls (``batched_from_gpu`` / ``batched_to_gpu``, LMCache's store and
+retrieve) move all full chunks with ONE launch per layer group and synchronize
+once. Host memory objects are reached directly where the device maps them (CUDA
+pinned memory), else through a device staging buffer, in waves of chunks whose
+copies run on a copy stream beside the next wave's kernels.
 
 Imports LMCache: only loaded from a patch's build step or from tests.
 """
@@ -27,14 +34,24 @@ from typing import Any, Mapping, Sequence
 import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
+from lmcache_ascend.kernels import align_up
 from lmcache_ascend.kv_layout import ChunkLayout, ChunkMover, LayerLayout, LayoutError
+from lmcache_ascend.kv_layout.transfer import DeviceSlots
 
-__all__ = ["MultiGroupGPUConnector"]
+__all__ = ["HOST_PATHS", "MultiGroupGPUConnector"]
 
 logger = logging.getLogger(__name__)
 
+# How host memory objects are reached: "mapped" (the kernel reads / writes CUDA
+# pinned memory through unified addressing; other devices fall back to staging)
+# or "staging" (a device buffer, copies overlapping kernels).
+HOST_PATHS = ("mapped", "staging")
+# Device staging for host memory objects: at most this many bytes (at least one chunk).
+STAGING_BYTES = 256 * 2**20
+_STAGING_ALIGNMENT = 256
 
-def _as_group_mapping(slot_mappings: object) -> dict[int, torch.Tensor]:
+
+def _as_group_mapping(slot_mappings: object) -> dict[int, Any]:
     if isinstance(slot_mappings, Mapping):
         return {int(group): slots for group, slots in slot_mappings.items() if slots is not None}
     if isinstance(slot_mappings, Sequence):
@@ -45,22 +62,34 @@ def _as_group_mapping(slot_mappings: object) -> dict[int, torch.Tensor]:
     )
 
 
+def _device_module(device: torch.device):
+    module = getattr(torch, device.type, None)
+    return module if module is not None and hasattr(module, "Stream") else None
+
+
 class MultiGroupGPUConnector(GPUConnectorInterface):
     """Stores and loads LMCache chunks of multi-group / multi-plane KV caches."""
 
-    def __init__(self, chunk_size: int, backend: str | None = None):
+    def __init__(self, chunk_size: int, backend: str | None = None, host_path: str = "mapped"):
         if chunk_size <= 0:
             raise LayoutError(f"chunk_size={chunk_size} must be a positive int")
+        if host_path not in HOST_PATHS:
+            raise LayoutError(f"host_path={host_path!r} is not allowed; allowed: {', '.join(HOST_PATHS)}")
         self.chunk_size = chunk_size
         self.backend = backend
+        self.host_path = host_path
         self.layers: tuple[LayerLayout, ...] = ()
         self.layout: ChunkLayout | None = None
         self.mover: ChunkMover | None = None
         self.kvcaches = None
         self._staging: torch.Tensor | None = None
-        # req_id -> GroupSlotMappings of the step being served (bound by the adapter patch).
+        self._copy_stream = None
+        # req_id -> GroupSlotMappings of the step being served (handed over by the adapter patch),
+        # and (req_id, store) -> its DeviceSlots, made on first use.
         self._request_slots: dict[str, Any] = {}
-        self.launches = 0  # kernel launches so far (one per layer group per chunk)
+        self._device_slots_by_request: dict[tuple[str, bool], DeviceSlots] = {}
+        self.launches = 0  # kernel launches so far (one per layer group per call)
+        self.synchronizations = 0  # device synchronizations so far (one per LMCache call)
         # Tokens of the chunks moved so far, per direction (what the engine asked for).
         self.tokens_stored = 0
         self.tokens_loaded = 0
@@ -76,14 +105,8 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self.layers = tuple(layers)
         self.layout = layout
         self.mover = ChunkMover(layout, self.backend)
-        device = self.mover.device
-        # Kernels need the chunk on the caches' device; host memory objects go through
-        # one device staging buffer of a full chunk (allocated once).
-        self._staging = (
-            None
-            if device.type == "cpu"
-            else torch.empty(layout.full_plan.total_bytes, dtype=torch.uint8, device=device)
-        )
+        self._staging = None  # allocated on first use, for the caches' device
+        self._device_slots_by_request = {}
 
     def _require_registered(self) -> ChunkMover:
         if self.mover is None or self.layout is None:
@@ -96,75 +119,183 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
             raise LayoutError("MultiGroupGPUConnector.get_shape called before KV caches were registered")
         return torch.Size(self.layout.memory_shape(num_tokens))
 
-    def bind_request_slots(self, group_slots_by_request: Mapping[str, Any]) -> None:
-        """Per-group slots of this step's requests (`lmcache_ascend.multigroup.slots.GroupSlotMappings`).
+    def hand_over_requests(self, group_slots_by_request: Mapping[str, Any]) -> None:
+        """This step's requests (`lmcache_ascend.multigroup.slots.GroupSlotMappings` by req_id).
 
-        LMCache's engine forwards ``req_id`` to the connector; the slots of that
-        request are used when no ``slot_mappings_by_group`` keyword is given.
+        LMCache's engine forwards ``req_id`` to the connector; that request's slots are
+        used when no ``slot_mappings_by_group`` keyword is given. Their device copies
+        are made on first use and kept until `release_requests`.
         """
         self._request_slots = {req_id: slots for req_id, slots in group_slots_by_request.items() if slots is not None}
+        self._device_slots_by_request = {}
 
-    def unbind_request_slots(self) -> None:
+    def release_requests(self) -> None:
         self._request_slots = {}
+        self._device_slots_by_request = {}
 
-    def _slot_mappings(self, kwargs: dict[str, Any], store: bool) -> dict[int, torch.Tensor]:
-        device = self._require_registered().device
-        request_slots = self._request_slots.get(kwargs.get("req_id"))
+    def _device_slots(self, kwargs: dict[str, Any], store: bool) -> DeviceSlots:
+        mover = self._require_registered()
+        cached_tokens = 0 if store else int(kwargs.get("vllm_cached_tokens", 0) or 0)
         if kwargs.get("slot_mappings_by_group") is not None:
-            mappings = _as_group_mapping(kwargs["slot_mappings_by_group"])
-        elif request_slots is not None:
-            pick = request_slots.store_slot_mapping if store else request_slots.load_slot_mapping
-            mappings = {group: pick(group) for group in request_slots.transferred_groups}
-        elif kwargs.get("slot_mapping") is not None:
+            return mover.upload(_as_group_mapping(kwargs["slot_mappings_by_group"]), cached_tokens)
+        req_id = kwargs.get("req_id")
+        request_slots = self._request_slots.get(req_id)
+        if request_slots is not None:
+            key = (req_id, store)
+            resolved = self._device_slots_by_request.get(key)
+            if resolved is None:
+                if not store:
+                    cached_tokens = max(cached_tokens, request_slots.vllm_cached_tokens)
+                resolved = mover.upload(request_slots.transferred_slot_mappings(), cached_tokens)
+                self._device_slots_by_request[key] = resolved
+            return resolved
+        if kwargs.get("slot_mapping") is not None:
             in_use = self.layout.scheduler_groups_in_use()
             if in_use != (0,):
                 raise LayoutError(
                     f"only 'slot_mapping' was given but the registered caches use scheduler groups {in_use}; "
                     "pass 'slot_mappings_by_group'"
                 )
-            mappings = {0: kwargs["slot_mapping"]}
-        else:
-            raise LayoutError("neither 'slot_mappings_by_group' nor 'slot_mapping' was given")
-        return {
-            group: (slots if isinstance(slots, torch.Tensor) else torch.as_tensor(slots))
-            .to(device=device, dtype=torch.int64)
-            .contiguous()
-            for group, slots in mappings.items()
-        }
+            return mover.upload({0: kwargs["slot_mapping"]}, cached_tokens)
+        raise LayoutError("neither 'slot_mappings_by_group' nor 'slot_mapping' was given")
 
-    def _memory_bytes(self, memory_obj: Any) -> torch.Tensor:
+    def _memory_bytes(self, memory_obj: Any, start: int, end: int) -> torch.Tensor:
         tensor = memory_obj.tensor
         if tensor is None:
             raise LayoutError("the memory object has no tensor")
         if not tensor.is_contiguous():
             raise LayoutError(f"memory object tensor of shape {tuple(tensor.shape)} is not contiguous")
-        return tensor.reshape(-1).view(torch.uint8)
-
-    def _move(self, memory_obj: Any, start: int, end: int, kwargs: dict[str, Any], *, store: bool) -> None:
-        mover = self._require_registered()
-        slot_mappings = self._slot_mappings(kwargs, store)
-        chunk = self._memory_bytes(memory_obj)
+        chunk = tensor.reshape(-1).view(torch.uint8)
         total = self.layout.plan(end - start).total_bytes
         if chunk.numel() < total:
             raise LayoutError(
                 f"memory object of {chunk.numel()} bytes cannot hold tokens [{start}, {end}) "
                 f"({total} bytes); was it allocated by the lmcache-metadata-chunk-bytes shape?"
             )
-        skip = 0 if store else int(kwargs.get("vllm_cached_tokens", 0) or 0)
+        return chunk
+
+    def _count_tokens(self, starts: Sequence[int], ends: Sequence[int], store: bool) -> None:
+        moved = sum(end - start for start, end in zip(starts, ends))
         if store:
-            self.tokens_stored += end - start
+            self.tokens_stored += moved
         else:
-            self.tokens_loaded += end - start
-        if self._staging is None or chunk.device == self._staging.device:
-            self.launches += mover.move(chunk, start, end, slot_mappings, store=store, skip_tokens_before=skip)
+            self.tokens_loaded += moved
+
+    def _staging_buffer(self, chunks: int) -> tuple[torch.Tensor, int]:
+        """(device staging buffer, byte stride of a chunk in it), for up to `chunks` full chunks."""
+        mover = self._require_registered()
+        stride = align_up(self.layout.full_plan.total_bytes, _STAGING_ALIGNMENT)
+        wanted = stride * max(1, min(chunks, STAGING_BYTES // stride))
+        if self._staging is None or self._staging.numel() < wanted:
+            self._staging = torch.empty(wanted, dtype=torch.uint8, device=mover.device)
+        return self._staging, stride
+
+    def _move_one(self, memory_obj: Any, start: int, end: int, slots: DeviceSlots, *, store: bool) -> None:
+        mover = self._require_registered()
+        chunk = self._memory_bytes(memory_obj, start, end)
+        if mover.device.type == "cpu" or chunk.device == mover.device:
+            self.launches += mover.move(chunk, start, end, slots, store=store)
             return
-        staging = self._staging[:total]
+        staging, _ = self._staging_buffer(1)
+        total = self.layout.plan(end - start).total_bytes
+        staged = staging[:total]
         if store:
-            self.launches += mover.move(staging, start, end, slot_mappings, store=True)
-            chunk[:total].copy_(staging, non_blocking=True)
+            self.launches += mover.move(staged, start, end, slots, store=True)
+            chunk[:total].copy_(staged, non_blocking=True)
         else:
-            staging.copy_(chunk[:total], non_blocking=True)
-            self.launches += mover.move(staging, start, end, slot_mappings, store=False, skip_tokens_before=skip)
+            staged.copy_(chunk[:total], non_blocking=True)
+            self.launches += mover.move(staged, start, end, slots, store=False)
+
+    def _reachable(self, chunks: Sequence[torch.Tensor]) -> bool:
+        """Whether the kernels can address every chunk where it lies."""
+        device = self._require_registered().device
+        if device.type == "cpu":
+            return True
+        if all(chunk.device == device for chunk in chunks):
+            return True
+        return (
+            self.host_path == "mapped"
+            and device.type == "cuda"
+            and all(chunk.is_cpu and chunk.is_pinned() for chunk in chunks)
+        )
+
+    def _move_staged(self, chunks: list[torch.Tensor], starts: list[int], slots: DeviceSlots, *, store: bool) -> None:
+        """Full host chunks through the staging buffer, in waves; each wave's copies on a copy
+        stream beside the next wave's kernels (two halves of the buffer alternate)."""
+        mover = self._require_registered()
+        total = self.layout.full_plan.total_bytes
+        staging, stride = self._staging_buffer(len(chunks))
+        capacity = staging.numel() // stride
+        module = _device_module(mover.device)
+        if module is None or capacity < 2:
+            for first in range(0, len(chunks), capacity):
+                wave = range(first, min(first + capacity, len(chunks)))
+                views = [staging[i * stride : i * stride + total] for i in range(len(wave))]
+                if not store:
+                    for view, index in zip(views, wave):
+                        view.copy_(chunks[index][:total], non_blocking=True)
+                self.launches += mover.move_batch(views, [starts[i] for i in wave], slots, store=store)
+                if store:
+                    for view, index in zip(views, wave):
+                        chunks[index][:total].copy_(view, non_blocking=True)
+            return
+        if self._copy_stream is None:
+            self._copy_stream = module.Stream(device=mover.device)
+        compute = module.current_stream(mover.device)
+        copy = self._copy_stream
+        half = capacity // 2
+        released = [None, None]  # per half: the event after which it may be rewritten
+        for wave_index, first in enumerate(range(0, len(chunks), half)):
+            part = wave_index % 2
+            wave = range(first, min(first + half, len(chunks)))
+            views = [staging[(part * half + i) * stride : (part * half + i) * stride + total] for i in range(len(wave))]
+            if released[part] is not None:
+                (copy if not store else compute).wait_event(released[part])
+            if not store:
+                with module.stream(copy):
+                    for view, index in zip(views, wave):
+                        view.copy_(chunks[index][:total], non_blocking=True)
+                    loaded = module.Event()
+                    loaded.record(copy)
+                compute.wait_event(loaded)
+                self.launches += mover.move_batch(views, [starts[i] for i in wave], slots, store=False)
+                released[part] = module.Event()
+                released[part].record(compute)
+            else:
+                self.launches += mover.move_batch(views, [starts[i] for i in wave], slots, store=True)
+                written = module.Event()
+                written.record(compute)
+                with module.stream(copy):
+                    copy.wait_event(written)
+                    for view, index in zip(views, wave):
+                        chunks[index][:total].copy_(view, non_blocking=True)
+                    released[part] = module.Event()
+                    released[part].record(copy)
+        compute.wait_stream(copy)
+
+    def _move_many(self, memory_objs: Any, starts: Sequence[int], ends: Sequence[int], kwargs: dict[str, Any],
+                   *, store: bool) -> None:
+        mover = self._require_registered()
+        starts, ends = list(starts), list(ends)
+        if not (len(starts) == len(ends) == len(memory_objs)):
+            raise LayoutError(
+                f"{len(memory_objs)} memory objects, {len(starts)} starts and {len(ends)} ends; they must match"
+            )
+        slots = self._device_slots(kwargs, store)
+        self._count_tokens(starts, ends, store)
+        full = [index for index, (start, end) in enumerate(zip(starts, ends)) if end - start == self.chunk_size]
+        full_set = set(full)
+        for index, memory_obj in enumerate(memory_objs):
+            if index not in full_set:  # a partial chunk has a plan of its own
+                self._move_one(memory_obj, starts[index], ends[index], slots, store=store)
+        if full:
+            chunks = [self._memory_bytes(memory_objs[i], starts[i], ends[i]) for i in full]
+            full_starts = [starts[i] for i in full]
+            if self._reachable(chunks):
+                self.launches += mover.move_batch(chunks, full_starts, slots, store=store)
+            else:
+                self._move_staged(chunks, full_starts, slots, store=store)
+        self._synchronize()
 
     def _synchronize(self) -> None:
         device = self._require_registered().device
@@ -173,25 +304,20 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         module = getattr(torch, device.type, None)
         if module is not None and hasattr(module, "synchronize"):
             module.synchronize(device)
+            self.synchronizations += 1
 
     def from_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
-        self._move(memory_obj, start, end, kwargs, store=True)
-        self._synchronize()
+        self._move_many([memory_obj], [start], [end], kwargs, store=True)
 
     def to_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
-        self._move(memory_obj, start, end, kwargs, store=False)
-        self._synchronize()
+        self._move_many([memory_obj], [start], [end], kwargs, store=False)
 
     def batched_from_gpu(self, memory_objs: Any, starts: Sequence[int], ends: Sequence[int], **kwargs: Any) -> None:
-        for memory_obj, start, end in zip(memory_objs, starts, ends, strict=True):
-            self._move(memory_obj, start, end, kwargs, store=True)
-        self._synchronize()
+        self._move_many(list(memory_objs), starts, ends, kwargs, store=True)
 
     def batched_to_gpu(
         self, memory_objs: Any = None, starts: Sequence[int] | None = None, ends: Sequence[int] | None = None, **kwargs: Any
     ) -> None:
         if memory_objs is None or starts is None or ends is None:
             raise LayoutError("MultiGroupGPUConnector.batched_to_gpu needs memory_objs, starts and ends")
-        for memory_obj, start, end in zip(memory_objs, starts, ends, strict=True):
-            self._move(memory_obj, start, end, kwargs, store=False)
-        self._synchronize()
+        self._move_many(list(memory_objs), starts, ends, kwargs, store=False)

@@ -42,17 +42,18 @@ def _build(ctx: PatchContext) -> dict[str, object]:
         connector = getattr(engine, "gpu_connector", None) if engine is not None else None
         return connector if isinstance(connector, MultiGroupGPUConnector) else None
 
-    def run_with_request_slots(adapter, original, *args, **kwargs):
+    def step_requests(adapter):
+        return getattr(adapter._parent._get_connector_metadata(), "requests", ()) or ()
+
+    def run_with_request_slots(adapter, original, requests, *args, **kwargs):
         connector = bound_connector(adapter)
         if connector is None:
             return original(adapter, *args, **kwargs)
-        metadata = adapter._parent._get_connector_metadata()
-        requests = getattr(metadata, "requests", ()) or ()
-        connector.bind_request_slots({request.req_id: group_slots_of(request) for request in requests})
+        connector.hand_over_requests({request.req_id: group_slots_of(request) for request in requests})
         try:
             return original(adapter, *args, **kwargs)
         finally:
-            connector.unbind_request_slots()
+            connector.release_requests()
 
     @functools.wraps(original_register)
     def register_kv_caches(self, kv_caches):
@@ -61,13 +62,12 @@ def _build(ctx: PatchContext) -> dict[str, object]:
 
     @functools.wraps(original_start_load)
     def start_load_kv(self, forward_context, **kwargs):
-        return run_with_request_slots(self, original_start_load, forward_context, **kwargs)
+        return run_with_request_slots(self, original_start_load, step_requests(self), forward_context, **kwargs)
 
-    def skip_unfillable_chunks(adapter) -> None:
+    def skip_unfillable_chunks(adapter, requests) -> None:
         """Raise each request's store start past its last chunk with a row on vLLM's null block."""
-        metadata = adapter._parent._get_connector_metadata()
         producer = getattr(adapter, "kv_role", None) == "kv_producer"
-        for request in getattr(metadata, "requests", ()) or ():
+        for request in requests:
             slots = group_slots_of(request)
             save_spec = getattr(request, "save_spec", None)
             # Upstream stores for a producer even when can_save is False.
@@ -90,8 +90,9 @@ def _build(ctx: PatchContext) -> dict[str, object]:
 
     @functools.wraps(original_wait_for_save)
     def wait_for_save(self):
-        skip_unfillable_chunks(self)
-        return run_with_request_slots(self, original_wait_for_save)
+        requests = step_requests(self)
+        skip_unfillable_chunks(self, requests)
+        return run_with_request_slots(self, original_wait_for_save, requests)
 
     return {
         "LMCacheConnectorV1Impl.register_kv_caches": register_kv_caches,
