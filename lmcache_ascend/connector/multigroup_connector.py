@@ -34,22 +34,12 @@ from typing import Any, Mapping, Sequence
 import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
-from lmcache_ascend.kernels import align_up
 from lmcache_ascend.kv_layout import ChunkLayout, ChunkMover, LayerLayout, LayoutError
-from lmcache_ascend.kv_layout.transfer import DeviceSlots
+from lmcache_ascend.kv_layout.transfer import HOST_PATHS, DeviceSlots
 
-__all__ = ["HOST_PATHS", "MultiGroupGPUConnector"]
+__all__ = ["MultiGroupGPUConnector"]
 
 logger = logging.getLogger(__name__)
-
-# How host memory objects are reached: "mapped" (the kernel reads / writes CUDA
-# pinned memory through unified addressing; other devices fall back to staging)
-# or "staging" (a device buffer, copies overlapping kernels).
-HOST_PATHS = ("mapped", "staging")
-# Device staging for host memory objects: at most this many bytes (at least one chunk).
-STAGING_BYTES = 256 * 2**20
-_STAGING_ALIGNMENT = 256
-
 
 def _as_group_mapping(slot_mappings: object) -> dict[int, Any]:
     if isinstance(slot_mappings, Mapping):
@@ -60,11 +50,6 @@ def _as_group_mapping(slot_mappings: object) -> dict[int, Any]:
         f"slot_mappings_by_group is a {type(slot_mappings).__name__}; "
         "allowed: a sequence indexed by scheduler group or a mapping group -> tensor"
     )
-
-
-def _device_module(device: torch.device):
-    module = getattr(torch, device.type, None)
-    return module if module is not None and hasattr(module, "Stream") else None
 
 
 class MultiGroupGPUConnector(GPUConnectorInterface):
@@ -82,8 +67,6 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self.layout: ChunkLayout | None = None
         self.mover: ChunkMover | None = None
         self.kvcaches = None
-        self._staging: torch.Tensor | None = None
-        self._copy_stream = None
         # req_id -> GroupSlotMappings of the step being served (handed over by the adapter patch),
         # and (req_id, store) -> its DeviceSlots, made on first use.
         self._request_slots: dict[str, Any] = {}
@@ -105,7 +88,6 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self.layers = tuple(layers)
         self.layout = layout
         self.mover = ChunkMover(layout, self.backend)
-        self._staging = None  # allocated on first use, for the caches' device
         self._device_slots_by_request = {}
 
     def _require_registered(self) -> ChunkMover:
@@ -181,97 +163,20 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         else:
             self.tokens_loaded += moved
 
-    def _staging_buffer(self, chunks: int) -> tuple[torch.Tensor, int]:
-        """(device staging buffer, byte stride of a chunk in it), for up to `chunks` full chunks."""
-        mover = self._require_registered()
-        stride = align_up(self.layout.full_plan.total_bytes, _STAGING_ALIGNMENT)
-        wanted = stride * max(1, min(chunks, STAGING_BYTES // stride))
-        if self._staging is None or self._staging.numel() < wanted:
-            self._staging = torch.empty(wanted, dtype=torch.uint8, device=mover.device)
-        return self._staging, stride
-
     def _move_one(self, memory_obj: Any, start: int, end: int, slots: DeviceSlots, *, store: bool) -> None:
         mover = self._require_registered()
         chunk = self._memory_bytes(memory_obj, start, end)
         if mover.device.type == "cpu" or chunk.device == mover.device:
             self.launches += mover.move(chunk, start, end, slots, store=store)
             return
-        staging, _ = self._staging_buffer(1)
         total = self.layout.plan(end - start).total_bytes
-        staged = staging[:total]
+        staged = mover.staging_buffer(1)[0][:total]
         if store:
             self.launches += mover.move(staged, start, end, slots, store=True)
             chunk[:total].copy_(staged, non_blocking=True)
         else:
             staged.copy_(chunk[:total], non_blocking=True)
             self.launches += mover.move(staged, start, end, slots, store=False)
-
-    def _reachable(self, chunks: Sequence[torch.Tensor]) -> bool:
-        """Whether the kernels can address every chunk where it lies."""
-        device = self._require_registered().device
-        if device.type == "cpu":
-            return True
-        if all(chunk.device == device for chunk in chunks):
-            return True
-        return (
-            self.host_path == "mapped"
-            and device.type == "cuda"
-            and all(chunk.is_cpu and chunk.is_pinned() for chunk in chunks)
-        )
-
-    def _move_staged(self, chunks: list[torch.Tensor], starts: list[int], slots: DeviceSlots, *, store: bool) -> None:
-        """Full host chunks through the staging buffer, in waves; each wave's copies on a copy
-        stream beside the next wave's kernels (two halves of the buffer alternate)."""
-        mover = self._require_registered()
-        total = self.layout.full_plan.total_bytes
-        staging, stride = self._staging_buffer(len(chunks))
-        capacity = staging.numel() // stride
-        module = _device_module(mover.device)
-        if module is None or capacity < 2:
-            for first in range(0, len(chunks), capacity):
-                wave = range(first, min(first + capacity, len(chunks)))
-                views = [staging[i * stride : i * stride + total] for i in range(len(wave))]
-                if not store:
-                    for view, index in zip(views, wave):
-                        view.copy_(chunks[index][:total], non_blocking=True)
-                self.launches += mover.move_batch(views, [starts[i] for i in wave], slots, store=store)
-                if store:
-                    for view, index in zip(views, wave):
-                        chunks[index][:total].copy_(view, non_blocking=True)
-            return
-        if self._copy_stream is None:
-            self._copy_stream = module.Stream(device=mover.device)
-        compute = module.current_stream(mover.device)
-        copy = self._copy_stream
-        half = capacity // 2
-        released = [None, None]  # per half: the event after which it may be rewritten
-        for wave_index, first in enumerate(range(0, len(chunks), half)):
-            part = wave_index % 2
-            wave = range(first, min(first + half, len(chunks)))
-            views = [staging[(part * half + i) * stride : (part * half + i) * stride + total] for i in range(len(wave))]
-            if released[part] is not None:
-                (copy if not store else compute).wait_event(released[part])
-            if not store:
-                with module.stream(copy):
-                    for view, index in zip(views, wave):
-                        view.copy_(chunks[index][:total], non_blocking=True)
-                    loaded = module.Event()
-                    loaded.record(copy)
-                compute.wait_event(loaded)
-                self.launches += mover.move_batch(views, [starts[i] for i in wave], slots, store=False)
-                released[part] = module.Event()
-                released[part].record(compute)
-            else:
-                self.launches += mover.move_batch(views, [starts[i] for i in wave], slots, store=True)
-                written = module.Event()
-                written.record(compute)
-                with module.stream(copy):
-                    copy.wait_event(written)
-                    for view, index in zip(views, wave):
-                        chunks[index][:total].copy_(view, non_blocking=True)
-                    released[part] = module.Event()
-                    released[part].record(copy)
-        compute.wait_stream(copy)
 
     def _move_many(self, memory_objs: Any, starts: Sequence[int], ends: Sequence[int], kwargs: dict[str, Any],
                    *, store: bool) -> None:
@@ -290,11 +195,9 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
                 self._move_one(memory_obj, starts[index], ends[index], slots, store=store)
         if full:
             chunks = [self._memory_bytes(memory_objs[i], starts[i], ends[i]) for i in full]
-            full_starts = [starts[i] for i in full]
-            if self._reachable(chunks):
-                self.launches += mover.move_batch(chunks, full_starts, slots, store=store)
-            else:
-                self._move_staged(chunks, full_starts, slots, store=store)
+            self.launches += mover.move_chunks(
+                chunks, [starts[i] for i in full], slots, store=store, host_path=self.host_path
+            )
         self._synchronize()
 
     def _synchronize(self) -> None:

@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_REGION_ALIGNMENT",
     "ELEMENT_WIDTHS",
     "MAX_PLANES",
+    "ChunkBuffers",
     "ChunkLayout",
     "PagedGeometry",
     "PagedGroup",
@@ -28,6 +29,7 @@ __all__ = [
     "ResolvedTransfer",
     "TransferError",
     "align_up",
+    "chunk_buffers",
     "chunk_layout",
     "resolve_transfer",
     "resolve_chunk_batch",
@@ -559,6 +561,58 @@ def resolve_transfer(
 
 
 @dataclass(frozen=True)
+class ChunkBuffers:
+    """Many chunk buffers, checked once (`chunk_buffers`) and then addressed by integer.
+
+    `addresses[c]` is chunk c's first byte; every chunk holds at least `min_bytes`.
+    `mapped_host`: the chunks are CUDA pinned host memory (reached through unified
+    addressing); else they share one device.
+    """
+
+    tensors: tuple[torch.Tensor, ...] = field(repr=False)
+    addresses: np.ndarray  # int64 [chunks]
+    min_bytes: int
+    mapped_host: bool
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+
+def chunk_buffers(chunks: Sequence[torch.Tensor]) -> ChunkBuffers:
+    """Check flat uint8 chunk buffers once: contiguous, one placement (one device, or pinned host)."""
+    chunks = tuple(chunks)
+    addresses = np.empty(len(chunks), dtype=np.int64)
+    if not chunks:
+        return ChunkBuffers(chunks, addresses, 0, False)
+    first = chunks[0]
+    if not isinstance(first, torch.Tensor):
+        raise TransferError(f"chunks[0] is a {type(first).__name__}; allowed: a flat uint8 torch.Tensor")
+    placement = _device_signature(first)
+    mapped_host = first.is_cpu and first.is_pinned()
+    min_bytes = None
+    for index, chunk in enumerate(chunks):
+        if (
+            not isinstance(chunk, torch.Tensor)
+            or chunk.dtype is not torch.uint8
+            or chunk.dim() != 1
+            or (chunk.numel() > 1 and chunk.stride(0) != 1)
+        ):
+            raise TransferError(
+                f"chunks[{index}] = {getattr(chunk, 'dtype', type(chunk).__name__)} "
+                f"{tuple(getattr(chunk, 'shape', ()))}: allowed: a contiguous flat uint8 tensor"
+            )
+        if _device_signature(chunk) != placement or (mapped_host and not chunk.is_pinned()):
+            raise TransferError(
+                f"chunks[{index}] is on {chunk.device} (pinned: {chunk.is_cpu and chunk.is_pinned()}) but chunks[0] "
+                f"is on {first.device} (pinned: {mapped_host}); all chunks of a batch must lie alike"
+            )
+        size = chunk.numel()
+        min_bytes = size if min_bytes is None or size < min_bytes else min_bytes
+        addresses[index] = chunk.data_ptr()
+    return ChunkBuffers(chunks, addresses, min_bytes, mapped_host)
+
+
+@dataclass(frozen=True)
 class ResolvedChunkBatch:
     """A validated multi-chunk launch: many chunks of one layout, moved by one launch per group.
 
@@ -587,7 +641,7 @@ class ResolvedChunkBatch:
 def resolve_chunk_batch(
     group: PagedGroup,
     slots: torch.Tensor,
-    chunks: Sequence[torch.Tensor],
+    chunks: ChunkBuffers | Sequence[torch.Tensor],
     starts: np.ndarray,
     counts: np.ndarray,
     *,
@@ -597,14 +651,17 @@ def resolve_chunk_batch(
 ) -> ResolvedChunkBatch:
     """Check a multi-chunk launch against the contract; raise TransferError naming the bad input.
 
-    `chunks`: one contiguous flat uint8 tensor per chunk, on the group's device or
-    (CUDA) in pinned host memory the kernel reaches through unified addressing.
-    One slot tensor serves every plane and chunk (`starts` index into it).
+    `chunks`: `chunk_buffers` of the chunks (checked once for every group of a call), or
+    the flat uint8 tensors themselves; on the group's device or, with CUDA caches, in
+    pinned host memory the kernel reaches through unified addressing. One slot tensor
+    serves every plane and chunk (`starts` index into it).
     """
     if not isinstance(group, PagedGroup):
         raise TransferError(f"group is a {type(group).__name__}; allowed: PagedGroup")
     if not isinstance(store, bool):
         raise TransferError(f"store={store!r} is not allowed; allowed: True (paged -> chunk) or False")
+    if not isinstance(chunks, ChunkBuffers):
+        chunks = chunk_buffers(chunks)
     if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1 or not slots.is_contiguous():
         raise TransferError(f"slots={getattr(slots, 'shape', slots)!r}: allowed: a contiguous 1-D int64 tensor")
     if not group.on_group_device(slots):
@@ -613,43 +670,43 @@ def resolve_chunk_batch(
     counts = np.asarray(counts, dtype=np.int64)
     shape = (len(chunks), group.plane_count)
     if starts.shape != shape or counts.shape != shape:
-        raise TransferError(
-            f"starts {starts.shape} / counts {counts.shape}: allowed: (chunks, planes) = {shape}"
-        )
+        raise TransferError(f"starts {starts.shape} / counts {counts.shape}: allowed: (chunks, planes) = {shape}")
     _non_negative_int("chunk_offset", chunk_offset)
     _check_layout(group, (), layout)
-    if len(chunks) and ((starts < 0).any() or (counts < 0).any()):
-        raise TransferError("starts and counts must be >= 0")
-    if len(chunks) and (starts + counts > slots.numel()).any():
-        chunk, plane = np.argwhere(starts + counts > slots.numel())[0]
-        raise TransferError(
-            f"chunk {chunk} plane {plane}: start={starts[chunk, plane]} + count={counts[chunk, plane]} exceeds "
-            f"the {slots.numel()} slots"
-        )
-    region_rows = np.asarray(layout.region_rows, dtype=np.int64)
-    if len(chunks) and (counts > region_rows[None, :]).any():
-        chunk, plane = np.argwhere(counts > region_rows[None, :])[0]
-        raise TransferError(
-            f"chunk {chunk} plane {plane}: count={counts[chunk, plane]} > layout region_rows={region_rows[plane]}"
-        )
-    needed = chunk_offset + layout.total_bytes
-    mapped_host = group.device.type == "cuda"
-    addresses = np.empty(len(chunks), dtype=np.int64)
-    for index, chunk in enumerate(chunks):
-        if not isinstance(chunk, torch.Tensor) or chunk.dtype != torch.uint8 or chunk.dim() != 1:
-            raise TransferError(f"chunks[{index}]: allowed: a flat uint8 tensor (see _chunk_as_bytes)")
-        if chunk.numel() < needed:
+    if len(chunks):
+        if (starts < 0).any() or (counts < 0).any():
+            raise TransferError("starts and counts must be >= 0")
+        beyond = starts + counts > slots.numel()
+        if beyond.any():
+            chunk, plane = np.argwhere(beyond)[0]
             raise TransferError(
-                f"chunks[{index}] holds {chunk.numel()} bytes but chunk_offset={chunk_offset} + the group's "
+                f"chunk {chunk} plane {plane}: start={starts[chunk, plane]} + count={counts[chunk, plane]} exceeds "
+                f"the {slots.numel()} slots"
+            )
+        region_rows = np.asarray(layout.region_rows, dtype=np.int64)
+        over = counts > region_rows[None, :]
+        if over.any():
+            chunk, plane = np.argwhere(over)[0]
+            raise TransferError(
+                f"chunk {chunk} plane {plane}: count={counts[chunk, plane]} > layout region_rows={region_rows[plane]}"
+            )
+        if chunks.min_bytes < chunk_offset + layout.total_bytes:
+            raise TransferError(
+                f"a chunk holds {chunks.min_bytes} bytes but chunk_offset={chunk_offset} + the group's "
                 f"{layout.total_bytes} bytes do not fit"
             )
-        if not group.on_group_device(chunk) and not (mapped_host and chunk.is_cpu and chunk.is_pinned()):
+        if chunks.mapped_host:
+            if group.device.type != "cuda":
+                raise TransferError(
+                    f"the chunks are pinned host memory but the caches are on {group.device}; allowed: host "
+                    "chunks with CUDA caches only (unified addressing)"
+                )
+        elif not group.on_group_device(chunks.tensors[0]):
             raise TransferError(
-                f"chunks[{index}] is on {chunk.device} but the caches are on {group.device}; allowed: the "
+                f"the chunks are on {chunks.tensors[0].device} but the caches are on {group.device}; allowed: the "
                 "caches' device, or pinned host memory with CUDA caches"
             )
-        addresses[index] = chunk.data_ptr()
     return ResolvedChunkBatch(
-        group=group, slots=slots, addresses=addresses, starts=starts, counts=counts, chunk_offset=chunk_offset,
-        layout=layout, store=store, keep_alive=tuple(chunks),
+        group=group, slots=slots, addresses=chunks.addresses, starts=starts, counts=counts,
+        chunk_offset=chunk_offset, layout=layout, store=store, keep_alive=chunks.tensors,
     )

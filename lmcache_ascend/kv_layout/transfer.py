@@ -21,6 +21,8 @@ import torch
 
 from lmcache_ascend.kernels import (
     PagedGroup,
+    align_up,
+    chunk_buffers,
     PagedPlane,
     PlaneSlots,
     resolve_chunk_batch,
@@ -31,7 +33,23 @@ from lmcache_ascend.kv_layout.chunk_plan import ChunkLayout
 from lmcache_ascend.kv_layout.formats import LayoutError
 from lmcache_ascend.multigroup.specs import KVGroupSpec, cached_row_count, chunk_row_window
 
-__all__ = ["ChunkMover", "DeviceSlots"]
+__all__ = ["HOST_PATHS", "STAGING_BYTES", "ChunkMover", "DeviceSlots"]
+
+# How host chunks are reached: "mapped" (the kernel reads / writes CUDA pinned
+# memory through unified addressing; elsewhere staging is used) or "staging" (a
+# device buffer, in waves whose copies run beside the next wave's kernels).
+HOST_PATHS = ("mapped", "staging")
+# Device staging for host chunks: at most this many bytes (at least one chunk).
+STAGING_BYTES = 256 * 2**20
+_STAGING_ALIGNMENT = 256
+
+
+def _device_module(device: torch.device):
+    """torch.cuda / torch.npu for a device with streams and events; None for the CPU."""
+    if device.type == "cpu":
+        return None
+    module = getattr(torch, device.type, None)
+    return module if module is not None and hasattr(module, "Stream") else None
 
 
 @dataclass(frozen=True)
@@ -84,7 +102,11 @@ class DeviceSlots:
         if not len(joined):
             joined = np.full(1, -1, dtype=np.int64)
         tensor = torch.from_numpy(joined)
-        if device.type != "cpu":
+        if device.type == "cuda":
+            # Through pinned memory the copy does not hold the host up; the caching host
+            # allocator keeps the pinned block until the copy has run.
+            tensor = tensor.pin_memory().to(device, non_blocking=True)
+        elif device.type != "cpu":
             tensor = tensor.to(device)
         return cls(tensor, offsets, lengths)
 
@@ -111,6 +133,9 @@ class ChunkMover:
             )
             for group in layout.layer_groups
         )
+        self._staging: torch.Tensor | None = None
+        self._copy_stream = None
+        self._windows: dict[tuple[bytes, bytes], tuple] = {}
 
     @property
     def device(self) -> torch.device:
@@ -124,32 +149,49 @@ class ChunkMover:
         """Per layer group, (first slot index, row count) arrays [chunks, planes] of the chunks [starts, ends).
 
         The first slot index points into `slots.slots`: the group's offset plus the
-        chunk's row window (`chunk_row_window`), worked out for all chunks at once.
+        chunk's row window (`chunk_row_window`). The windows depend on the chunk
+        bounds alone: worked out for all chunks at once, and remembered for the
+        bounds of recent calls (requests of one length share them).
         """
-        windows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for scheduler_group in self.layout.scheduler_groups_in_use():
-            offset = slots.offsets.get(scheduler_group)
-            if offset is None:
+        key = (starts.tobytes(), ends.tobytes())
+        windows = self._windows.get(key)
+        if windows is None:
+            windows = self._row_windows(starts, ends)
+            if len(self._windows) >= 64:
+                self._windows.clear()
+            self._windows[key] = windows
+        per_layer_group, rows_needed = windows
+        for scheduler_group, needed in rows_needed.items():
+            length = slots.lengths.get(scheduler_group)
+            if length is None:
                 raise LayoutError(
                     f"no slot mapping for scheduler group {scheduler_group}; got slot mappings for groups "
                     f"{sorted(slots.offsets)}"
                 )
-            first, count = chunk_row_window(self.layout.geometry_by_group[scheduler_group], starts, ends)
-            length = slots.lengths[scheduler_group]
-            short = first + count > length
-            if short.any():
-                index = int(np.argmax(short))
+            if needed > length:
                 raise LayoutError(
                     f"slot mapping of scheduler group {scheduler_group} has {length} entries; tokens "
-                    f"[{starts[index]}, {ends[index]}) need rows [{first[index]}, {first[index] + count[index]})"
+                    f"[{starts.min()}, {ends.max()}) need {needed} rows"
                 )
-            windows[scheduler_group] = (first + offset, count)
-        per_group = []
+        return [
+            (firsts + np.asarray([slots.offsets[g] for g in plane_groups], dtype=np.int64)[None, :], counts)
+            for plane_groups, firsts, counts in per_layer_group
+        ]
+
+    def _row_windows(self, starts: np.ndarray, ends: np.ndarray):
+        windows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        rows_needed: dict[int, int] = {}
+        for scheduler_group in self.layout.scheduler_groups_in_use():
+            first, count = chunk_row_window(self.layout.geometry_by_group[scheduler_group], starts, ends)
+            windows[scheduler_group] = (first, count)
+            rows_needed[scheduler_group] = int((first + count).max()) if len(first) else 0
+        per_layer_group = []
         for group in self.layout.layer_groups:
-            firsts = np.stack([windows[identity.scheduler_group][0] for identity in group.planes], axis=1)
-            counts = np.stack([windows[identity.scheduler_group][1] for identity in group.planes], axis=1)
-            per_group.append((firsts, counts))
-        return per_group
+            plane_groups = tuple(identity.scheduler_group for identity in group.planes)
+            firsts = np.stack([windows[g][0] for g in plane_groups], axis=1)
+            counts = np.stack([windows[g][1] for g in plane_groups], axis=1)
+            per_layer_group.append((plane_groups, firsts, counts))
+        return per_layer_group, rows_needed
 
     def _device_slots(self, slots: DeviceSlots | Mapping[int, object]) -> DeviceSlots:
         return slots if isinstance(slots, DeviceSlots) else self.upload(slots)
@@ -203,14 +245,116 @@ class ChunkMover:
         plan = self.layout.full_plan
         starts_array = np.asarray(starts, dtype=np.int64)
         rows = self.plane_rows(slots, starts_array, starts_array + size)
+        buffers = chunk_buffers(chunks)  # checked once for every layer group
         launches = 0
         for paged_group, region, (firsts, counts) in zip(self.paged_groups, plan.regions, rows):
             if not counts.any():
                 continue
             batch = resolve_chunk_batch(
-                paged_group, slots.slots, chunks, firsts, counts, store=store, layout=region.layout,
+                paged_group, slots.slots, buffers, firsts, counts, store=store, layout=region.layout,
                 chunk_offset=region.byte_offset,
             )
             transfer_chunk_batch(batch, backend=self.backend)
             launches += 1
+        return launches
+
+    def staging_buffer(self, chunks: int) -> tuple[torch.Tensor, int]:
+        """(device staging buffer, byte stride of a chunk in it) for up to `chunks` full chunks
+        (fewer where `STAGING_BYTES` is reached; one at least). Allocated once, grown on demand."""
+        stride = align_up(self.layout.full_plan.total_bytes, _STAGING_ALIGNMENT)
+        wanted = stride * max(1, min(chunks, STAGING_BYTES // stride))
+        if self._staging is None or self._staging.numel() < wanted:
+            self._staging = torch.empty(wanted, dtype=torch.uint8, device=self.device)
+        return self._staging, stride
+
+    def reachable(self, chunks: Sequence[torch.Tensor], host_path: str) -> bool:
+        """Whether the kernels can address every chunk where it lies."""
+        device = self.device
+        if device.type == "cpu" or all(chunk.device == device for chunk in chunks):
+            return True
+        return (
+            host_path == "mapped"
+            and device.type == "cuda"
+            and all(chunk.is_cpu and chunk.is_pinned() for chunk in chunks)
+        )
+
+    def move_chunks(
+        self,
+        chunks: Sequence[torch.Tensor],
+        starts: Sequence[int],
+        slots: DeviceSlots | Mapping[int, object],
+        *,
+        store: bool,
+        host_path: str = "mapped",
+    ) -> int:
+        """`move_batch` for full chunks wherever they lie: on the device or mapped host memory
+        directly, else through the staging buffer. Issues work only: the caller synchronizes.
+
+        Through staging a store copies whole chunks back, so bytes no row fills (region
+        padding, skipped rows) are unspecified there, as the per-chunk staging always had it;
+        chunks with skipped rows are never persisted (see `GroupSlotMappings.store_hole_chunks`).
+        """
+        if host_path not in HOST_PATHS:
+            raise LayoutError(f"host_path={host_path!r} is not allowed; allowed: {', '.join(HOST_PATHS)}")
+        if self.reachable(chunks, host_path):
+            return self.move_batch(chunks, starts, slots, store=store)
+        return self._move_staged(list(chunks), list(starts), self._device_slots(slots), store=store)
+
+    def _move_staged(self, chunks: list[torch.Tensor], starts: list[int], slots: DeviceSlots, *, store: bool) -> int:
+        """Host chunks through the staging buffer in waves; each wave's copies run on a copy
+        stream beside the next wave's kernels (the buffer's two halves alternate)."""
+        total = self.layout.full_plan.total_bytes
+        staging, stride = self.staging_buffer(len(chunks))
+        capacity = staging.numel() // stride
+        module = _device_module(self.device)
+        launches = 0
+        if module is None or capacity < 2:
+            for first in range(0, len(chunks), capacity):
+                wave = range(first, min(first + capacity, len(chunks)))
+                views = [staging[i * stride : i * stride + total] for i in range(len(wave))]
+                if not store:
+                    for view, index in zip(views, wave):
+                        view.copy_(chunks[index][:total], non_blocking=True)
+                launches += self.move_batch(views, [starts[i] for i in wave], slots, store=store)
+                if store:
+                    for view, index in zip(views, wave):
+                        chunks[index][:total].copy_(view, non_blocking=True)
+            return launches
+        if self._copy_stream is None:
+            self._copy_stream = module.Stream(device=self.device)
+        compute = module.current_stream(self.device)
+        copy = self._copy_stream
+        half = capacity // 2
+        released = [None, None]  # per half: the event after which it may be rewritten
+        for wave_index, first in enumerate(range(0, len(chunks), half)):
+            part = wave_index % 2
+            wave = range(first, min(first + half, len(chunks)))
+            base = part * half
+            views = [staging[(base + i) * stride : (base + i) * stride + total] for i in range(len(wave))]
+            wave_starts = [starts[i] for i in wave]
+            if store:
+                if released[part] is not None:
+                    compute.wait_event(released[part])  # the half's last copies out are done
+                launches += self.move_batch(views, wave_starts, slots, store=True)
+                written = module.Event()
+                written.record(compute)
+                copy.wait_event(written)
+                with module.stream(copy):
+                    for view, index in zip(views, wave):
+                        chunks[index][:total].copy_(view, non_blocking=True)
+                released[part] = module.Event()
+                released[part].record(copy)
+            else:
+                if released[part] is not None:
+                    copy.wait_event(released[part])  # the half's last kernels have read it
+                with module.stream(copy):
+                    for view, index in zip(views, wave):
+                        view.copy_(chunks[index][:total], non_blocking=True)
+                loaded = module.Event()
+                loaded.record(copy)
+                compute.wait_event(loaded)
+                launches += self.move_batch(views, wave_starts, slots, store=False)
+                released[part] = module.Event()
+                released[part].record(compute)
+        compute.wait_stream(copy)
         return launches

@@ -40,7 +40,9 @@ def _case(device: str, seed: int = 0):
     caches_b = [torch.randint(0, 256, (7, 4, 12), dtype=torch.uint8, generator=generator).to(device).view(torch.int8)
                 for _ in range(3)]
     group = PagedGroup((PagedPlane(tuple(caches_a), 2, 16, name="a"), PagedPlane(tuple(caches_b), 4, 12, name="b")))
-    slots = torch.randint(-1, 18, (40,), generator=generator)
+    # Distinct slots per plane (which of two equal slots a load writes is unspecified):
+    # plane a reads entries 0..19 (-1 and 18 skipped), plane b entries 20..39.
+    slots = torch.cat([torch.randperm(20, generator=generator) - 1, torch.randperm(28, generator=generator)[:20]])
     slots[3] = 10_000  # out of range: skipped
     slots = slots.to(device)
     chunks = 5
