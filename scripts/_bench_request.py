@@ -203,6 +203,46 @@ class RequestCase:
         return checked
 
 
+def host_breakdown(case: "RequestCase", store: bool = True, calls: int = 20) -> dict:
+    """Host microseconds of each step of one batched request (device chunks), medians of `calls`."""
+    from lmcache_ascend.kernels import chunk_buffers, resolve_chunk_batch, transfer_chunk_batches
+
+    mover = case.mover
+    steps: dict[str, list[float]] = {}
+
+    def timed(label, fn):
+        begin = time.perf_counter()
+        value = fn()
+        steps.setdefault(label, []).append((time.perf_counter() - begin) * 1e6)
+        return value
+
+    starts = np.asarray(case.starts, dtype=np.int64)
+    for _ in range(calls):
+        _synchronize()
+        begin = time.perf_counter()
+        mappings = timed("slot_mappings", case.group_slots.transferred_slot_mappings)
+        slots = timed("upload", lambda: mover.upload(mappings))
+        rows = timed("plane_rows", lambda: mover.plane_rows(slots, starts, starts + case.chunk_size))
+        buffers = timed("chunk_buffers", lambda: chunk_buffers(case.device_chunks))
+        batches = [
+            timed("resolve_chunk_batch", lambda: resolve_chunk_batch(
+                group, slots.slots, buffers, firsts, counts, store=store, layout=region.layout,
+                chunk_offset=region.byte_offset))
+            for group, region, (firsts, counts) in zip(mover.paged_groups, mover.layout.full_plan.regions, rows)
+        ]
+        timed("table_upload_and_launches", lambda: transfer_chunk_batches(batches))
+        timed("issue_total", lambda: None)
+        steps["issue_total"][-1] = (time.perf_counter() - begin) * 1e6
+        timed("synchronize", _synchronize)
+    groups = len(mover.paged_groups)
+    result = {}
+    for label, values in steps.items():
+        per_call = [sum(values[i * (len(values) // calls) : (i + 1) * (len(values) // calls)]) for i in range(calls)]
+        result[label] = round(statistics.median(per_call), 1)
+    result["layer_groups"] = groups
+    return result
+
+
 def _spread(samples):
     ordered = sorted(samples)
     return {"median_us": round(statistics.median(ordered), 1), "min_us": round(ordered[0], 1),
@@ -216,6 +256,8 @@ def measure_request(device: torch.device, tokens: int = 16384, chunk_size: int =
         case = RequestCase(name, tokens, chunk_size, device)
         entry = {"payload_bytes": case.payload, "chunks": len(case.starts),
                  "layer_groups": len(case.chunk_layout.layer_groups), "check": case.check()}
+        entry["host_breakdown_us"] = host_breakdown(case)
+        print(f"  request {name} host breakdown (us per request): {entry['host_breakdown_us']}", flush=True)
         for store in (True, False):
             cases = case.cases(store)
             launches = {}

@@ -43,7 +43,7 @@ from lmcache_ascend.kernels.ops import (
     LaunchCounter,
     launch_counter,
     select_backend,
-    transfer_chunk_batch,
+    transfer_chunk_batches,
     transfer_group,
     transfer_layers,
 )
@@ -96,7 +96,7 @@ __all__ = [
     "select_backend",
     "strided_chunk_layout",
     "triton_interpreting",
-    "transfer_chunk_batch",
+    "transfer_chunk_batches",
     "transfer_group",
     "transfer_layers",
     "widest_element_width",

@@ -27,7 +27,7 @@ __all__ = [
     "LaunchCounter",
     "launch_counter",
     "select_backend",
-    "transfer_chunk_batch",
+    "transfer_chunk_batches",
     "transfer_group",
     "transfer_layers",
 ]
@@ -148,16 +148,25 @@ def transfer_group(
         launch_counter.torch += 1
 
 
-def transfer_chunk_batch(batch: ResolvedChunkBatch, *, backend: str | None = None) -> None:
-    """Move one group's part of many chunks (`resolve_chunk_batch`): ONE launch on the Triton backend."""
-    if select_backend(batch.group.device, backend) == "triton":
-        from lmcache_ascend.kernels.triton_transfer import triton_transfer_chunks
+def transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, backend: str | None = None) -> int:
+    """Move layer groups' parts of many chunks (`resolve_chunk_batch`, one batch per group, one
+    device): ONE launch per batch on the Triton backend, one table upload for all. Returns launches."""
+    batches = list(batches)
+    if not batches:
+        return 0
+    if select_backend(batches[0].group.device, backend) == "triton":
+        from lmcache_ascend.kernels.triton_transfer import triton_transfer_chunk_batches
 
-        triton_transfer_chunks(batch)
-        launch_counter.triton += 1
-    else:
-        reference_transfer_chunks(batch)
-        launch_counter.torch += 1
+        launched = triton_transfer_chunk_batches(batches)
+        launch_counter.triton += launched
+        return launched
+    launched = 0
+    for batch in batches:
+        if batch.num_chunks and batch.counts.any():
+            reference_transfer_chunks(batch)
+            launched += 1
+    launch_counter.torch += launched
+    return launched
 
 
 def transfer_layers(

@@ -591,6 +591,7 @@ def chunk_buffers(chunks: Sequence[torch.Tensor]) -> ChunkBuffers:
     mapped_host = first.is_cpu and first.is_pinned()
     min_bytes = None
     for index, chunk in enumerate(chunks):
+        # Per chunk only cheap attribute reads (a batch has tens of chunks, checked per call).
         if (
             not isinstance(chunk, torch.Tensor)
             or chunk.dtype is not torch.uint8
@@ -601,7 +602,7 @@ def chunk_buffers(chunks: Sequence[torch.Tensor]) -> ChunkBuffers:
                 f"chunks[{index}] = {getattr(chunk, 'dtype', type(chunk).__name__)} "
                 f"{tuple(getattr(chunk, 'shape', ()))}: allowed: a contiguous flat uint8 tensor"
             )
-        if _device_signature(chunk) != placement or (mapped_host and not chunk.is_pinned()):
+        if (chunk.is_cpu, chunk.is_cuda, chunk.get_device()) != placement or (mapped_host and not chunk.is_pinned()):
             raise TransferError(
                 f"chunks[{index}] is on {chunk.device} (pinned: {chunk.is_cpu and chunk.is_pinned()}) but chunks[0] "
                 f"is on {first.device} (pinned: {mapped_host}); all chunks of a batch must lie alike"

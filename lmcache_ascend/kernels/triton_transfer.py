@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -44,7 +45,7 @@ from lmcache_ascend.kernels.spec import (
     widest_element_width,
 )
 
-__all__ = ["supports_device", "triton_transfer", "triton_transfer_chunks"]
+__all__ = ["supports_device", "triton_transfer", "triton_transfer_chunk_batches"]
 
 logger = logging.getLogger(__name__)
 
@@ -452,70 +453,70 @@ def triton_transfer(transfer: ResolvedTransfer, *, tile: int = VECTORS_PER_TILE,
             num_warps, transfer.group.device)
 
 
-def _chunk_table_buffers(group: PagedGroup, entries: int) -> tuple[torch.Tensor, torch.Tensor, object]:
-    """(pinned host, device) int64 buffers of at least `entries`, kept on the group, and the upload's event.
+def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, tile: int = VECTORS_PER_TILE,
+                                  bytes_per_program: int = BYTES_PER_PROGRAM, num_warps: int = NUM_WARPS) -> int:
+    """Run validated multi-chunk transfers (one per layer group), ONE launch each; returns launches.
 
-    Reused across calls: before the host side is overwritten the previous upload must
-    have finished (its event), which it has unless calls are issued back to back.
+    The per-chunk values of every batch go up together: one host-to-device copy
+    (through pinned memory on CUDA) of one table, whose device copy also anchors
+    every data address (chunk buffers may lie in other allocations or in mapped
+    host memory: they are reached by their distance from it).
     """
-    cached = group.backend_cache.get("triton.chunk_table")
-    if cached is None or cached[0].numel() < entries:
-        size = max(entries, 2 * (cached[0].numel() if cached else 0), 1024)
-        pinned = group.device.type == "cuda"
-        host = torch.empty(size, dtype=torch.int64, pin_memory=pinned)
-        device = torch.empty(size, dtype=torch.int64, device=group.device)
-        cached = [host, device, None]
-        group.backend_cache["triton.chunk_table"] = cached
-    elif cached[2] is not None:
-        cached[2].synchronize()
-    return cached
-
-
-def triton_transfer_chunks(batch: ResolvedChunkBatch, *, tile: int = VECTORS_PER_TILE,
-                           bytes_per_program: int = BYTES_PER_PROGRAM, num_warps: int = NUM_WARPS) -> None:
-    """Run a validated multi-chunk transfer in ONE launch: per-chunk values go up as one table."""
     _check_tile(tile, bytes_per_program)
-    if batch.num_chunks == 0:
-        return
-    group = batch.group
-    geometry = _group_geometry(group)
-    planes = len(geometry.row_bytes)
-    buffers = _chunk_table_buffers(group, batch.num_chunks * (1 + 2 * planes))
-    host, device_buffer = buffers[0], buffers[1]
-    anchor_tensor = device_buffer  # a device tensor: every data address is relative to it
-    anchor = anchor_tensor.data_ptr()
-    addresses = batch.addresses
-    # Widths must divide every chunk's distance from the anchor: the gcd of them all stands for the anchor.
-    alignment = int(np.gcd.reduce(np.append(addresses, anchor)))
-    device_table = _device_table(group, batch.layout, batch.chunk_offset, alignment)
-    entries = batch.num_chunks * (1 + 2 * planes)
-    table = host[:entries].numpy().reshape(batch.num_chunks, 1 + 2 * planes)
-    table[:, 0] = addresses - anchor
-    table[:, 1 : 1 + planes] = batch.counts
-    table[:, 1 + planes :] = batch.starts
-    device_buffer[:entries].copy_(host[:entries], non_blocking=True)
-    if group.device.type == "cuda":
-        event = torch.cuda.Event()
-        event.record()
-        buffers[2] = event
-    max_region_bytes = int((batch.counts * np.asarray(geometry.row_bytes, dtype=np.int64)[None, :]).max())
-    if max_region_bytes == 0:
-        return
-    grid = (-(-max_region_bytes // bytes_per_program), geometry.layer_planes, batch.num_chunks)
-    layer_stride = batch.layout.layer_stride
-    slot_address = batch.slots.data_ptr()
-    arguments = (anchor_tensor, anchor, batch.slots, device_table.table, device_buffer, layer_stride)
-    signature = (
-        "chunks",
-        anchor % 16 == 0,
-        slot_address % 16 == 0,
-        device_table.table_aligned,
-        _integer_type(anchor),
-        _integer_type(layer_stride),
-    )
-    pointers = {0: anchor, 2: slot_address, 3: device_table.address, 4: anchor}
-    _launch(_paged_chunks_kernel, grid, arguments, pointers, signature, (planes, batch.store, tile, bytes_per_program),
-            num_warps, group.device)
+    batches = [batch for batch in batches if batch.num_chunks]
+    if not batches:
+        return 0
+    device = batches[0].group.device
+    sizes = [batch.num_chunks * (1 + 2 * batch.group.plane_count) for batch in batches]
+    tables = torch.empty(sum(sizes), dtype=torch.int64, device=device)
+    anchor = tables.data_ptr()
+    host = np.empty(sum(sizes), dtype=np.int64)
+    launches = []
+    offset = 0
+    for batch, size in zip(batches, sizes):
+        planes = batch.group.plane_count
+        table = host[offset : offset + size].reshape(batch.num_chunks, 1 + 2 * planes)
+        table[:, 0] = batch.addresses - anchor
+        table[:, 1 : 1 + planes] = batch.counts
+        table[:, 1 + planes :] = batch.starts
+        launches.append((batch, offset, size))
+        offset += size
+    staged = torch.from_numpy(host)
+    if device.type == "cuda":
+        # The caching host allocator keeps the pinned block until the copy has run.
+        tables.copy_(staged.pin_memory(), non_blocking=True)
+    else:
+        tables.copy_(staged)
+    launched = 0
+    for batch, offset, size in launches:
+        group = batch.group
+        geometry = _group_geometry(group)
+        planes = len(geometry.row_bytes)
+        max_region_bytes = int((batch.counts * np.asarray(geometry.row_bytes, dtype=np.int64)[None, :]).max())
+        if max_region_bytes == 0:
+            continue
+        # Widths must divide every chunk's distance from the anchor: the gcd of them all stands for it.
+        alignment = int(np.gcd.reduce(batch.addresses, initial=anchor))
+        device_table = _device_table(group, batch.layout, batch.chunk_offset, alignment)
+        grid = (-(-max_region_bytes // bytes_per_program), geometry.layer_planes, batch.num_chunks)
+        layer_stride = batch.layout.layer_stride
+        slot_address = batch.slots.data_ptr()
+        chunk_table = tables[offset : offset + size]
+        arguments = (tables, anchor, batch.slots, device_table.table, chunk_table, layer_stride)
+        signature = (
+            "chunks",
+            anchor % 16 == 0,
+            slot_address % 16 == 0,
+            device_table.table_aligned,
+            (anchor + 8 * offset) % 16 == 0,
+            _integer_type(anchor),
+            _integer_type(layer_stride),
+        )
+        pointers = {0: anchor, 2: slot_address, 3: device_table.address, 4: anchor + 8 * offset}
+        _launch(_paged_chunks_kernel, grid, arguments, pointers, signature,
+                (planes, batch.store, tile, bytes_per_program), num_warps, device)
+        launched += 1
+    return launched
 
 
 # Compiled kernels by (kernel, device, constexprs, warps, signature): the key

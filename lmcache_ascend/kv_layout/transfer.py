@@ -26,7 +26,7 @@ from lmcache_ascend.kernels import (
     PagedPlane,
     PlaneSlots,
     resolve_chunk_batch,
-    transfer_chunk_batch,
+    transfer_chunk_batches,
     transfer_group,
 )
 from lmcache_ascend.kv_layout.chunk_plan import ChunkLayout
@@ -246,17 +246,15 @@ class ChunkMover:
         starts_array = np.asarray(starts, dtype=np.int64)
         rows = self.plane_rows(slots, starts_array, starts_array + size)
         buffers = chunk_buffers(chunks)  # checked once for every layer group
-        launches = 0
-        for paged_group, region, (firsts, counts) in zip(self.paged_groups, plan.regions, rows):
-            if not counts.any():
-                continue
-            batch = resolve_chunk_batch(
+        batches = [
+            resolve_chunk_batch(
                 paged_group, slots.slots, buffers, firsts, counts, store=store, layout=region.layout,
                 chunk_offset=region.byte_offset,
             )
-            transfer_chunk_batch(batch, backend=self.backend)
-            launches += 1
-        return launches
+            for paged_group, region, (firsts, counts) in zip(self.paged_groups, plan.regions, rows)
+            if counts.any()
+        ]
+        return transfer_chunk_batches(batches, backend=self.backend)
 
     def staging_buffer(self, chunks: int) -> tuple[torch.Tensor, int]:
         """(device staging buffer, byte stride of a chunk in it) for up to `chunks` full chunks

@@ -1,4 +1,4 @@
-"""Multi-chunk launches (`transfer_chunk_batch`): every chunk equals its own single-chunk transfer, byte for byte.
+"""Multi-chunk launches (`transfer_chunk_batches`): every chunk equals its own single-chunk transfer, byte for byte.
 
 The control is the single-chunk op (`transfer_group`, itself tested against the
 independent expectation in test_transfer_roundtrip); chunks are poisoned and the
@@ -25,7 +25,7 @@ from lmcache_ascend.kernels import (
     TransferError,
     launch_counter,
     resolve_chunk_batch,
-    transfer_chunk_batch,
+    transfer_chunk_batches,
     transfer_group,
 )
 
@@ -68,7 +68,7 @@ def _run(device: str, backend: str, store: bool, chunk_offset: int = 32):
             batch = resolve_chunk_batch(group, slots, chunks, starts, counts, store=store, layout=layout,
                                         chunk_offset=chunk_offset)
             launch_counter.reset()
-            transfer_chunk_batch(batch, backend=backend)
+            assert transfer_chunk_batches([batch], backend=backend) == 1
             assert launch_counter.triton + launch_counter.torch == 1
         else:
             for index, chunk in enumerate(chunks):
@@ -100,8 +100,8 @@ def test_a_batch_moves_bytes_at_all():
     group, slots, starts, counts, layout, _ = _case("cpu")
     chunks = _poisoned_chunks(layout, len(starts), "cpu", 0)
     before = [c.clone() for c in chunks]
-    transfer_chunk_batch(resolve_chunk_batch(group, slots, chunks, starts, counts, store=True, layout=layout),
-                         backend="torch")
+    transfer_chunk_batches([resolve_chunk_batch(group, slots, chunks, starts, counts, store=True, layout=layout)],
+                           backend="torch")
     assert sum(not torch.equal(a, b) for a, b in zip(before, chunks)) >= 3
 
 
