@@ -21,20 +21,16 @@ from lmcache_ascend.kv_layout.registration import (
     plane_groups_from_layer_names,
     transferred_kv_caches,
 )
+from lmcache_ascend.multigroup.attachments import CHUNK_PLANNER, CONNECTOR_LAYOUT
 from lmcache_ascend.multigroup.specs import KVGroupSpec
 
 __all__ = ["install_multigroup_connector", "plan_for_engine"]
 
 logger = logging.getLogger(__name__)
 
-LAYOUT_ATTRIBUTE = "_ascend_multigroup_layout"  # set by the lmcache-adapter-multigroup patch
-METADATA_LAYOUT_ATTRIBUTE = "ascend_chunk_layout"  # read by the lmcache-metadata-chunk-bytes patch
-
-
 def _multigroup_layout(adapter: Any, kv_cache_config: Any) -> Any:
-    known = vars(adapter)
-    if LAYOUT_ATTRIBUTE in known:
-        return known[LAYOUT_ATTRIBUTE]
+    if CONNECTOR_LAYOUT.is_set(adapter):  # set by the lmcache-adapter-multigroup patch
+        return CONNECTOR_LAYOUT.get(adapter)
     from lmcache_ascend.multigroup.connector_state import layout_for_connector
 
     return layout_for_connector(kv_cache_config, adapter._block_size, getattr(adapter, "config", None))
@@ -73,7 +69,7 @@ def plan_for_engine(
         connector = MultiGroupGPUConnector(chunk_size, backend=backend)
     connector.register(layers, chunk_layout)
     engine.gpu_connector = connector
-    setattr(engine.metadata, METADATA_LAYOUT_ATTRIBUTE, chunk_layout)
+    CHUNK_PLANNER.set(engine.metadata, chunk_layout)  # read by the lmcache-metadata-chunk-bytes patch
     logger.info(
         "lmcache-ascend: %d layers in %d layer groups, %d bytes per %d-token chunk",
         len(layers),

@@ -7,7 +7,7 @@ the transfer ops of `lmcache_ascend.kernels` (Triton on CUDA / NPU, the torch
 reference on CPU).
 
 Memory objects are byte buffers: uint8 ``[1, 1, tokens, ceil(bytes / tokens)]``
-(LMCache reads the token count from dim 2), sized by `ChunkLayout.memory_shape`;
+(LMCache reads the token count from dim 2), sized by `ChunkPlanner.memory_shape`;
 the ``lmcache-metadata-chunk-bytes`` patch makes LMCache allocate that shape.
 
 Slot mappings: the ``slot_mappings_by_group`` keyword (sequence indexed by
@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
-from lmcache_ascend.kv_layout import ChunkLayout, ChunkMover, LayerLayout, LayoutError
+from lmcache_ascend.kv_layout import ChunkPlanner, ChunkMover, LayerLayout, LayoutError
 from lmcache_ascend.kv_layout.transfer import HOST_PATHS, DeviceSlots
 
 __all__ = ["MultiGroupGPUConnector"]
@@ -64,7 +64,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self.backend = backend
         self.host_path = host_path
         self.layers: tuple[LayerLayout, ...] = ()
-        self.layout: ChunkLayout | None = None
+        self.layout: ChunkPlanner | None = None
         self.mover: ChunkMover | None = None
         self.kvcaches = None
         # req_id -> GroupSlotMappings of the step being served (handed over by the adapter patch),
@@ -78,7 +78,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self.tokens_loaded = 0
 
     # ---- registration -------------------------------------------------------------
-    def register(self, layers: Sequence[LayerLayout], layout: ChunkLayout) -> None:
+    def register(self, layers: Sequence[LayerLayout], layout: ChunkPlanner) -> None:
         """Adopt a planned set of KV caches (see `lmcache_ascend.kv_layout.plan_kv_caches`)."""
         if layout.chunk_size != self.chunk_size:
             raise LayoutError(

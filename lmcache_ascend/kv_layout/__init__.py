@@ -5,7 +5,7 @@ wires it into LMCache.
 """
 
 from lmcache_ascend.kv_layout.backend_layout import BackendLayout, DimRole, PackedKV
-from lmcache_ascend.kv_layout.chunk_plan import ChunkBufferPlan, ChunkLayout, GroupRegion
+from lmcache_ascend.kv_layout.chunk_plan import ChunkBufferPlan, ChunkPlanner, GroupRegion
 from lmcache_ascend.kv_layout.formats import KVFormat, LayerLayout, LayoutError, PlaneLayout, detect_layer_layout
 from lmcache_ascend.kv_layout.groups import LayerGroup, PlaneIdentity, build_layer_groups
 from lmcache_ascend.kv_layout.registration import (
@@ -22,7 +22,7 @@ __all__ = [
     "PackedKV",
     "ChunkMover",
     "ChunkBufferPlan",
-    "ChunkLayout",
+    "ChunkPlanner",
     "GroupRegion",
     "KVFormat",
     "LayerGroup",

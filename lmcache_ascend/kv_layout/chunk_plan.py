@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from lmcache_ascend.kernels.spec import DEFAULT_REGION_ALIGNMENT
-from lmcache_ascend.kernels.spec import ChunkLayout as KernelChunkLayout
+from lmcache_ascend.kernels.spec import ChunkLayout
 from lmcache_ascend.kernels.spec import chunk_layout as kernel_chunk_layout
 from lmcache_ascend.kv_layout.formats import LayoutError
 from lmcache_ascend.kv_layout.groups import LayerGroup
@@ -34,7 +34,7 @@ from lmcache_ascend.multigroup.specs import KVGroupSpec, chunk_row_window
 
 __all__ = [
     "ChunkBufferPlan",
-    "ChunkLayout",
+    "ChunkPlanner",
     "GroupRegion",
 ]
 
@@ -59,7 +59,7 @@ class GroupRegion:
 
     layer_group: int
     byte_offset: int
-    layout: KernelChunkLayout
+    layout: ChunkLayout
 
     @property
     def byte_size(self) -> int:
@@ -80,7 +80,7 @@ class ChunkBufferPlan:
     total_bytes: int
 
 
-class ChunkLayout:
+class ChunkPlanner:
     """Plans of chunk buffers for a fixed set of layer groups (one per chunk length, cached)."""
 
     def __init__(

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import torch
 
 from lmcache_ascend.kv_layout.backend_layout import BackendLayout
-from lmcache_ascend.kv_layout.chunk_plan import ChunkLayout
+from lmcache_ascend.kv_layout.chunk_plan import ChunkPlanner
 from lmcache_ascend.kv_layout.formats import KVFormat, LayerLayout, LayoutError, detect_layer_layout
 from lmcache_ascend.kv_layout.groups import build_layer_groups
 from lmcache_ascend.multigroup.specs import KVGroupSpec
@@ -99,7 +99,7 @@ def plan_kv_caches(
     bundle_multi_spec: bool = True,
     flatten_multi_spec: bool = True,
     backend_layouts: Mapping[str, BackendLayout] | None = None,
-) -> tuple[tuple[LayerLayout, ...], ChunkLayout]:
+) -> tuple[tuple[LayerLayout, ...], ChunkPlanner]:
     """Detect, group and plan; every layout error surfaces here.
 
     `backend_layouts` describes each layer registered as a single tensor (its
@@ -124,7 +124,7 @@ def plan_kv_caches(
             )
         )
     layer_groups = build_layer_groups(layers, geometry_by_group, bundle_multi_spec=bundle_multi_spec)
-    return tuple(layers), ChunkLayout(layer_groups, geometry_by_group, chunk_size)
+    return tuple(layers), ChunkPlanner(layer_groups, geometry_by_group, chunk_size)
 
 
 def needs_multigroup_connector(

@@ -29,7 +29,7 @@ from lmcache_ascend.kernels import (
     transfer_chunk_batches,
     transfer_group,
 )
-from lmcache_ascend.kv_layout.chunk_plan import ChunkLayout
+from lmcache_ascend.kv_layout.chunk_plan import ChunkPlanner
 from lmcache_ascend.kv_layout.formats import LayoutError
 from lmcache_ascend.multigroup.specs import KVGroupSpec, cached_row_count, chunk_row_window
 
@@ -114,7 +114,7 @@ class DeviceSlots:
 class ChunkMover:
     """Stores / loads chunks of one registered set of KV caches."""
 
-    def __init__(self, layout: ChunkLayout, backend: str | None = None):
+    def __init__(self, layout: ChunkPlanner, backend: str | None = None):
         self.layout = layout
         self.backend = backend
         # Built once: the kernels validate and cache each tensor's geometry here.

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lmcache_ascend.multigroup.attachments import GROUP_SLOTS
 from lmcache_ascend.multigroup.slicing import primary_group_index
 from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout, cached_row_count, chunk_row_window
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID, GroupBlockTracker
@@ -41,7 +42,7 @@ __all__ = [
 
 # Attribute of LMCache's ReqMeta (lmcache.integration.vllm.vllm_v1_adapter)
 # that carries the GroupSlotMappings of a multi-group request.
-REQ_META_ATTRIBUTE = "ascend_group_slots"
+REQ_META_ATTRIBUTE = GROUP_SLOTS.name
 
 
 @dataclass(frozen=True)
@@ -249,4 +250,4 @@ def build_group_slot_mappings(
 
 def group_slots_of(req_meta: Any) -> GroupSlotMappings | None:
     """The GroupSlotMappings attached to an LMCache ReqMeta, or None (single group)."""
-    return getattr(req_meta, REQ_META_ATTRIBUTE, None)
+    return GROUP_SLOTS.get(req_meta)

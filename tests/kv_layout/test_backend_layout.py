@@ -13,7 +13,7 @@ import torch
 
 from tests.kv_layout._geometry import geometry as group_geometry
 from lmcache_ascend.kv_layout import (
-    ChunkLayout,
+    ChunkPlanner,
     ChunkMover,
     KVFormat,
     LayoutError,
@@ -147,7 +147,7 @@ def test_head_major_members_bundled_and_exploded(bundle):
         assert names == [f"l0#h{h}" for h in range(H)] and groups[0].num_planes == 2
     else:
         assert names == [f"l0#h{h}#p{kv}" for h in range(H) for kv in (0, 1)] and groups[0].num_planes == 1
-    ChunkLayout(groups, {0: group_geometry(0)}, N)
+    ChunkPlanner(groups, {0: group_geometry(0)}, N)
 
 
 def test_token_major_layout_is_one_row_per_token():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lmcache_ascend.kernels import DEFAULT_REGION_ALIGNMENT as REGION_ALIGNMENT
-from lmcache_ascend.kv_layout import ChunkLayout, LayoutError, build_layer_groups, detect_layer_layout
+from lmcache_ascend.kv_layout import ChunkPlanner, LayoutError, build_layer_groups, detect_layer_layout
 from lmcache_ascend.multigroup.specs import KVGroupSpec, RowWindow
 from lmcache_ascend.multigroup.specs import chunk_row_window as row_window
 from lmcache_ascend.kv_layout.registration import needs_multigroup_connector, plane_groups_from_layer_names
@@ -116,7 +116,7 @@ def test_chunk_plan_regions_are_aligned_packed_and_sized_per_group():
         ("c4", (torch.zeros(4, 8, 16), torch.zeros(4, 8, 1, dtype=torch.float16)), [1]),
         ("swa", torch.zeros(4, 8, 5, dtype=torch.int8), [3]),
     ]
-    layout = ChunkLayout(build_layer_groups(_layers(specs), GEOMETRY), GEOMETRY, chunk_size=64)
+    layout = ChunkPlanner(build_layer_groups(_layers(specs), GEOMETRY), GEOMETRY, chunk_size=64)
     plan = layout.full_plan
     assert [r.plane_rows for r in plan.regions] == [(64,), (16, 16), (16,)]
     cursor = 0
@@ -139,10 +139,10 @@ def test_chunk_plan_regions_are_aligned_packed_and_sized_per_group():
 def test_chunk_plan_errors():
     groups = build_layer_groups(_layers([("c4", torch.zeros(4, 8, 16), [1])]), GEOMETRY)
     with pytest.raises(LayoutError, match="chunk_size=6 is not a multiple of compress_ratio=4"):
-        ChunkLayout(groups, GEOMETRY, chunk_size=6)
+        ChunkPlanner(groups, GEOMETRY, chunk_size=6)
     with pytest.raises(LayoutError, match="no layer group to plan"):
-        ChunkLayout((), GEOMETRY, chunk_size=8)
-    layout = ChunkLayout(groups, GEOMETRY, chunk_size=8)
+        ChunkPlanner((), GEOMETRY, chunk_size=8)
+    layout = ChunkPlanner(groups, GEOMETRY, chunk_size=8)
     with pytest.raises(LayoutError, match="chunk length 9 must be in 1..chunk_size=8"):
         layout.plan(9)
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tests.kv_layout._geometry import geometry as group_geometry
 from lmcache_ascend.kv_layout import (
-    ChunkLayout,
+    ChunkPlanner,
     ChunkMover,
     build_layer_groups,
     detect_layer_layout,
@@ -214,7 +214,7 @@ def test_bundled_and_exploded_move_the_same_bytes_with_fewer_launches():
     launches, chunks = {}, {}
     for bundle in (True, False):
         layers = [detect_layer_layout(name, cache, plane_groups[name]) for name, cache in source.items()]
-        layout = ChunkLayout(build_layer_groups(layers, geometry, bundle_multi_spec=bundle), geometry, 16)
+        layout = ChunkPlanner(build_layer_groups(layers, geometry, bundle_multi_spec=bundle), geometry, 16)
         chunk = torch.zeros(layout.full_plan.total_bytes, dtype=torch.uint8)
         launches[bundle] = ChunkMover(layout, backend="torch").move(chunk, 0, 16, slots, store=True)
         chunks[bundle] = (layout, chunk)

@@ -27,8 +27,10 @@ from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
 # tracker/ReqMeta hooks are static methods with no connector at hand.
 _ACTIVE_LAYOUT: contextvars.ContextVar = contextvars.ContextVar("lmcache_ascend_active_layout", default=None)
 
-LAYOUT_ATTRIBUTE = "_ascend_multigroup_layout"
-TRACKER_ATTRIBUTE = "ascend_block_tracker"
+from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, CONNECTOR_LAYOUT  # noqa: E402
+
+LAYOUT_ATTRIBUTE = CONNECTOR_LAYOUT.name
+TRACKER_ATTRIBUTE = BLOCK_TRACKER.name
 
 
 def _build(ctx: PatchContext) -> dict[str, object]:
