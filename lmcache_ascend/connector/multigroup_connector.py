@@ -19,9 +19,10 @@ and step (`DeviceSlots`); chunks only index into them.
 
 Batched calls (``batched_from_gpu`` / ``batched_to_gpu``, LMCache's store and
 retrieve) move all full chunks with ONE launch per layer group and synchronize
-once. Host memory objects are reached directly where the device maps them (CUDA
-pinned memory), else through a device staging buffer, in waves of chunks whose
-copies run on a copy stream beside the next wave's kernels.
+once. Host memory objects go through a device staging buffer (`host_path`
+"staging", the default), in waves of chunks whose copies run on a copy stream
+beside the next wave's kernels, or are reached directly where the device maps
+them (``host_path="mapped"``: CUDA pinned memory).
 
 Imports LMCache: only loaded from a patch's build step or from tests.
 """
@@ -35,7 +36,7 @@ import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
 from lmcache_ascend.kv_layout import ChunkPlanner, ChunkMover, LayerLayout, LayoutError
-from lmcache_ascend.kv_layout.transfer import HOST_PATHS, DeviceSlots
+from lmcache_ascend.kv_layout.transfer import DEFAULT_HOST_PATH, HOST_PATHS, DeviceSlots
 
 __all__ = ["MultiGroupGPUConnector"]
 
@@ -55,7 +56,7 @@ def _as_group_mapping(slot_mappings: object) -> dict[int, Any]:
 class MultiGroupGPUConnector(GPUConnectorInterface):
     """Stores and loads LMCache chunks of multi-group / multi-plane KV caches."""
 
-    def __init__(self, chunk_size: int, backend: str | None = None, host_path: str = "mapped"):
+    def __init__(self, chunk_size: int, backend: str | None = None, host_path: str = DEFAULT_HOST_PATH):
         if chunk_size <= 0:
             raise LayoutError(f"chunk_size={chunk_size} must be a positive int")
         if host_path not in HOST_PATHS:

@@ -33,12 +33,15 @@ from lmcache_ascend.kv_layout.chunk_plan import ChunkPlanner
 from lmcache_ascend.kv_layout.formats import LayoutError
 from lmcache_ascend.multigroup.specs import KVGroupSpec, cached_row_count, chunk_row_window
 
-__all__ = ["HOST_PATHS", "STAGING_BYTES", "ChunkMover", "DeviceSlots"]
+__all__ = ["DEFAULT_HOST_PATH", "HOST_PATHS", "STAGING_BYTES", "ChunkMover", "DeviceSlots"]
 
 # How host chunks are reached: "mapped" (the kernel reads / writes CUDA pinned
 # memory through unified addressing; elsewhere staging is used) or "staging" (a
 # device buffer, in waves whose copies run beside the next wave's kernels).
 HOST_PATHS = ("mapped", "staging")
+# Staging measured faster than mapped on H100 in every case of notes/issue-13-transfer.md, and
+# it serves every device (mapped memory is CUDA only).
+DEFAULT_HOST_PATH = "staging"
 # Device staging for host chunks: at most this many bytes (at least one chunk).
 STAGING_BYTES = 256 * 2**20
 _STAGING_ALIGNMENT = 256
@@ -283,7 +286,7 @@ class ChunkMover:
         slots: DeviceSlots | Mapping[int, object],
         *,
         store: bool,
-        host_path: str = "mapped",
+        host_path: str = DEFAULT_HOST_PATH,
     ) -> int:
         """`move_batch` for full chunks wherever they lie: on the device or mapped host memory
         directly, else through the staging buffer. Issues work only: the caller synchronizes.
