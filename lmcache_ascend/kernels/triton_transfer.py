@@ -149,6 +149,31 @@ def _move_region(
             tl.store(cache_ptrs, tl.load(chunk_ptrs, mask=mask), mask=mask)
 
 
+@triton.jit
+def _move_plane(data_anchor, data_anchor_address, slot_ptr, first_byte, count, entry, row_bytes, region_entry,
+                region_offset, STORE: tl.constexpr, TILE: tl.constexpr, BYTES_PER_PROGRAM: tl.constexpr):
+    """One program's part of one (layer, plane) region: its geometry from the table, then the
+    widest element width the table allows (16 bytes as four int32)."""
+    width = tl.load(region_entry + 1)
+    row_pitch = tl.load(region_entry + 2)
+    cache_delta = tl.load(entry + 0) - data_anchor_address
+    cache_rows = tl.load(entry + 1)
+    block_stride = tl.load(entry + 2)
+    block_size = tl.load(entry + 3)
+    if width == 16:
+        _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
+                     row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 4, TILE, BYTES_PER_PROGRAM)
+    elif width == 4:
+        _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
+                     row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 1, TILE, BYTES_PER_PROGRAM)
+    elif width == 2:
+        _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
+                     row_bytes, region_offset, row_pitch, STORE, tl.int16, 2, 1, TILE, BYTES_PER_PROGRAM)
+    else:
+        _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
+                     row_bytes, region_offset, row_pitch, STORE, tl.int8, 1, 1, TILE, BYTES_PER_PROGRAM)
+
+
 # Per-call values (each plane's slot offset and count) are scalar arguments, one
 # per possible plane (MAX_PLANES); planes past the group's count get 0 and are
 # never read (PLANES is a compile-time constant).
@@ -231,24 +256,8 @@ def _paged_chunk_kernel(
         slot_ptr = slot_anchor + slot_offset
         region_entry = table + tl.num_programs(1).to(tl.int64) * 5 + plane * 3
         region_offset = tl.load(region_entry) + layer.to(tl.int64) * layer_stride
-        width = tl.load(region_entry + 1)
-        row_pitch = tl.load(region_entry + 2)
-        cache_delta = tl.load(entry + 0) - data_anchor_address
-        cache_rows = tl.load(entry + 1)
-        block_stride = tl.load(entry + 2)
-        block_size = tl.load(entry + 3)
-        if width == 16:
-            _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 4, TILE, BYTES_PER_PROGRAM)
-        elif width == 4:
-            _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 1, TILE, BYTES_PER_PROGRAM)
-        elif width == 2:
-            _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, row_pitch, STORE, tl.int16, 2, 1, TILE, BYTES_PER_PROGRAM)
-        else:
-            _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, row_pitch, STORE, tl.int8, 1, 1, TILE, BYTES_PER_PROGRAM)
+        _move_plane(data_anchor, data_anchor_address, slot_ptr, first_byte, count, entry, row_bytes, region_entry,
+                    region_offset, STORE, TILE, BYTES_PER_PROGRAM)
 
 
 # Multi-chunk launch: the per-chunk values travel in a device table of
@@ -281,24 +290,8 @@ def _paged_chunks_kernel(
         slot_ptr = slot_anchor + tl.load(chunk_entry + 1 + PLANES + plane)
         region_entry = table + tl.num_programs(1).to(tl.int64) * 5 + plane * 3
         region_offset = tl.load(region_entry) + layer.to(tl.int64) * layer_stride + tl.load(chunk_entry)
-        width = tl.load(region_entry + 1)
-        row_pitch = tl.load(region_entry + 2)
-        cache_delta = tl.load(entry + 0) - data_anchor_address
-        cache_rows = tl.load(entry + 1)
-        block_stride = tl.load(entry + 2)
-        block_size = tl.load(entry + 3)
-        if width == 16:
-            _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 4, TILE, BYTES_PER_PROGRAM)
-        elif width == 4:
-            _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 1, TILE, BYTES_PER_PROGRAM)
-        elif width == 2:
-            _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, row_pitch, STORE, tl.int16, 2, 1, TILE, BYTES_PER_PROGRAM)
-        else:
-            _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, row_pitch, STORE, tl.int8, 1, 1, TILE, BYTES_PER_PROGRAM)
+        _move_plane(data_anchor, data_anchor_address, slot_ptr, first_byte, count, entry, row_bytes, region_entry,
+                    region_offset, STORE, TILE, BYTES_PER_PROGRAM)
 
 
 @dataclass(frozen=True)
