@@ -14,7 +14,11 @@ time comes from the torch profiler. Launches per chunk are counted from the
 profiler's kernel records (CUDA) or the op's launch counter.
 
 On CUDA it first checks the Triton kernel against the contract and the torch
-reference, byte for byte, on generated layouts (--check N).
+reference, byte for byte, on generated layouts (--check N), then runs the
+whole-request benchmark of `_bench_request.py` (--request-tokens, default a 16K
+request in 256-token chunks): the batched path against the old per-chunk path
+and against same-byte device and pinned host copies, each path's bytes checked
+against the old path's first.
 
     python scripts/bench_transfer.py                  # picks cuda if present
     python scripts/bench_transfer.py --device cpu     # the reference, for the record
@@ -36,6 +40,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
 from lmcache_ascend.kernels import (  # noqa: E402
     PagedGroup,
@@ -318,7 +323,7 @@ def host_breakdown(device: torch.device, calls: int = 500) -> dict:
     result = {
         "select_backend": per_call(lambda: select_backend(device)),
         "resolve_transfer": per_call(lambda: resolve_transfer(group, slots, chunk, store=True)),
-        "device_table_lookup": per_call(lambda: tt._device_table(transfer, chunk.data_ptr())),
+        "device_table_lookup": per_call(lambda: tt._device_table(group, transfer.layout, 0, chunk.data_ptr())),
         "triton_transfer_raw_launch": per_call(lambda: tt.triton_transfer(transfer)),
     }
     tt._raw_launch["enabled"] = False
@@ -425,6 +430,10 @@ def main() -> None:
     parser.add_argument("--check", type=int, default=200, help="generated layouts to check Triton on (CUDA)")
     parser.add_argument("--tune", action="store_true", help="also time a few tile shapes (CUDA)")
     parser.add_argument("--out", default=None, help="JSON path (default results/bench_transfer_<device>.json)")
+    parser.add_argument("--request-tokens", type=int, default=16384,
+                        help="tokens of the whole-request benchmark (CUDA; 0 skips it)")
+    parser.add_argument("--request-rounds", type=int, default=15)
+    parser.add_argument("--skip-chunks", action="store_true", help="only the whole-request benchmark")
     args = parser.parse_args()
     device = torch.device(args.device)
     on_cuda = device.type == "cuda"
@@ -452,9 +461,16 @@ def main() -> None:
     if on_cuda:
         result["host_breakdown_us"] = host_breakdown(device)
         print("host breakdown (us per call):", result["host_breakdown_us"], flush=True)
-    rows = measure(device, tokens, calls, args.repeats)
+    if on_cuda and args.request_tokens:
+        from _bench_request import measure_request, print_request_table
+
+        result["request"] = measure_request(device, args.request_tokens, 256, args.request_rounds)
+    rows = [] if args.skip_chunks else measure(device, tokens, calls, args.repeats)
     result["rows"] = [asdict(row) for row in rows]
-    print_table(rows)
+    if rows:
+        print_table(rows)
+    if "request" in result:
+        print_request_table(result["request"])
     out = Path(args.out) if args.out else REPO / "results" / f"bench_transfer_{device.type}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

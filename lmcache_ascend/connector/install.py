@@ -14,27 +14,23 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, Sequence
 
-from lmcache_ascend.kv_layout import LayoutError, SchedulerGroupGeometry
+from lmcache_ascend.kv_layout import LayoutError
 from lmcache_ascend.kv_layout.registration import (
-    geometry_from_group_specs,
     needs_multigroup_connector,
     plan_kv_caches,
     plane_groups_from_layer_names,
     transferred_kv_caches,
 )
-from lmcache_ascend.multigroup.adapter_scheduler import LAYOUT_ATTRIBUTE  # set by the lmcache-adapter-multigroup patch
+from lmcache_ascend.multigroup.attachments import CHUNK_PLANNER, CONNECTOR_LAYOUT
+from lmcache_ascend.multigroup.specs import KVGroupSpec
 
 __all__ = ["install_multigroup_connector", "plan_for_engine"]
 
 logger = logging.getLogger(__name__)
 
-METADATA_LAYOUT_ATTRIBUTE = "ascend_chunk_layout"  # read by the lmcache-metadata-chunk-bytes patch
-
-
 def _multigroup_layout(adapter: Any, kv_cache_config: Any) -> Any:
-    known = vars(adapter)
-    if LAYOUT_ATTRIBUTE in known:
-        return known[LAYOUT_ATTRIBUTE]
+    if CONNECTOR_LAYOUT.is_set(adapter):  # set by the lmcache-adapter-multigroup patch
+        return CONNECTOR_LAYOUT.get(adapter)
     from lmcache_ascend.multigroup.connector_state import layout_for_connector
 
     return layout_for_connector(kv_cache_config, adapter._block_size, getattr(adapter, "config", None))
@@ -44,7 +40,7 @@ def plan_for_engine(
     engine: Any,
     kv_caches: Mapping[str, object],
     plane_groups: Mapping[str, Sequence[int]],
-    geometry_by_group: Mapping[int, SchedulerGroupGeometry],
+    geometry_by_group: Mapping[int, KVGroupSpec],
     *,
     bundle_multi_spec: bool,
     flatten_multi_spec: bool,
@@ -73,7 +69,7 @@ def plan_for_engine(
         connector = MultiGroupGPUConnector(chunk_size, backend=backend)
     connector.register(layers, chunk_layout)
     engine.gpu_connector = connector
-    setattr(engine.metadata, METADATA_LAYOUT_ATTRIBUTE, chunk_layout)
+    CHUNK_PLANNER.set(engine.metadata, chunk_layout)  # read by the lmcache-metadata-chunk-bytes patch
     logger.info(
         "lmcache-ascend: %d layers in %d layer groups, %d bytes per %d-token chunk",
         len(layers),
@@ -105,7 +101,7 @@ def install_multigroup_connector(adapter: Any):
     else:
         plane_groups = {name: (0,) for name in kv_caches}
     if layout is not None:
-        geometry = geometry_from_group_specs(layout.groups, layout.transferred)
+        geometry = layout.groups_by_index()
     else:
         used = sorted({g for groups in plane_groups.values() for g in groups})
         if used != [0]:
@@ -113,7 +109,8 @@ def install_multigroup_connector(adapter: Any):
                 f"KV caches map to scheduler groups {used} but no multi-group layout is known; "
                 "is the lmcache-adapter-multigroup patch applied?"
             )
-        geometry = {0: SchedulerGroupGeometry(0)}
+        # One group of full attention: its block size never shapes a transfer.
+        geometry = {0: KVGroupSpec(0, "single group", block_size=1)}
     from lmcache_ascend.connector.backend_layouts import describe_kv_caches
 
     # Layers of groups that are not moved (e.g. mamba state registered as a raw buffer

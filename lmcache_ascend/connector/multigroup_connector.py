@@ -1,20 +1,28 @@
 """LMCache ``GPUConnectorInterface`` over every KV-cache group and plane.
 
 LMCache's own connectors move one homogeneous set of layers with one slot
-mapping.  This one moves each chunk through the flat chunk buffer planned by
-`lmcache_ascend.kv_layout` (all layer groups, planes and scheduler groups, one
-kernel launch per layer group), with the transfer ops of
-`lmcache_ascend.kernels` (Triton on CUDA / NPU, the torch reference on CPU).
+mapping.  This one moves chunks through the flat chunk buffer planned by
+`lmcache_ascend.kv_layout` (all layer groups, planes and scheduler groups), with
+the transfer ops of `lmcache_ascend.kernels` (Triton on CUDA / NPU, the torch
+reference on CPU).
 
 Memory objects are byte buffers: uint8 ``[1, 1, tokens, ceil(bytes / tokens)]``
-(LMCache reads the token count from dim 2), sized by `ChunkLayout.memory_shape`;
+(LMCache reads the token count from dim 2), sized by `ChunkPlanner.memory_shape`;
 the ``lmcache-metadata-chunk-bytes`` patch makes LMCache allocate that shape.
 
-Per-group slot mappings come from the ``slot_mappings_by_group`` keyword
-(sequence indexed by scheduler group, or a mapping), else from the request's
-``GroupSlotMappings`` bound by the worker adapter patch (found by the
-``req_id`` LMCache forwards), else the single ``slot_mapping`` stands for
-group 0 (single-group models).
+Slot mappings: the ``slot_mappings_by_group`` keyword (sequence indexed by
+scheduler group, or a mapping), else the request's ``GroupSlotMappings`` handed
+over by the worker adapter patch (`hand_over_requests`; found by the ``req_id``
+LMCache forwards), else the single ``slot_mapping`` stands for group 0
+(single-group models). They go to the device once per request and direction
+and step (`DeviceSlots`); chunks only index into them.
+
+Batched calls (``batched_from_gpu`` / ``batched_to_gpu``, LMCache's store and
+retrieve) move all full chunks with ONE launch per layer group and synchronize
+once. Host memory objects go through a device staging buffer (`host_path`
+"staging", the default), in waves of chunks whose copies run on a copy stream
+beside the next wave's kernels, or are reached directly where the device maps
+them (``host_path="mapped"``: CUDA pinned memory).
 
 Imports LMCache: only loaded from a patch's build step or from tests.
 """
@@ -27,14 +35,14 @@ from typing import Any, Mapping, Sequence
 import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
-from lmcache_ascend.kv_layout import ChunkLayout, ChunkMover, LayerLayout, LayoutError
+from lmcache_ascend.kv_layout import ChunkPlanner, ChunkMover, LayerLayout, LayoutError
+from lmcache_ascend.kv_layout.transfer import DEFAULT_HOST_PATH, HOST_PATHS, DeviceSlots
 
 __all__ = ["MultiGroupGPUConnector"]
 
 logger = logging.getLogger(__name__)
 
-
-def _as_group_mapping(slot_mappings: object) -> dict[int, torch.Tensor]:
+def _as_group_mapping(slot_mappings: object) -> dict[int, Any]:
     if isinstance(slot_mappings, Mapping):
         return {int(group): slots for group, slots in slot_mappings.items() if slots is not None}
     if isinstance(slot_mappings, Sequence):
@@ -48,25 +56,30 @@ def _as_group_mapping(slot_mappings: object) -> dict[int, torch.Tensor]:
 class MultiGroupGPUConnector(GPUConnectorInterface):
     """Stores and loads LMCache chunks of multi-group / multi-plane KV caches."""
 
-    def __init__(self, chunk_size: int, backend: str | None = None):
+    def __init__(self, chunk_size: int, backend: str | None = None, host_path: str = DEFAULT_HOST_PATH):
         if chunk_size <= 0:
             raise LayoutError(f"chunk_size={chunk_size} must be a positive int")
+        if host_path not in HOST_PATHS:
+            raise LayoutError(f"host_path={host_path!r} is not allowed; allowed: {', '.join(HOST_PATHS)}")
         self.chunk_size = chunk_size
         self.backend = backend
+        self.host_path = host_path
         self.layers: tuple[LayerLayout, ...] = ()
-        self.layout: ChunkLayout | None = None
+        self.layout: ChunkPlanner | None = None
         self.mover: ChunkMover | None = None
         self.kvcaches = None
-        self._staging: torch.Tensor | None = None
-        # req_id -> GroupSlotMappings of the step being served (bound by the adapter patch).
+        # req_id -> GroupSlotMappings of the step being served (handed over by the adapter patch),
+        # and (req_id, store) -> its DeviceSlots, made on first use.
         self._request_slots: dict[str, Any] = {}
-        self.launches = 0  # kernel launches so far (one per layer group per chunk)
+        self._device_slots_by_request: dict[tuple[str, bool], DeviceSlots] = {}
+        self.launches = 0  # kernel launches so far (one per layer group per call)
+        self.synchronizations = 0  # device synchronizations so far (one per LMCache call)
         # Tokens of the chunks moved so far, per direction (what the engine asked for).
         self.tokens_stored = 0
         self.tokens_loaded = 0
 
     # ---- registration -------------------------------------------------------------
-    def register(self, layers: Sequence[LayerLayout], layout: ChunkLayout) -> None:
+    def register(self, layers: Sequence[LayerLayout], layout: ChunkPlanner) -> None:
         """Adopt a planned set of KV caches (see `lmcache_ascend.kv_layout.plan_kv_caches`)."""
         if layout.chunk_size != self.chunk_size:
             raise LayoutError(
@@ -76,14 +89,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self.layers = tuple(layers)
         self.layout = layout
         self.mover = ChunkMover(layout, self.backend)
-        device = self.mover.device
-        # Kernels need the chunk on the caches' device; host memory objects go through
-        # one device staging buffer of a full chunk (allocated once).
-        self._staging = (
-            None
-            if device.type == "cpu"
-            else torch.empty(layout.full_plan.total_bytes, dtype=torch.uint8, device=device)
-        )
+        self._device_slots_by_request = {}
 
     def _require_registered(self) -> ChunkMover:
         if self.mover is None or self.layout is None:
@@ -96,75 +102,104 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
             raise LayoutError("MultiGroupGPUConnector.get_shape called before KV caches were registered")
         return torch.Size(self.layout.memory_shape(num_tokens))
 
-    def bind_request_slots(self, group_slots_by_request: Mapping[str, Any]) -> None:
-        """Per-group slots of this step's requests (`lmcache_ascend.multigroup.slots.GroupSlotMappings`).
+    def hand_over_requests(self, group_slots_by_request: Mapping[str, Any]) -> None:
+        """This step's requests (`lmcache_ascend.multigroup.slots.GroupSlotMappings` by req_id).
 
-        LMCache's engine forwards ``req_id`` to the connector; the slots of that
-        request are used when no ``slot_mappings_by_group`` keyword is given.
+        LMCache's engine forwards ``req_id`` to the connector; that request's slots are
+        used when no ``slot_mappings_by_group`` keyword is given. Their device copies
+        are made on first use and kept until `release_requests`.
         """
         self._request_slots = {req_id: slots for req_id, slots in group_slots_by_request.items() if slots is not None}
+        self._device_slots_by_request = {}
 
-    def unbind_request_slots(self) -> None:
+    def release_requests(self) -> None:
         self._request_slots = {}
+        self._device_slots_by_request = {}
 
-    def _slot_mappings(self, kwargs: dict[str, Any], store: bool) -> dict[int, torch.Tensor]:
-        device = self._require_registered().device
-        request_slots = self._request_slots.get(kwargs.get("req_id"))
+    def _device_slots(self, kwargs: dict[str, Any], store: bool) -> DeviceSlots:
+        mover = self._require_registered()
+        cached_tokens = 0 if store else int(kwargs.get("vllm_cached_tokens", 0) or 0)
         if kwargs.get("slot_mappings_by_group") is not None:
-            mappings = _as_group_mapping(kwargs["slot_mappings_by_group"])
-        elif request_slots is not None:
-            pick = request_slots.store_slot_mapping if store else request_slots.load_slot_mapping
-            mappings = {group: pick(group) for group in request_slots.transferred_groups}
-        elif kwargs.get("slot_mapping") is not None:
+            return mover.upload(_as_group_mapping(kwargs["slot_mappings_by_group"]), cached_tokens)
+        req_id = kwargs.get("req_id")
+        request_slots = self._request_slots.get(req_id)
+        if request_slots is not None:
+            key = (req_id, store)
+            resolved = self._device_slots_by_request.get(key)
+            if resolved is None:
+                if not store:
+                    cached_tokens = max(cached_tokens, request_slots.vllm_cached_tokens)
+                resolved = mover.upload(request_slots.transferred_slot_mappings(), cached_tokens)
+                self._device_slots_by_request[key] = resolved
+            return resolved
+        if kwargs.get("slot_mapping") is not None:
             in_use = self.layout.scheduler_groups_in_use()
             if in_use != (0,):
                 raise LayoutError(
                     f"only 'slot_mapping' was given but the registered caches use scheduler groups {in_use}; "
                     "pass 'slot_mappings_by_group'"
                 )
-            mappings = {0: kwargs["slot_mapping"]}
-        else:
-            raise LayoutError("neither 'slot_mappings_by_group' nor 'slot_mapping' was given")
-        return {
-            group: (slots if isinstance(slots, torch.Tensor) else torch.as_tensor(slots))
-            .to(device=device, dtype=torch.int64)
-            .contiguous()
-            for group, slots in mappings.items()
-        }
+            return mover.upload({0: kwargs["slot_mapping"]}, cached_tokens)
+        raise LayoutError("neither 'slot_mappings_by_group' nor 'slot_mapping' was given")
 
-    def _memory_bytes(self, memory_obj: Any) -> torch.Tensor:
+    def _memory_bytes(self, memory_obj: Any, start: int, end: int) -> torch.Tensor:
         tensor = memory_obj.tensor
         if tensor is None:
             raise LayoutError("the memory object has no tensor")
         if not tensor.is_contiguous():
             raise LayoutError(f"memory object tensor of shape {tuple(tensor.shape)} is not contiguous")
-        return tensor.reshape(-1).view(torch.uint8)
-
-    def _move(self, memory_obj: Any, start: int, end: int, kwargs: dict[str, Any], *, store: bool) -> None:
-        mover = self._require_registered()
-        slot_mappings = self._slot_mappings(kwargs, store)
-        chunk = self._memory_bytes(memory_obj)
+        chunk = tensor.reshape(-1).view(torch.uint8)
         total = self.layout.plan(end - start).total_bytes
         if chunk.numel() < total:
             raise LayoutError(
                 f"memory object of {chunk.numel()} bytes cannot hold tokens [{start}, {end}) "
                 f"({total} bytes); was it allocated by the lmcache-metadata-chunk-bytes shape?"
             )
-        skip = 0 if store else int(kwargs.get("vllm_cached_tokens", 0) or 0)
+        return chunk
+
+    def _count_tokens(self, starts: Sequence[int], ends: Sequence[int], store: bool) -> None:
+        moved = sum(end - start for start, end in zip(starts, ends))
         if store:
-            self.tokens_stored += end - start
+            self.tokens_stored += moved
         else:
-            self.tokens_loaded += end - start
-        if self._staging is None or chunk.device == self._staging.device:
-            self.launches += mover.move(chunk, start, end, slot_mappings, store=store, skip_tokens_before=skip)
+            self.tokens_loaded += moved
+
+    def _move_one(self, memory_obj: Any, start: int, end: int, slots: DeviceSlots, *, store: bool) -> None:
+        mover = self._require_registered()
+        chunk = self._memory_bytes(memory_obj, start, end)
+        if mover.device.type == "cpu" or chunk.device == mover.device:
+            self.launches += mover.move(chunk, start, end, slots, store=store)
             return
-        staging = self._staging[:total]
+        total = self.layout.plan(end - start).total_bytes
+        staged = mover.staging_buffer(1)[0][:total]
         if store:
-            self.launches += mover.move(staging, start, end, slot_mappings, store=True)
-            chunk[:total].copy_(staging, non_blocking=True)
+            self.launches += mover.move(staged, start, end, slots, store=True)
+            chunk[:total].copy_(staged, non_blocking=True)
         else:
-            staging.copy_(chunk[:total], non_blocking=True)
-            self.launches += mover.move(staging, start, end, slot_mappings, store=False, skip_tokens_before=skip)
+            staged.copy_(chunk[:total], non_blocking=True)
+            self.launches += mover.move(staged, start, end, slots, store=False)
+
+    def _move_many(self, memory_objs: Any, starts: Sequence[int], ends: Sequence[int], kwargs: dict[str, Any],
+                   *, store: bool) -> None:
+        mover = self._require_registered()
+        starts, ends = list(starts), list(ends)
+        if not (len(starts) == len(ends) == len(memory_objs)):
+            raise LayoutError(
+                f"{len(memory_objs)} memory objects, {len(starts)} starts and {len(ends)} ends; they must match"
+            )
+        slots = self._device_slots(kwargs, store)
+        self._count_tokens(starts, ends, store)
+        full = [index for index, (start, end) in enumerate(zip(starts, ends)) if end - start == self.chunk_size]
+        full_set = set(full)
+        for index, memory_obj in enumerate(memory_objs):
+            if index not in full_set:  # a partial chunk has a plan of its own
+                self._move_one(memory_obj, starts[index], ends[index], slots, store=store)
+        if full:
+            chunks = [self._memory_bytes(memory_objs[i], starts[i], ends[i]) for i in full]
+            self.launches += mover.move_chunks(
+                chunks, [starts[i] for i in full], slots, store=store, host_path=self.host_path
+            )
+        self._synchronize()
 
     def _synchronize(self) -> None:
         device = self._require_registered().device
@@ -173,25 +208,20 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         module = getattr(torch, device.type, None)
         if module is not None and hasattr(module, "synchronize"):
             module.synchronize(device)
+            self.synchronizations += 1
 
     def from_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
-        self._move(memory_obj, start, end, kwargs, store=True)
-        self._synchronize()
+        self._move_many([memory_obj], [start], [end], kwargs, store=True)
 
     def to_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
-        self._move(memory_obj, start, end, kwargs, store=False)
-        self._synchronize()
+        self._move_many([memory_obj], [start], [end], kwargs, store=False)
 
     def batched_from_gpu(self, memory_objs: Any, starts: Sequence[int], ends: Sequence[int], **kwargs: Any) -> None:
-        for memory_obj, start, end in zip(memory_objs, starts, ends, strict=True):
-            self._move(memory_obj, start, end, kwargs, store=True)
-        self._synchronize()
+        self._move_many(list(memory_objs), starts, ends, kwargs, store=True)
 
     def batched_to_gpu(
         self, memory_objs: Any = None, starts: Sequence[int] | None = None, ends: Sequence[int] | None = None, **kwargs: Any
     ) -> None:
         if memory_objs is None or starts is None or ends is None:
             raise LayoutError("MultiGroupGPUConnector.batched_to_gpu needs memory_objs, starts and ends")
-        for memory_obj, start, end in zip(memory_objs, starts, ends, strict=True):
-            self._move(memory_obj, start, end, kwargs, store=False)
-        self._synchronize()
+        self._move_many(list(memory_objs), starts, ends, kwargs, store=False)

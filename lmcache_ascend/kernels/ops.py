@@ -3,25 +3,34 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from lmcache_ascend.flags import flag_value
-from lmcache_ascend.kernels.reference import reference_transfer
+from lmcache_ascend.kernels.reference import reference_transfer, reference_transfer_chunks
 from lmcache_ascend.kernels.spec import (
     DEFAULT_REGION_ALIGNMENT,
     ChunkLayout,
     PagedGroup,
     PagedPlane,
     PlaneSlots,
+    ResolvedChunkBatch,
     TransferError,
     resolve_transfer,
+    triton_interpreting,
 )
 
-__all__ = ["BACKENDS", "LaunchCounter", "launch_counter", "select_backend", "transfer_group", "transfer_layers"]
+__all__ = [
+    "BACKENDS",
+    "LaunchCounter",
+    "launch_counter",
+    "select_backend",
+    "transfer_chunk_batches",
+    "transfer_group",
+    "transfer_layers",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -43,17 +52,13 @@ class LaunchCounter:
 launch_counter = LaunchCounter()
 
 
-def _triton_interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 # Whether Triton can run on a device type, per (device type, interpreting):
 # answered once per process (importing Triton and probing its driver is slow).
 _triton_usable: dict[tuple[str, bool], bool] = {}
 
 
 def _triton_available_for(device: torch.device) -> bool:
-    key = (device.type, _triton_interpreting())
+    key = (device.type, triton_interpreting())
     usable = _triton_usable.get(key)
     if usable is None:
         try:
@@ -84,7 +89,7 @@ def select_backend(device: torch.device, requested: str | None = None) -> str:
     choice = _requested_backend() if requested is None else requested
     # The answer depends only on these (Triton's usability is fixed per process):
     # remembered, since it is asked on every transfer.
-    key = (device, choice, _triton_interpreting())
+    key = (device, choice, triton_interpreting())
     selected = _selected_backends.get(key)
     if selected is None:
         selected = _select_backend(device, choice)
@@ -100,7 +105,7 @@ def _select_backend(device: torch.device, choice: str) -> str:
         raise TransferError(f"backend={choice!r} is not allowed; allowed: auto, torch, triton")
     if choice == "torch":
         return "torch"
-    if device.type in ("cuda", "npu") or (device.type == "cpu" and _triton_interpreting()):
+    if device.type in ("cuda", "npu") or (device.type == "cpu" and triton_interpreting()):
         if _triton_available_for(device):
             return "triton"
     if choice == "triton":
@@ -141,6 +146,27 @@ def transfer_group(
     else:
         reference_transfer(transfer)
         launch_counter.torch += 1
+
+
+def transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, backend: str | None = None) -> int:
+    """Move layer groups' parts of many chunks (`resolve_chunk_batch`, one batch per group, one
+    device): ONE launch per batch on the Triton backend, one table upload for all. Returns launches."""
+    batches = list(batches)
+    if not batches:
+        return 0
+    if select_backend(batches[0].group.device, backend) == "triton":
+        from lmcache_ascend.kernels.triton_transfer import triton_transfer_chunk_batches
+
+        launched = triton_transfer_chunk_batches(batches)
+        launch_counter.triton += launched
+        return launched
+    launched = 0
+    for batch in batches:
+        if batch.num_chunks and batch.counts.any():
+            reference_transfer_chunks(batch)
+            launched += 1
+    launch_counter.torch += launched
+    return launched
 
 
 def transfer_layers(

@@ -9,22 +9,21 @@ handled alike and moved bit for bit.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from lmcache_ascend.kernels.spec import ResolvedTransfer
+from lmcache_ascend.kernels.spec import (
+    PlaneSlots,
+    ResolvedChunkBatch,
+    ResolvedTransfer,
+    TransferError,
+    widest_element_width,
+)
 
-__all__ = ["reference_transfer"]
+__all__ = ["reference_transfer", "reference_transfer_chunks"]
 
 _INTEGER_OF_WIDTH = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
-
-
-def _integer_width(*byte_quantities: int) -> int:
-    common = 0
-    for quantity in byte_quantities:
-        common = math.gcd(common, quantity)
-    return next(width for width in (8, 4, 2, 1) if common % width == 0)
+# The integer views torch has: 16-byte moves do not exist here.
+_VIEW_WIDTHS = tuple(_INTEGER_OF_WIDTH)
 
 
 def _view(storage: torch.UntypedStorage, device: torch.device, width: int, offset_bytes: int,
@@ -68,8 +67,8 @@ def reference_transfer(transfer: ResolvedTransfer) -> None:
                 continue
             region_start = chunk_base + layout.region_offset(layer, plane_index)
             pitch = layout.row_pitch[plane_index]
-            width = _integer_width(row_bytes, geometry.storage_offset_bytes, geometry.block_stride_bytes, region_start,
-                                   pitch)
+            width = widest_element_width(row_bytes, geometry.storage_offset_bytes, geometry.block_stride_bytes,
+                                         region_start, pitch, widths=_VIEW_WIDTHS)
             cache = plane.caches[layer]
             region = _view(chunk_storage, chunk.device, width, region_start, (count, row_bytes // width),
                            (pitch, width))
@@ -92,3 +91,20 @@ def reference_transfer(transfer: ResolvedTransfer) -> None:
                 region.index_copy_(0, rows, paged[blocks, in_block])
             else:
                 paged.index_put_((blocks, in_block), region.index_select(0, rows))
+
+
+def reference_transfer_chunks(batch: ResolvedChunkBatch) -> None:
+    """Run a validated multi-chunk transfer chunk by chunk (the reference's definition of it)."""
+    for index, chunk in enumerate(batch.keep_alive):
+        if not batch.group.on_group_device(chunk):
+            raise TransferError(
+                f"chunks[{index}] is on {chunk.device}: the torch reference moves chunks on the caches' device "
+                f"({batch.group.device}) only"
+            )
+        slots = tuple(
+            PlaneSlots(batch.slots, int(start), int(count), region_rows=rows)
+            for start, count, rows in zip(batch.starts[index], batch.counts[index], batch.layout.region_rows)
+        )
+        reference_transfer(
+            ResolvedTransfer(batch.group, slots, chunk, batch.chunk_offset, batch.layout, batch.store)
+        )

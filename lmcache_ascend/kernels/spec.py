@@ -8,26 +8,33 @@ checking of their own. Pure logic: torch only (tensors are the subject).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
 __all__ = [
     "DEFAULT_REGION_ALIGNMENT",
     "ELEMENT_WIDTHS",
     "MAX_PLANES",
+    "ChunkBuffers",
     "ChunkLayout",
     "PagedGeometry",
     "PagedGroup",
     "PagedPlane",
     "PlaneSlots",
+    "ResolvedChunkBatch",
     "ResolvedTransfer",
     "TransferError",
     "align_up",
+    "chunk_buffers",
     "chunk_layout",
     "resolve_transfer",
+    "resolve_chunk_batch",
     "strided_chunk_layout",
+    "triton_interpreting",
     "widest_element_width",
 ]
 
@@ -54,15 +61,20 @@ def align_up(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
 
 
-def widest_element_width(*byte_quantities: int) -> int:
-    """Widest of 16/4/2/1 bytes dividing every quantity (sizes, offsets, addresses)."""
+def widest_element_width(*byte_quantities: int, widths: Sequence[int] = ELEMENT_WIDTHS) -> int:
+    """Widest of `widths` (default 16/4/2/1 bytes) dividing every quantity (sizes, offsets, addresses)."""
     common = 0
     for quantity in byte_quantities:
         common = math.gcd(common, int(quantity))
-    for width in ELEMENT_WIDTHS:
+    for width in widths:
         if common % width == 0:
             return width
     return 1
+
+
+def triton_interpreting() -> bool:
+    """Whether Triton runs its interpreter (TRITON_INTERPRET set and not 0): kernels then run on the CPU."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _positive_int(what: str, value: object) -> int:
@@ -545,4 +557,157 @@ def resolve_transfer(
         chunk_offset=chunk_offset,
         layout=layout,
         store=store,
+    )
+
+
+@dataclass(frozen=True)
+class ChunkBuffers:
+    """Many chunk buffers, checked once (`chunk_buffers`) and then addressed by integer.
+
+    `addresses[c]` is chunk c's first byte; every chunk holds at least `min_bytes`.
+    `mapped_host`: the chunks are CUDA pinned host memory (reached through unified
+    addressing); else they share one device.
+    """
+
+    tensors: tuple[torch.Tensor, ...] = field(repr=False)
+    addresses: np.ndarray  # int64 [chunks]
+    min_bytes: int
+    mapped_host: bool
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+
+def chunk_buffers(chunks: Sequence[torch.Tensor]) -> ChunkBuffers:
+    """Check flat uint8 chunk buffers once: contiguous, one placement (one device, or pinned host)."""
+    chunks = tuple(chunks)
+    addresses = np.empty(len(chunks), dtype=np.int64)
+    if not chunks:
+        return ChunkBuffers(chunks, addresses, 0, False)
+    first = chunks[0]
+    if not isinstance(first, torch.Tensor):
+        raise TransferError(f"chunks[0] is a {type(first).__name__}; allowed: a flat uint8 torch.Tensor")
+    placement = _device_signature(first)
+    mapped_host = first.is_cpu and first.is_pinned()
+    min_bytes = None
+    for index, chunk in enumerate(chunks):
+        # Per chunk only cheap attribute reads (a batch has tens of chunks, checked per call).
+        if (
+            not isinstance(chunk, torch.Tensor)
+            or chunk.dtype is not torch.uint8
+            or chunk.dim() != 1
+            or (chunk.numel() > 1 and chunk.stride(0) != 1)
+        ):
+            raise TransferError(
+                f"chunks[{index}] = {getattr(chunk, 'dtype', type(chunk).__name__)} "
+                f"{tuple(getattr(chunk, 'shape', ()))}: allowed: a contiguous flat uint8 tensor"
+            )
+        if (chunk.is_cpu, chunk.is_cuda, chunk.get_device()) != placement or (mapped_host and not chunk.is_pinned()):
+            raise TransferError(
+                f"chunks[{index}] is on {chunk.device} (pinned: {chunk.is_cpu and chunk.is_pinned()}) but chunks[0] "
+                f"is on {first.device} (pinned: {mapped_host}); all chunks of a batch must lie alike"
+            )
+        size = chunk.numel()
+        min_bytes = size if min_bytes is None or size < min_bytes else min_bytes
+        addresses[index] = chunk.data_ptr()
+    return ChunkBuffers(chunks, addresses, min_bytes, mapped_host)
+
+
+@dataclass(frozen=True)
+class ResolvedChunkBatch:
+    """A validated multi-chunk launch: many chunks of one layout, moved by one launch per group.
+
+    Chunk c's part for this group starts `chunk_offset` bytes into the buffer at
+    `addresses[c]` (device memory, or host memory the device maps: CUDA pinned
+    memory); plane p of chunk c moves `counts[c, p]` rows whose slots are
+    `slots[starts[c, p] : starts[c, p] + counts[c, p]]`. `keep_alive` holds the
+    tensors behind `addresses` until the launch is issued.
+    """
+
+    group: PagedGroup
+    slots: torch.Tensor
+    addresses: np.ndarray  # int64 [chunks]
+    starts: np.ndarray  # int64 [chunks, planes]
+    counts: np.ndarray  # int64 [chunks, planes]
+    chunk_offset: int
+    layout: ChunkLayout
+    store: bool
+    keep_alive: tuple = field(default=(), repr=False, compare=False)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.addresses)
+
+
+def resolve_chunk_batch(
+    group: PagedGroup,
+    slots: torch.Tensor,
+    chunks: ChunkBuffers | Sequence[torch.Tensor],
+    starts: np.ndarray,
+    counts: np.ndarray,
+    *,
+    store: bool,
+    layout: ChunkLayout,
+    chunk_offset: int = 0,
+) -> ResolvedChunkBatch:
+    """Check a multi-chunk launch against the contract; raise TransferError naming the bad input.
+
+    `chunks`: `chunk_buffers` of the chunks (checked once for every group of a call), or
+    the flat uint8 tensors themselves; on the group's device or, with CUDA caches, in
+    pinned host memory the kernel reaches through unified addressing. One slot tensor
+    serves every plane and chunk (`starts` index into it).
+    """
+    if not isinstance(group, PagedGroup):
+        raise TransferError(f"group is a {type(group).__name__}; allowed: PagedGroup")
+    if not isinstance(store, bool):
+        raise TransferError(f"store={store!r} is not allowed; allowed: True (paged -> chunk) or False")
+    if not isinstance(chunks, ChunkBuffers):
+        chunks = chunk_buffers(chunks)
+    if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1 or not slots.is_contiguous():
+        raise TransferError(f"slots={getattr(slots, 'shape', slots)!r}: allowed: a contiguous 1-D int64 tensor")
+    if not group.on_group_device(slots):
+        raise TransferError(f"slots are on {slots.device} but the caches are on {group.device}")
+    starts = np.asarray(starts, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    shape = (len(chunks), group.plane_count)
+    if starts.shape != shape or counts.shape != shape:
+        raise TransferError(f"starts {starts.shape} / counts {counts.shape}: allowed: (chunks, planes) = {shape}")
+    _non_negative_int("chunk_offset", chunk_offset)
+    _check_layout(group, (), layout)
+    if len(chunks):
+        if (starts < 0).any() or (counts < 0).any():
+            raise TransferError("starts and counts must be >= 0")
+        beyond = starts + counts > slots.numel()
+        if beyond.any():
+            chunk, plane = np.argwhere(beyond)[0]
+            raise TransferError(
+                f"chunk {chunk} plane {plane}: start={starts[chunk, plane]} + count={counts[chunk, plane]} exceeds "
+                f"the {slots.numel()} slots"
+            )
+        region_rows = np.asarray(layout.region_rows, dtype=np.int64)
+        over = counts > region_rows[None, :]
+        if over.any():
+            chunk, plane = np.argwhere(over)[0]
+            raise TransferError(
+                f"chunk {chunk} plane {plane}: count={counts[chunk, plane]} > layout region_rows={region_rows[plane]}"
+            )
+        if chunks.min_bytes < chunk_offset + layout.total_bytes:
+            raise TransferError(
+                f"a chunk holds {chunks.min_bytes} bytes but chunk_offset={chunk_offset} + the group's "
+                f"{layout.total_bytes} bytes do not fit"
+            )
+        if chunks.mapped_host:
+            if group.device.type != "cuda":
+                raise TransferError(
+                    f"the chunks are pinned host memory but the caches are on {group.device}; allowed: host "
+                    "chunks with CUDA caches only (unified addressing)"
+                )
+        elif not group.on_group_device(chunks.tensors[0]):
+            raise TransferError(
+                f"the chunks are on {chunks.tensors[0].device} but the caches are on {group.device}; allowed: the "
+                "caches' device, or pinned host memory with CUDA caches"
+            )
+    return ResolvedChunkBatch(
+        group=group, slots=slots, addresses=chunks.addresses, starts=starts, counts=counts,
+        chunk_offset=chunk_offset, layout=layout, store=store, keep_alive=chunks.tensors,
     )

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass
+from typing import Sequence
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -37,12 +38,14 @@ from lmcache_ascend.kernels.spec import (
     MAX_PLANES,
     ChunkLayout,
     PagedGroup,
+    ResolvedChunkBatch,
     ResolvedTransfer,
     TransferError,
+    triton_interpreting,
     widest_element_width,
 )
 
-__all__ = ["supports_device", "triton_transfer"]
+__all__ = ["supports_device", "triton_transfer", "triton_transfer_chunk_batches"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +73,7 @@ _MAX_CACHED_TABLES = 64
 def supports_device(device: torch.device) -> bool:
     """Whether this kernel can run on `device` in this process."""
     if device.type == "cpu":
-        return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        return triton_interpreting()
     if device.type == "cuda":
         return torch.cuda.is_available()
     if device.type == "npu":
@@ -144,6 +147,31 @@ def _move_region(
             tl.store(chunk_ptrs, tl.load(cache_ptrs, mask=mask), mask=mask)
         else:
             tl.store(cache_ptrs, tl.load(chunk_ptrs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _move_plane(data_anchor, data_anchor_address, slot_ptr, first_byte, count, entry, row_bytes, region_entry,
+                region_offset, STORE: tl.constexpr, TILE: tl.constexpr, BYTES_PER_PROGRAM: tl.constexpr):
+    """One program's part of one (layer, plane) region: its geometry from the table, then the
+    widest element width the table allows (16 bytes as four int32)."""
+    width = tl.load(region_entry + 1)
+    row_pitch = tl.load(region_entry + 2)
+    cache_delta = tl.load(entry + 0) - data_anchor_address
+    cache_rows = tl.load(entry + 1)
+    block_stride = tl.load(entry + 2)
+    block_size = tl.load(entry + 3)
+    if width == 16:
+        _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
+                     row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 4, TILE, BYTES_PER_PROGRAM)
+    elif width == 4:
+        _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
+                     row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 1, TILE, BYTES_PER_PROGRAM)
+    elif width == 2:
+        _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
+                     row_bytes, region_offset, row_pitch, STORE, tl.int16, 2, 1, TILE, BYTES_PER_PROGRAM)
+    else:
+        _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
+                     row_bytes, region_offset, row_pitch, STORE, tl.int8, 1, 1, TILE, BYTES_PER_PROGRAM)
 
 
 # Per-call values (each plane's slot offset and count) are scalar arguments, one
@@ -228,24 +256,42 @@ def _paged_chunk_kernel(
         slot_ptr = slot_anchor + slot_offset
         region_entry = table + tl.num_programs(1).to(tl.int64) * 5 + plane * 3
         region_offset = tl.load(region_entry) + layer.to(tl.int64) * layer_stride
-        width = tl.load(region_entry + 1)
-        row_pitch = tl.load(region_entry + 2)
-        cache_delta = tl.load(entry + 0) - data_anchor_address
-        cache_rows = tl.load(entry + 1)
-        block_stride = tl.load(entry + 2)
-        block_size = tl.load(entry + 3)
-        if width == 16:
-            _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 4, TILE, BYTES_PER_PROGRAM)
-        elif width == 4:
-            _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 1, TILE, BYTES_PER_PROGRAM)
-        elif width == 2:
-            _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, row_pitch, STORE, tl.int16, 2, 1, TILE, BYTES_PER_PROGRAM)
-        else:
-            _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                         row_bytes, region_offset, row_pitch, STORE, tl.int8, 1, 1, TILE, BYTES_PER_PROGRAM)
+        _move_plane(data_anchor, data_anchor_address, slot_ptr, first_byte, count, entry, row_bytes, region_entry,
+                    region_offset, STORE, TILE, BYTES_PER_PROGRAM)
+
+
+# Multi-chunk launch: the per-chunk values travel in a device table of
+# [chunks, 1 + 2 * planes] int64 rows: the chunk buffer's address minus the data
+# anchor's (bytes), then per plane its row count, then per plane its slot offset
+# (elements from the slot anchor).
+@triton.jit(do_not_specialize=("data_anchor_address", "layer_stride"))
+def _paged_chunks_kernel(
+    data_anchor,  # a device tensor every data address is relative to
+    data_anchor_address,
+    slot_anchor,  # int64*: the one slot tensor of the batch
+    table,  # the group's geometry table (as for `_paged_chunk_kernel`)
+    chunk_table,  # int64 [chunks, 1 + 2 * PLANES]
+    layer_stride,
+    PLANES: tl.constexpr,
+    STORE: tl.constexpr,
+    TILE: tl.constexpr,
+    BYTES_PER_PROGRAM: tl.constexpr,
+):
+    program = tl.program_id(0)
+    layer_plane = tl.program_id(1)
+    chunk_entry = chunk_table + tl.program_id(2).to(tl.int64) * (1 + 2 * PLANES)
+    layer = layer_plane // PLANES
+    plane = layer_plane - layer * PLANES
+    count = tl.load(chunk_entry + 1 + plane)
+    entry = table + layer_plane.to(tl.int64) * 5
+    row_bytes = tl.load(entry + 4)
+    first_byte = program.to(tl.int64) * BYTES_PER_PROGRAM
+    if first_byte < count * row_bytes:
+        slot_ptr = slot_anchor + tl.load(chunk_entry + 1 + PLANES + plane)
+        region_entry = table + tl.num_programs(1).to(tl.int64) * 5 + plane * 3
+        region_offset = tl.load(region_entry) + layer.to(tl.int64) * layer_stride + tl.load(chunk_entry)
+        _move_plane(data_anchor, data_anchor_address, slot_ptr, first_byte, count, entry, row_bytes, region_entry,
+                    region_offset, STORE, TILE, BYTES_PER_PROGRAM)
 
 
 @dataclass(frozen=True)
@@ -297,28 +343,26 @@ def _widths(geometry: _GroupGeometry, layout: ChunkLayout, chunk_offset: int, an
     return tuple(widths)
 
 
-def _device_table(transfer: ResolvedTransfer, anchor: int) -> _DeviceTable:
-    """The kernel's table for this transfer's chunk shape: built and uploaded once, then looked up.
+def _device_table(group: PagedGroup, layout: ChunkLayout, chunk_offset: int, anchor: int) -> _DeviceTable:
+    """The kernel's table for this chunk shape: built and uploaded once, then looked up.
 
     Everything in it is a function of the group (fixed), the layout (offsets, row
-    pitches, region rows), the chunk offset and the chunk buffer's address modulo 16, which
-    together are the cache key.
+    pitches, region rows), the chunk offset and `anchor` modulo 16 (the chunk
+    buffer's address, or the gcd of every address a multi-chunk launch reaches),
+    which together are the cache key.
     """
-    group = transfer.group
-    layout = transfer.layout
     tables = group.backend_cache.get("triton.tables")
     if tables is None:
         tables = group.backend_cache["triton.tables"] = {}
-    key = (layout, transfer.chunk_offset, anchor % 16)
+    key = (layout, chunk_offset, anchor % 16)
     cached = tables.get(key)
     if cached is not None:
         return cached
     geometry = _group_geometry(group)
-    widths = _widths(geometry, layout, transfer.chunk_offset, anchor)
+    widths = _widths(geometry, layout, chunk_offset, anchor)
     values = list(geometry.rows)
     for plane_index, width in enumerate(widths):
-        values.extend((transfer.chunk_offset + layout.plane_offsets[plane_index], width,
-                       layout.row_pitch[plane_index]))
+        values.extend((chunk_offset + layout.plane_offsets[plane_index], width, layout.row_pitch[plane_index]))
     # A blocking copy from a tensor of its own: nothing on the host can change
     # under it, and it happens once per chunk shape, not per call.
     table = torch.tensor(values, dtype=torch.int64).to(group.device)
@@ -331,7 +375,7 @@ def _device_table(transfer: ResolvedTransfer, anchor: int) -> _DeviceTable:
 
 def plane_widths(transfer: ResolvedTransfer) -> tuple[int, ...]:
     """The element width (bytes) each plane of this transfer moves with."""
-    return _device_table(transfer, transfer.chunk_bytes.data_ptr()).widths
+    return _device_table(transfer.group, transfer.layout, transfer.chunk_offset, transfer.chunk_bytes.data_ptr()).widths
 
 
 def _integer_type(value: int) -> str:
@@ -343,14 +387,18 @@ def _integer_type(value: int) -> str:
     return "i64"
 
 
+def _check_tile(tile: int, bytes_per_program: int) -> None:
+    if bytes_per_program % (tile * 16):
+        raise ValueError(f"bytes_per_program={bytes_per_program} must be a multiple of tile={tile} x 16 bytes")
+
+
 def triton_transfer(transfer: ResolvedTransfer, *, tile: int = VECTORS_PER_TILE,
                     bytes_per_program: int = BYTES_PER_PROGRAM, num_warps: int = NUM_WARPS) -> None:
     """Run one validated transfer in a single kernel launch (no host-to-device copy after the first)."""
-    if bytes_per_program % (tile * 16):
-        raise ValueError(f"bytes_per_program={bytes_per_program} must be a multiple of tile={tile} x 16 bytes")
+    _check_tile(tile, bytes_per_program)
     chunk = transfer.chunk_bytes
     anchor = chunk.data_ptr()
-    device_table = _device_table(transfer, anchor)
+    device_table = _device_table(transfer.group, transfer.layout, transfer.chunk_offset, anchor)
     geometry = _group_geometry(transfer.group)
     planes = len(geometry.row_bytes)
     # The slot anchor is the first plane that moves rows (an empty tensor may have
@@ -380,7 +428,7 @@ def triton_transfer(transfer: ResolvedTransfer, *, tile: int = VECTORS_PER_TILE,
             max_region_bytes = region_bytes
     if slot_anchor is None:
         return  # no plane moves a row
-    grid = (-(-max_region_bytes // bytes_per_program), geometry.layer_planes)
+    grid = (-(-max_region_bytes // bytes_per_program), geometry.layer_planes, 1)
     layer_stride = transfer.layout.layer_stride
     arguments = (chunk, anchor, slot_anchor, device_table.table, layer_stride, *slot_offsets, *counts)
     # The compiled kernel's key: pointer alignments and integer widths (counts
@@ -393,57 +441,134 @@ def triton_transfer(transfer: ResolvedTransfer, *, tile: int = VECTORS_PER_TILE,
         _integer_type(layer_stride),
         tuple(_integer_type(offset) for offset in slot_offsets[:planes]),
     )
-    addresses = (anchor, slot_anchor_address, device_table.address)
-    _launch(grid, arguments, addresses, signature, planes, transfer.store, tile, bytes_per_program, num_warps,
-            transfer.group.device)
+    pointers = {0: anchor, 2: slot_anchor_address, 3: device_table.address}
+    _launch(_paged_chunk_kernel, grid, arguments, pointers, signature, (planes, transfer.store, tile, bytes_per_program),
+            num_warps, transfer.group.device)
 
 
-# Compiled kernels by (device, plane count, direction, tile, bytes per program,
-# warps, signature): the key Triton's JIT derives for this kernel, whose entry
-# re-derives it on every call (tens of microseconds); a hit launches directly.
+def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, tile: int = VECTORS_PER_TILE,
+                                  bytes_per_program: int = BYTES_PER_PROGRAM, num_warps: int = NUM_WARPS) -> int:
+    """Run validated multi-chunk transfers (one per layer group), ONE launch each; returns launches.
+
+    The per-chunk values of every batch go up together: one host-to-device copy
+    (through pinned memory on CUDA) of one table, whose device copy also anchors
+    every data address (chunk buffers may lie in other allocations or in mapped
+    host memory: they are reached by their distance from it).
+    """
+    _check_tile(tile, bytes_per_program)
+    batches = [batch for batch in batches if batch.num_chunks]
+    if not batches:
+        return 0
+    device = batches[0].group.device
+    sizes = [batch.num_chunks * (1 + 2 * batch.group.plane_count) for batch in batches]
+    tables = torch.empty(sum(sizes), dtype=torch.int64, device=device)
+    anchor = tables.data_ptr()
+    host = np.empty(sum(sizes), dtype=np.int64)
+    launches = []
+    offset = 0
+    for batch, size in zip(batches, sizes):
+        planes = batch.group.plane_count
+        table = host[offset : offset + size].reshape(batch.num_chunks, 1 + 2 * planes)
+        table[:, 0] = batch.addresses - anchor
+        table[:, 1 : 1 + planes] = batch.counts
+        table[:, 1 + planes :] = batch.starts
+        launches.append((batch, offset, size))
+        offset += size
+    staged = torch.from_numpy(host)
+    if device.type == "cuda":
+        # The caching host allocator keeps the pinned block until the copy has run.
+        tables.copy_(staged.pin_memory(), non_blocking=True)
+    else:
+        tables.copy_(staged)
+    launched = 0
+    for batch, offset, size in launches:
+        group = batch.group
+        geometry = _group_geometry(group)
+        planes = len(geometry.row_bytes)
+        max_region_bytes = int((batch.counts * np.asarray(geometry.row_bytes, dtype=np.int64)[None, :]).max())
+        if max_region_bytes == 0:
+            continue
+        # Widths must divide every chunk's distance from the anchor: the gcd of them all stands for it.
+        alignment = int(np.gcd.reduce(batch.addresses, initial=anchor))
+        device_table = _device_table(group, batch.layout, batch.chunk_offset, alignment)
+        grid = (-(-max_region_bytes // bytes_per_program), geometry.layer_planes, batch.num_chunks)
+        layer_stride = batch.layout.layer_stride
+        slot_address = batch.slots.data_ptr()
+        chunk_table = tables[offset : offset + size]
+        arguments = (tables, anchor, batch.slots, device_table.table, chunk_table, layer_stride)
+        signature = (
+            "chunks",
+            anchor % 16 == 0,
+            slot_address % 16 == 0,
+            device_table.table_aligned,
+            (anchor + 8 * offset) % 16 == 0,
+            _integer_type(anchor),
+            _integer_type(layer_stride),
+        )
+        pointers = {0: anchor, 2: slot_address, 3: device_table.address, 4: anchor + 8 * offset}
+        _launch(_paged_chunks_kernel, grid, arguments, pointers, signature,
+                (planes, batch.store, tile, bytes_per_program), num_warps, device)
+        launched += 1
+    return launched
+
+
+# Compiled kernels by (kernel, device, constexprs, warps, signature): the key
+# Triton's JIT derives, whose entry re-derives it on every call (tens of
+# microseconds); a hit launches directly.
 _compiled: dict[tuple, object] = {}
 _direct_launch = {"enabled": True}
 # For CUDA, the compiled kernel's launcher itself, called with the current raw
 # stream and plain integer addresses for the pointers (Triton's launcher takes an
 # int as the address as is; a tensor costs a data_ptr() call and a driver
 # pointer query per argument). Keyed like `_compiled`.
-_raw_launchers: dict[tuple, tuple] = {}
+_raw_launchers: dict[tuple, "_RawLauncher"] = {}
 _raw_launch = {"enabled": True}
 
 
-def _raw_launcher(compiled, device: torch.device):
-    """(kernel, run, function, packed metadata, stream getter, device getter) of a compiled CUDA kernel, or None."""
+@dataclass(frozen=True)
+class _RawLauncher:
+    """What a direct launch of a compiled CUDA kernel needs (as the compiled kernel's own runner passes it)."""
+
+    compiled: object
+    run: object
+    function: object
+    packed_metadata: object
+    current_stream: object  # device index -> raw stream
+    current_device: object  # () -> device index
+
+
+def _raw_launcher(compiled, device: torch.device) -> _RawLauncher | None:
+    """The raw launcher of a compiled CUDA kernel, or None."""
     if device.type != "cuda" or not _raw_launch["enabled"]:
         return None
     try:
         init = getattr(compiled, "_init_handles", None)
         if init is not None:
             init()
-        stream_of = torch._C._cuda_getCurrentRawStream
         if not hasattr(triton, "knobs") or not hasattr(compiled, "launch_metadata"):
             return None
-        current_device = torch._C._cuda_getDevice
-        return (compiled, compiled.run, compiled.function, compiled.packed_metadata, stream_of, current_device)
+        return _RawLauncher(compiled, compiled.run, compiled.function, compiled.packed_metadata,
+                            torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice)
     except Exception:  # noqa: BLE001 - an older/newer Triton: the runner path stays
         return None
 
 
-def _launch(grid, arguments, addresses, signature, planes, store, tile, bytes_per_program, num_warps,
-            device) -> None:
-    """Launch on `grid`; `addresses` are the integer addresses of the pointer arguments (first three)."""
-    key = (device, planes, store, tile, bytes_per_program, num_warps, signature)
+_CONSTEXPR_NAMES = ("PLANES", "STORE", "TILE", "BYTES_PER_PROGRAM")
+
+
+def _launch(kernel, grid, arguments, pointers, signature, constexprs, num_warps, device) -> None:
+    """Launch `kernel` on the 3-D `grid`; `pointers` maps argument positions to their integer addresses."""
+    key = (kernel, device, constexprs, num_warps, signature)
     raw = _raw_launchers.get(key) if _raw_launch["enabled"] else None
     if raw is not None:
-        compiled, run, function, packed_metadata, stream_of, current_device = raw
         try:
-            stream = stream_of(current_device())  # the current device's current stream, as Triton's runner
-            values = (addresses[0], arguments[1], addresses[1], addresses[2], *arguments[4:], planes, store, tile,
-                      bytes_per_program)
+            stream = raw.current_stream(raw.current_device())  # the current device's current stream, as Triton's
+            values = (*(pointers.get(position, value) for position, value in enumerate(arguments)), *constexprs)
             runtime = triton.knobs.runtime
             # Exactly what the compiled kernel's own runner passes, minus its per-call lookups.
-            metadata = compiled.launch_metadata((grid[0], grid[1], 1), stream, *values)
-            run(grid[0], grid[1], 1, stream, function, packed_metadata, metadata, runtime.launch_enter_hook,
-                runtime.launch_exit_hook, *values)
+            metadata = raw.compiled.launch_metadata(grid, stream, *values)
+            raw.run(grid[0], grid[1], grid[2], stream, raw.function, raw.packed_metadata, metadata,
+                    runtime.launch_enter_hook, runtime.launch_exit_hook, *values)
             return
         except (TypeError, ValueError, AttributeError) as error:  # argument binding, before any launch
             logger.warning("raw Triton launch failed (%s); using the compiled kernel's runner", error)
@@ -453,16 +578,14 @@ def _launch(grid, arguments, addresses, signature, planes, store, tile, bytes_pe
     if compiled is not None:
         try:
             # A compiled kernel wants all 3 grid dims and every argument, constexprs included.
-            compiled[(grid[0], grid[1], 1)](*arguments, planes, store, tile, bytes_per_program)
+            compiled[grid](*arguments, *constexprs)
             return
         except (TypeError, IndexError, AttributeError) as error:  # argument binding, before any launch
             # A Triton build whose compiled-kernel call differs: use the JIT entry from now on.
             logger.warning("direct Triton launch failed (%s); using the JIT entry", error)
             _direct_launch["enabled"] = False
             _compiled.clear()
-    compiled = _paged_chunk_kernel[grid](
-        *arguments, PLANES=planes, STORE=store, TILE=tile, BYTES_PER_PROGRAM=bytes_per_program, num_warps=num_warps
-    )
+    compiled = kernel[grid](*arguments, **dict(zip(_CONSTEXPR_NAMES, constexprs)), num_warps=num_warps)
     # The interpreter returns no compiled kernel; only a real one is cached.
     if compiled is not None and hasattr(compiled, "run") and _direct_launch["enabled"]:
         _compiled[key] = compiled

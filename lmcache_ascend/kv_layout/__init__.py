@@ -5,24 +5,10 @@ wires it into LMCache.
 """
 
 from lmcache_ascend.kv_layout.backend_layout import BackendLayout, DimRole, PackedKV
-from lmcache_ascend.kv_layout.chunk_plan import (
-    REGION_ALIGNMENT,
-    ChunkBufferPlan,
-    ChunkLayout,
-    GroupRegion,
-    RowWindow,
-    row_window,
-)
+from lmcache_ascend.kv_layout.chunk_plan import ChunkBufferPlan, ChunkPlanner, GroupRegion
 from lmcache_ascend.kv_layout.formats import KVFormat, LayerLayout, LayoutError, PlaneLayout, detect_layer_layout
-from lmcache_ascend.kv_layout.groups import (
-    LayerGroup,
-    PlaneIdentity,
-    SchedulerGroupGeometry,
-    build_layer_groups,
-)
-
+from lmcache_ascend.kv_layout.groups import LayerGroup, PlaneIdentity, build_layer_groups
 from lmcache_ascend.kv_layout.registration import (
-    geometry_from_group_specs,
     needs_multigroup_connector,
     plan_kv_caches,
     plane_groups_from_layer_names,
@@ -35,9 +21,8 @@ __all__ = [
     "DimRole",
     "PackedKV",
     "ChunkMover",
-    "REGION_ALIGNMENT",
     "ChunkBufferPlan",
-    "ChunkLayout",
+    "ChunkPlanner",
     "GroupRegion",
     "KVFormat",
     "LayerGroup",
@@ -45,14 +30,10 @@ __all__ = [
     "LayoutError",
     "PlaneIdentity",
     "PlaneLayout",
-    "RowWindow",
-    "SchedulerGroupGeometry",
     "build_layer_groups",
     "detect_layer_layout",
-    "geometry_from_group_specs",
     "needs_multigroup_connector",
     "plan_kv_caches",
     "plane_groups_from_layer_names",
     "transferred_kv_caches",
-    "row_window",
 ]

@@ -11,7 +11,7 @@ Rows per plane depend on the plane's scheduler group:
 - plain: one row per token of the chunk;
 - compressed (compress ratio r): ``ceil(tokens / r)`` rows;
 - sliding window w: only the chunk's tail, the paged blocks holding its last ``w // r``
-  rows (`sliding_tail_first_row`), not the whole chunk.
+  rows (`lmcache_ascend.multigroup.specs.chunk_row_window`), not the whole chunk.
 
 Offsets are computed once per chunk length (full chunks share one plan), with
 the kernels' own `chunk_layout`, so planner and kernels cannot disagree.
@@ -25,58 +25,31 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from lmcache_ascend.kernels.spec import ChunkLayout as KernelChunkLayout
+from lmcache_ascend.kernels.spec import DEFAULT_REGION_ALIGNMENT
+from lmcache_ascend.kernels.spec import ChunkLayout
 from lmcache_ascend.kernels.spec import chunk_layout as kernel_chunk_layout
 from lmcache_ascend.kv_layout.formats import LayoutError
-from lmcache_ascend.kv_layout.groups import LayerGroup, SchedulerGroupGeometry, sliding_tail_first_row
+from lmcache_ascend.kv_layout.groups import LayerGroup
+from lmcache_ascend.multigroup.specs import KVGroupSpec, chunk_row_window
 
 __all__ = [
-    "REGION_ALIGNMENT",
     "ChunkBufferPlan",
-    "ChunkLayout",
+    "ChunkPlanner",
     "GroupRegion",
-    "RowWindow",
-    "row_window",
 ]
 
-REGION_ALIGNMENT = 32
-
-
-@dataclass(frozen=True)
-class RowWindow:
-    """Which rows of a scheduler group's slot mapping a chunk moves: [first, first + count)."""
-
-    first: int
-    count: int
-
-
-def row_window(geometry: SchedulerGroupGeometry, start: int, end: int) -> RowWindow:
-    """Rows of `geometry`'s slot mapping covering tokens [start, end) of the request."""
-    ratio = geometry.compress_ratio
-    if start % ratio:
-        raise LayoutError(
-            f"scheduler group {geometry.group_id}: chunk start {start} is not a multiple of "
-            f"compress_ratio={ratio}"
-        )
-    first = start // ratio
-    last = -(-end // ratio)
-    if geometry.sliding_window is not None:
-        first = int(sliding_tail_first_row(first, last, geometry.sliding_window // ratio, geometry.block_rows))
-    return RowWindow(first, last - first)
-
-
-def rows_per_chunk(geometry: SchedulerGroupGeometry, num_tokens: int) -> int:
+def rows_per_chunk(group: KVGroupSpec, num_tokens: int) -> int:
     """Rows a chunk region of `num_tokens` tokens must hold, wherever the chunk starts.
 
     A sliding-window tail starts on a block boundary, so its length depends on
     where the chunk lies against the blocks; the pattern repeats every
-    `block_rows` chunks: the largest of those is the capacity.
+    `rows_per_block` chunks: the largest of those is the capacity.
     """
-    if geometry.sliding_window is None or geometry.block_rows == 1:
-        return row_window(geometry, 0, num_tokens).count
+    if group.sliding_window is None or group.rows_per_block == 1:
+        return chunk_row_window(group, 0, num_tokens).count
     return max(
-        row_window(geometry, index * num_tokens, (index + 1) * num_tokens).count
-        for index in range(geometry.block_rows)
+        chunk_row_window(group, index * num_tokens, (index + 1) * num_tokens).count
+        for index in range(group.rows_per_block)
     )
 
 
@@ -86,7 +59,7 @@ class GroupRegion:
 
     layer_group: int
     byte_offset: int
-    layout: KernelChunkLayout
+    layout: ChunkLayout
 
     @property
     def byte_size(self) -> int:
@@ -107,13 +80,13 @@ class ChunkBufferPlan:
     total_bytes: int
 
 
-class ChunkLayout:
+class ChunkPlanner:
     """Plans of chunk buffers for a fixed set of layer groups (one per chunk length, cached)."""
 
     def __init__(
         self,
         layer_groups: Sequence[LayerGroup],
-        geometry_by_group: Mapping[int, SchedulerGroupGeometry],
+        geometry_by_group: Mapping[int, KVGroupSpec],
         chunk_size: int,
     ):
         if chunk_size <= 0:
@@ -148,7 +121,7 @@ class ChunkLayout:
                 for identity in group.planes
             ]
             layout = kernel_chunk_layout(
-                [identity.row_bytes for identity in group.planes], rows, group.num_layers, REGION_ALIGNMENT
+                [identity.row_bytes for identity in group.planes], rows, group.num_layers, DEFAULT_REGION_ALIGNMENT
             )
             regions.append(GroupRegion(group.index, offset, layout))
             offset += layout.total_bytes

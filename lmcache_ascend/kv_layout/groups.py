@@ -21,66 +21,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-import numpy as np
 import torch
 
 from lmcache_ascend.kv_layout.formats import KVFormat, LayerLayout, LayoutError, PlaneLayout
+from lmcache_ascend.multigroup.specs import KVGroupSpec
 
 __all__ = [
-    "sliding_tail_first_row",
     "LayerGroup",
     "PlaneIdentity",
-    "SchedulerGroupGeometry",
     "build_layer_groups",
 ]
-
-
-def sliding_tail_first_row(chunk_first_row, chunk_end_row, window_rows: int, block_rows: int):
-    """First row a sliding-window group keeps of the chunk's rows [first, end).
-
-    The kept rows are those of every paged block that holds one of the chunk's
-    last `window_rows` rows: the window's start rounded down to its block, never
-    before the chunk.  Whole blocks, because vLLM hands a request the blocks of
-    its window whole and its attention kernels read them whole: a block loaded
-    only from the window's first row would keep another request's rows in its
-    head.  Takes ints or numpy arrays of rows (the slot builder asks for all
-    chunks of a request at once).
-    """
-    tail = np.maximum(chunk_first_row, chunk_end_row - window_rows)
-    return np.maximum(chunk_first_row, tail // block_rows * block_rows)
-
-
-@dataclass(frozen=True)
-class SchedulerGroupGeometry:
-    """What the worker needs to know about one scheduler KV-cache group."""
-
-    group_id: int
-    # Tokens per stored row: slot mapping of the group has ceil(T / compress_ratio) entries.
-    compress_ratio: int = 1
-    # Tokens of attention window; a chunk keeps the paged blocks holding its last
-    # `sliding_window` tokens (see `sliding_tail_first_row`).
-    sliding_window: int | None = None
-    # False for groups LMCache leaves out (recurrent-state groups under the
-    # state-skip policy of lmcache_ascend.multigroup.state_skip).
-    transferred: bool = True
-    # Paged rows per vLLM block of the group (block_size // compress_ratio).
-    block_rows: int = 1
-
-    def __post_init__(self) -> None:
-        if self.group_id < 0:
-            raise LayoutError(f"scheduler group id {self.group_id} must be >= 0")
-        if self.compress_ratio <= 0:
-            raise LayoutError(
-                f"scheduler group {self.group_id}: compress_ratio={self.compress_ratio} must be a positive int"
-            )
-        if self.block_rows <= 0:
-            raise LayoutError(f"scheduler group {self.group_id}: block_rows={self.block_rows} must be a positive int")
-        if self.sliding_window is not None:
-            if self.sliding_window < self.compress_ratio or self.sliding_window % self.compress_ratio:
-                raise LayoutError(
-                    f"scheduler group {self.group_id}: sliding_window={self.sliding_window} must be a positive "
-                    f"multiple of compress_ratio={self.compress_ratio}"
-                )
 
 
 @dataclass(frozen=True)
@@ -127,7 +77,7 @@ class LayerGroup:
 
 def build_layer_groups(
     layers: Iterable[LayerLayout],
-    geometry_by_group: Mapping[int, SchedulerGroupGeometry],
+    geometry_by_group: Mapping[int, KVGroupSpec],
     *,
     bundle_multi_spec: bool = True,
 ) -> tuple[LayerGroup, ...]:

@@ -11,43 +11,22 @@ Pure logic: torch and lmcache_ascend only.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 
 from lmcache_ascend.kv_layout.backend_layout import BackendLayout
-from lmcache_ascend.kv_layout.chunk_plan import ChunkLayout
+from lmcache_ascend.kv_layout.chunk_plan import ChunkPlanner
 from lmcache_ascend.kv_layout.formats import KVFormat, LayerLayout, LayoutError, detect_layer_layout
-from lmcache_ascend.kv_layout.groups import SchedulerGroupGeometry, build_layer_groups
+from lmcache_ascend.kv_layout.groups import build_layer_groups
+from lmcache_ascend.multigroup.specs import KVGroupSpec
 
 __all__ = [
-    "geometry_from_group_specs",
     "needs_multigroup_connector",
     "plan_kv_caches",
     "plane_groups_from_layer_names",
     "transferred_kv_caches",
 ]
-
-
-def geometry_from_group_specs(
-    group_specs: Iterable[Any], transferred: Sequence[bool] | None = None
-) -> dict[int, SchedulerGroupGeometry]:
-    """Scheduler-group geometry from `lmcache_ascend.multigroup.specs.KVGroupSpec`s.
-
-    `transferred[g]` False drops group g's planes from the plan (state groups
-    under the skip policy); None keeps every group.
-    """
-    geometry = {}
-    for position, spec in enumerate(group_specs):
-        keep = True if transferred is None else bool(transferred[position])
-        geometry[spec.group_index] = SchedulerGroupGeometry(
-            group_id=spec.group_index,
-            compress_ratio=spec.compress_ratio,
-            sliding_window=spec.sliding_window,
-            transferred=keep,
-            block_rows=spec.rows_per_block,
-        )
-    return geometry
 
 
 def plane_groups_from_layer_names(
@@ -94,7 +73,7 @@ def plane_groups_from_layer_names(
 def transferred_kv_caches(
     kv_caches: Mapping[str, object],
     plane_groups: Mapping[str, Sequence[int]],
-    geometry_by_group: Mapping[int, SchedulerGroupGeometry],
+    geometry_by_group: Mapping[int, KVGroupSpec],
 ) -> dict[str, object]:
     """`kv_caches` less the layers whose every plane belongs to a group that is not
     transferred (state groups under the state-skip policy): those are never moved,
@@ -114,13 +93,13 @@ def transferred_kv_caches(
 def plan_kv_caches(
     kv_caches: Mapping[str, object],
     plane_groups: Mapping[str, Sequence[int]],
-    geometry_by_group: Mapping[int, SchedulerGroupGeometry],
+    geometry_by_group: Mapping[int, KVGroupSpec],
     chunk_size: int,
     *,
     bundle_multi_spec: bool = True,
     flatten_multi_spec: bool = True,
     backend_layouts: Mapping[str, BackendLayout] | None = None,
-) -> tuple[tuple[LayerLayout, ...], ChunkLayout]:
+) -> tuple[tuple[LayerLayout, ...], ChunkPlanner]:
     """Detect, group and plan; every layout error surfaces here.
 
     `backend_layouts` describes each layer registered as a single tensor (its
@@ -145,7 +124,7 @@ def plan_kv_caches(
             )
         )
     layer_groups = build_layer_groups(layers, geometry_by_group, bundle_multi_spec=bundle_multi_spec)
-    return tuple(layers), ChunkLayout(layer_groups, geometry_by_group, chunk_size)
+    return tuple(layers), ChunkPlanner(layer_groups, geometry_by_group, chunk_size)
 
 
 def needs_multigroup_connector(

@@ -1,31 +1,123 @@
-"""Move one chunk between vLLM's paged caches (every layer group) and its flat buffer.
+"""Move chunks between vLLM's paged caches (every layer group) and their flat buffers.
 
-Glue between the chunk plan and the kernels: per layer group one
-`transfer_group` call (one launch on Triton), each plane addressed by the slot
-mapping of its scheduler group, restricted to the rows the chunk owns
-(`row_window`: compressed groups ``ceil(tokens / ratio)`` rows, sliding-window
-groups only their tail).
+Glue between the chunk plan and the kernels. A request's slot mappings are put
+on the device once (`DeviceSlots`: every scheduler group's slots in one tensor,
+the cached prefix of a load already masked); a chunk then only picks rows of it
+(`chunk_row_window`: compressed groups ``ceil(tokens / ratio)`` rows,
+sliding-window groups only their tail). `ChunkMover.move` moves one chunk with
+one launch per layer group; `ChunkMover.move_batch` moves many full chunks with
+one launch per layer group for all of them.
 
-Pure logic: torch and lmcache_ascend only.
+Pure logic: torch, numpy and lmcache_ascend only.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
+import numpy as np
 import torch
 
-from lmcache_ascend.kernels import PagedGroup, PagedPlane, PlaneSlots, transfer_group
-from lmcache_ascend.kv_layout.chunk_plan import ChunkLayout, row_window
+from lmcache_ascend.kernels import (
+    PagedGroup,
+    align_up,
+    chunk_buffers,
+    PagedPlane,
+    PlaneSlots,
+    resolve_chunk_batch,
+    transfer_chunk_batches,
+    transfer_group,
+)
+from lmcache_ascend.kv_layout.chunk_plan import ChunkPlanner
 from lmcache_ascend.kv_layout.formats import LayoutError
+from lmcache_ascend.multigroup.specs import KVGroupSpec, cached_row_count, chunk_row_window
 
-__all__ = ["ChunkMover"]
+__all__ = ["DEFAULT_HOST_PATH", "HOST_PATHS", "STAGING_BYTES", "ChunkMover", "DeviceSlots"]
+
+# How host chunks are reached: "mapped" (the kernel reads / writes CUDA pinned
+# memory through unified addressing; elsewhere staging is used) or "staging" (a
+# device buffer, in waves whose copies run beside the next wave's kernels).
+HOST_PATHS = ("mapped", "staging")
+# Staging measured faster than mapped on H100 in every case of notes/issue-13-transfer.md, and
+# it serves every device (mapped memory is CUDA only).
+DEFAULT_HOST_PATH = "staging"
+# Device staging for host chunks: at most this many bytes (at least one chunk).
+STAGING_BYTES = 256 * 2**20
+_STAGING_ALIGNMENT = 256
+
+
+def _device_module(device: torch.device):
+    """torch.cuda / torch.npu for a device with streams and events; None for the CPU."""
+    if device.type == "cpu":
+        return None
+    module = getattr(torch, device.type, None)
+    return module if module is not None and hasattr(module, "Stream") else None
+
+
+@dataclass(frozen=True)
+class DeviceSlots:
+    """The slot mappings of one request (or one call) on the caches' device, in ONE int64 tensor.
+
+    Scheduler group g's slots are ``slots[offsets[g] : offsets[g] + lengths[g]]``.
+    Made by `DeviceSlots.upload`: one host-to-device copy.
+    """
+
+    slots: torch.Tensor
+    offsets: Mapping[int, int]
+    lengths: Mapping[int, int]
+
+    @classmethod
+    def upload(
+        cls,
+        slot_mappings: Mapping[int, object],
+        groups: Mapping[int, KVGroupSpec],
+        device: torch.device,
+        cached_tokens: int = 0,
+    ) -> "DeviceSlots":
+        """Concatenate `slot_mappings` (group -> 1-D ints), mask the rows of vLLM's cached
+        prefix (`cached_row_count`; 0 for a store) and copy them to `device` at once."""
+        parts = []
+        offsets: dict[int, int] = {}
+        lengths: dict[int, int] = {}
+        cursor = 0
+        for group, slots in slot_mappings.items():
+            if slots is None:
+                continue
+            group = int(group)
+            spec = groups.get(group)
+            if spec is None:
+                raise LayoutError(
+                    f"a slot mapping was given for scheduler group {group}, which is not among the registered "
+                    f"groups {sorted(groups)}"
+                )
+            host = slots.detach().cpu().numpy() if isinstance(slots, torch.Tensor) else np.asarray(slots)
+            if host.ndim != 1:
+                raise LayoutError(f"slot mapping of scheduler group {group} has shape {host.shape}; allowed: 1-D")
+            host = host.astype(np.int64, copy=True)
+            masked = cached_row_count(spec, cached_tokens, len(host))
+            host[:masked] = -1
+            parts.append(host)
+            offsets[group], lengths[group] = cursor, len(host)
+            cursor += len(host)
+        joined = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        # One entry at least: an empty tensor may have no address for the kernels to anchor on.
+        if not len(joined):
+            joined = np.full(1, -1, dtype=np.int64)
+        tensor = torch.from_numpy(joined)
+        if device.type == "cuda":
+            # Through pinned memory the copy does not hold the host up; the caching host
+            # allocator keeps the pinned block until the copy has run.
+            tensor = tensor.pin_memory().to(device, non_blocking=True)
+        elif device.type != "cpu":
+            tensor = tensor.to(device)
+        return cls(tensor, offsets, lengths)
 
 
 class ChunkMover:
     """Stores / loads chunks of one registered set of KV caches."""
 
-    def __init__(self, layout: ChunkLayout, backend: str | None = None):
+    def __init__(self, layout: ChunkPlanner, backend: str | None = None):
         self.layout = layout
         self.backend = backend
         # Built once: the kernels validate and cache each tensor's geometry here.
@@ -44,67 +136,77 @@ class ChunkMover:
             )
             for group in layout.layer_groups
         )
+        self._staging: torch.Tensor | None = None
+        self._copy_stream = None
+        self._windows: dict[tuple[bytes, bytes], tuple] = {}
 
     @property
     def device(self) -> torch.device:
         return self.paged_groups[0].device
 
-    def slots_for_chunk(
-        self,
-        slot_mappings: Mapping[int, torch.Tensor],
-        start: int,
-        end: int,
-        skip_tokens_before: int = 0,
-    ) -> tuple[tuple[PlaneSlots, ...], ...]:
-        """Per layer group, per plane: the slot window of tokens [start, end).
+    def upload(self, slot_mappings: Mapping[int, object], cached_tokens: int = 0) -> DeviceSlots:
+        """`DeviceSlots` of these slot mappings on the caches' device."""
+        return DeviceSlots.upload(slot_mappings, self.layout.geometry_by_group, self.device, cached_tokens)
 
-        Rows lying wholly before token `skip_tokens_before` get slot -1 (left
-        alone): on load they are already in vLLM's cache, and rewriting blocks
-        vLLM may be reading races with it.
+    def plane_rows(self, slots: DeviceSlots, starts: np.ndarray, ends: np.ndarray):
+        """Per layer group, (first slot index, row count) arrays [chunks, planes] of the chunks [starts, ends).
+
+        The first slot index points into `slots.slots`: the group's offset plus the
+        chunk's row window (`chunk_row_window`). The windows depend on the chunk
+        bounds alone: worked out for all chunks at once, and remembered for the
+        bounds of recent calls (requests of one length share them).
         """
-        plan = self.layout.plan(end - start)
-        per_group = []
-        for group, region in zip(self.layout.layer_groups, plan.regions):
-            per_plane = []
-            for plane, identity in enumerate(group.planes):
-                scheduler_group = identity.scheduler_group
-                slots = slot_mappings.get(scheduler_group)
-                if slots is None:
-                    raise LayoutError(
-                        f"no slot mapping for scheduler group {scheduler_group} (layer group {group.index}); "
-                        f"got slot mappings for groups {sorted(slot_mappings)}"
-                    )
-                window = row_window(self.layout.geometry_by_group[scheduler_group], start, end)
-                available = int(slots.numel()) - window.first
-                if available < window.count:
-                    raise LayoutError(
-                        f"slot mapping of scheduler group {scheduler_group} has {slots.numel()} entries; tokens "
-                        f"[{start}, {end}) need rows [{window.first}, {window.first + window.count})"
-                    )
-                ratio = self.layout.geometry_by_group[scheduler_group].compress_ratio
-                skipped_rows = min(max(skip_tokens_before // ratio - window.first, 0), window.count)
-                if skipped_rows:
-                    masked = slots[window.first : window.first + window.count].clone()
-                    masked[:skipped_rows] = -1
-                    per_plane.append(PlaneSlots(masked, 0, window.count, region_rows=region.plane_rows[plane]))
-                else:
-                    per_plane.append(
-                        PlaneSlots(slots, window.first, window.count, region_rows=region.plane_rows[plane])
-                    )
-            per_group.append(tuple(per_plane))
-        return tuple(per_group)
+        key = (starts.tobytes(), ends.tobytes())
+        windows = self._windows.get(key)
+        if windows is None:
+            windows = self._row_windows(starts, ends)
+            if len(self._windows) >= 64:
+                self._windows.clear()
+            self._windows[key] = windows
+        per_layer_group, rows_needed = windows
+        for scheduler_group, needed in rows_needed.items():
+            length = slots.lengths.get(scheduler_group)
+            if length is None:
+                raise LayoutError(
+                    f"no slot mapping for scheduler group {scheduler_group}; got slot mappings for groups "
+                    f"{sorted(slots.offsets)}"
+                )
+            if needed > length:
+                raise LayoutError(
+                    f"slot mapping of scheduler group {scheduler_group} has {length} entries; tokens "
+                    f"[{starts.min()}, {ends.max()}) need {needed} rows"
+                )
+        return [
+            (firsts + np.asarray([slots.offsets[g] for g in plane_groups], dtype=np.int64)[None, :], counts)
+            for plane_groups, firsts, counts in per_layer_group
+        ]
+
+    def _row_windows(self, starts: np.ndarray, ends: np.ndarray):
+        windows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        rows_needed: dict[int, int] = {}
+        for scheduler_group in self.layout.scheduler_groups_in_use():
+            first, count = chunk_row_window(self.layout.geometry_by_group[scheduler_group], starts, ends)
+            windows[scheduler_group] = (first, count)
+            rows_needed[scheduler_group] = int((first + count).max()) if len(first) else 0
+        per_layer_group = []
+        for group in self.layout.layer_groups:
+            plane_groups = tuple(identity.scheduler_group for identity in group.planes)
+            firsts = np.stack([windows[g][0] for g in plane_groups], axis=1)
+            counts = np.stack([windows[g][1] for g in plane_groups], axis=1)
+            per_layer_group.append((plane_groups, firsts, counts))
+        return per_layer_group, rows_needed
+
+    def _device_slots(self, slots: DeviceSlots | Mapping[int, object]) -> DeviceSlots:
+        return slots if isinstance(slots, DeviceSlots) else self.upload(slots)
 
     def move(
-        self,
-        chunk: torch.Tensor,
-        start: int,
-        end: int,
-        slot_mappings: Mapping[int, torch.Tensor],
-        *,
-        store: bool,
-        skip_tokens_before: int = 0,
+        self, chunk: torch.Tensor, start: int, end: int, slots: DeviceSlots | Mapping[int, object], *, store: bool
     ) -> int:
-        """Store (paged -> chunk) or load tokens [start, end) for every layer group; returns launches."""
+        """Store (paged -> chunk) or load tokens [start, end) for every layer group; returns launches.
+
+        `slots`: `DeviceSlots`, or group -> slot mapping (uploaded here, for one-off calls).
+        """
+        slots = self._device_slots(slots)
         plan = self.layout.plan(end - start)
         if chunk.numel() * chunk.element_size() < plan.total_bytes:
             raise LayoutError(
@@ -112,13 +214,148 @@ class ChunkMover:
                 f"{plan.total_bytes} bytes a {end - start}-token chunk needs"
             )
         launches = 0
-        for paged_group, region, slots in zip(
-            self.paged_groups, plan.regions, self.slots_for_chunk(slot_mappings, start, end, skip_tokens_before)
-        ):
-            if all(plane_slots.count == 0 for plane_slots in slots):
+        rows = self.plane_rows(slots, np.array([start], dtype=np.int64), np.array([end], dtype=np.int64))
+        for paged_group, region, (firsts, counts) in zip(self.paged_groups, plan.regions, rows):
+            if not counts.any():
                 continue
+            plane_slots = tuple(
+                PlaneSlots(slots.slots, int(first), int(count), region_rows=region_rows)
+                for first, count, region_rows in zip(firsts[0], counts[0], region.plane_rows)
+            )
             transfer_group(
-                paged_group, slots, chunk, store=store, chunk_offset=region.byte_offset, backend=self.backend
+                paged_group, plane_slots, chunk, store=store, chunk_offset=region.byte_offset, backend=self.backend,
+                layout=region.layout,
             )
             launches += 1
+        return launches
+
+    def move_batch(
+        self,
+        chunks: Sequence[torch.Tensor],
+        starts: Sequence[int],
+        slots: DeviceSlots | Mapping[int, object],
+        *,
+        store: bool,
+    ) -> int:
+        """Move full chunks (each `chunk_size` tokens from its start), one launch per layer group; returns launches.
+
+        `chunks` are flat uint8 buffers on the caches' device (or CUDA pinned host memory).
+        """
+        if not chunks:
+            return 0
+        slots = self._device_slots(slots)
+        size = self.layout.chunk_size
+        plan = self.layout.full_plan
+        starts_array = np.asarray(starts, dtype=np.int64)
+        rows = self.plane_rows(slots, starts_array, starts_array + size)
+        buffers = chunk_buffers(chunks)  # checked once for every layer group
+        batches = [
+            resolve_chunk_batch(
+                paged_group, slots.slots, buffers, firsts, counts, store=store, layout=region.layout,
+                chunk_offset=region.byte_offset,
+            )
+            for paged_group, region, (firsts, counts) in zip(self.paged_groups, plan.regions, rows)
+            if counts.any()
+        ]
+        return transfer_chunk_batches(batches, backend=self.backend)
+
+    def staging_buffer(self, chunks: int) -> tuple[torch.Tensor, int]:
+        """(device staging buffer, byte stride of a chunk in it) for up to `chunks` full chunks
+        (fewer where `STAGING_BYTES` is reached; one at least). Allocated once, grown on demand."""
+        stride = align_up(self.layout.full_plan.total_bytes, _STAGING_ALIGNMENT)
+        wanted = stride * max(1, min(chunks, STAGING_BYTES // stride))
+        if self._staging is None or self._staging.numel() < wanted:
+            self._staging = torch.empty(wanted, dtype=torch.uint8, device=self.device)
+        return self._staging, stride
+
+    def reachable(self, chunks: Sequence[torch.Tensor], host_path: str) -> bool:
+        """Whether the kernels can address every chunk where it lies."""
+        device = self.device
+        if device.type == "cpu" or all(chunk.device == device for chunk in chunks):
+            return True
+        return (
+            host_path == "mapped"
+            and device.type == "cuda"
+            and all(chunk.is_cpu and chunk.is_pinned() for chunk in chunks)
+        )
+
+    def move_chunks(
+        self,
+        chunks: Sequence[torch.Tensor],
+        starts: Sequence[int],
+        slots: DeviceSlots | Mapping[int, object],
+        *,
+        store: bool,
+        host_path: str = DEFAULT_HOST_PATH,
+    ) -> int:
+        """`move_batch` for full chunks wherever they lie: on the device or mapped host memory
+        directly, else through the staging buffer. Issues work only: the caller synchronizes.
+
+        Through staging a store copies whole chunks back, so bytes no row fills (region
+        padding, skipped rows) are unspecified there, as the per-chunk staging always had it;
+        chunks with skipped rows are never persisted (see `GroupSlotMappings.store_hole_chunks`).
+        """
+        if host_path not in HOST_PATHS:
+            raise LayoutError(f"host_path={host_path!r} is not allowed; allowed: {', '.join(HOST_PATHS)}")
+        if self.reachable(chunks, host_path):
+            return self.move_batch(chunks, starts, slots, store=store)
+        return self._move_staged(list(chunks), list(starts), self._device_slots(slots), store=store)
+
+    def _move_staged(self, chunks: list[torch.Tensor], starts: list[int], slots: DeviceSlots, *, store: bool) -> int:
+        """Host chunks through the staging buffer in waves; each wave's copies run on a copy
+        stream beside the next wave's kernels (the buffer's two halves alternate)."""
+        total = self.layout.full_plan.total_bytes
+        staging, stride = self.staging_buffer(len(chunks))
+        capacity = staging.numel() // stride
+        module = _device_module(self.device)
+        launches = 0
+        if module is None or capacity < 2:
+            for first in range(0, len(chunks), capacity):
+                wave = range(first, min(first + capacity, len(chunks)))
+                views = [staging[i * stride : i * stride + total] for i in range(len(wave))]
+                if not store:
+                    for view, index in zip(views, wave):
+                        view.copy_(chunks[index][:total], non_blocking=True)
+                launches += self.move_batch(views, [starts[i] for i in wave], slots, store=store)
+                if store:
+                    for view, index in zip(views, wave):
+                        chunks[index][:total].copy_(view, non_blocking=True)
+            return launches
+        if self._copy_stream is None:
+            self._copy_stream = module.Stream(device=self.device)
+        compute = module.current_stream(self.device)
+        copy = self._copy_stream
+        half = capacity // 2
+        released = [None, None]  # per half: the event after which it may be rewritten
+        for wave_index, first in enumerate(range(0, len(chunks), half)):
+            part = wave_index % 2
+            wave = range(first, min(first + half, len(chunks)))
+            base = part * half
+            views = [staging[(base + i) * stride : (base + i) * stride + total] for i in range(len(wave))]
+            wave_starts = [starts[i] for i in wave]
+            if store:
+                if released[part] is not None:
+                    compute.wait_event(released[part])  # the half's last copies out are done
+                launches += self.move_batch(views, wave_starts, slots, store=True)
+                written = module.Event()
+                written.record(compute)
+                copy.wait_event(written)
+                with module.stream(copy):
+                    for view, index in zip(views, wave):
+                        chunks[index][:total].copy_(view, non_blocking=True)
+                released[part] = module.Event()
+                released[part].record(copy)
+            else:
+                if released[part] is not None:
+                    copy.wait_event(released[part])  # the half's last kernels have read it
+                with module.stream(copy):
+                    for view, index in zip(views, wave):
+                        view.copy_(chunks[index][:total], non_blocking=True)
+                loaded = module.Event()
+                loaded.record(copy)
+                compute.wait_event(loaded)
+                launches += self.move_batch(views, wave_starts, slots, store=False)
+                released[part] = module.Event()
+                released[part].record(compute)
+        compute.wait_stream(copy)
         return launches

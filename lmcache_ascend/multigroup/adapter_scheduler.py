@@ -7,6 +7,7 @@ transferred group covers.  Used by the ``lmcache-adapter-multigroup`` patch.
 
 from __future__ import annotations
 
+from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, CONNECTOR_LAYOUT
 from lmcache_ascend.multigroup.connector_state import (
     check_chunk_size,
     check_discard_partial_chunks,
@@ -14,12 +15,7 @@ from lmcache_ascend.multigroup.connector_state import (
 )
 from lmcache_ascend.multigroup.slicing import prefix_bound_in_vllm_blocks
 
-__all__ = ["LAYOUT_ATTRIBUTE", "TRACKER_ATTRIBUTE", "connector_layout", "roll_back_trackers"]
-
-# On LMCache's connector: its multi-group layout (None for single-group models).
-LAYOUT_ATTRIBUTE = "_ascend_multigroup_layout"
-# On a request tracker: its `GroupBlockTracker`.
-TRACKER_ATTRIBUTE = "ascend_block_tracker"
+__all__ = ["connector_layout", "roll_back_trackers"]
 
 
 def connector_layout(connector):
@@ -27,10 +23,8 @@ def connector_layout(connector):
 
     Raises naming the setting when multi-group mode can't work with the connector's config.
     """
-    try:
-        return vars(connector)[LAYOUT_ATTRIBUTE]
-    except KeyError:
-        pass
+    if CONNECTOR_LAYOUT.is_set(connector):
+        return CONNECTOR_LAYOUT.get(connector)
     parent = getattr(connector, "_parent", None)
     layout = layout_for_connector(
         getattr(parent, "_kv_cache_config", None), connector._block_size, getattr(connector, "config", None)
@@ -40,7 +34,7 @@ def connector_layout(connector):
         check_chunk_size(layout, connector._lmcache_chunk_size)
     else:
         layout = None
-    setattr(connector, LAYOUT_ATTRIBUTE, layout)
+    CONNECTOR_LAYOUT.set(connector, layout)
     return layout
 
 
@@ -56,7 +50,7 @@ def roll_back_trackers(connector, scheduler_output, layout) -> None:
     for req_id in getattr(scheduler_output.scheduled_cached_reqs, "req_ids", ()):
         tracker = connector._request_trackers.get(req_id)
         request = connector._unfinished_requests.get(req_id)
-        groups = vars(tracker).get(TRACKER_ATTRIBUTE) if tracker is not None else None
+        groups = BLOCK_TRACKER.get(tracker) if tracker is not None else None
         if groups is None or request is None or request.num_computed_tokens >= len(tracker.token_ids):
             continue
         counts = groups.num_blocks_by_group()

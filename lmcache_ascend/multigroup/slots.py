@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmcache_ascend.kv_layout.groups import sliding_tail_first_row
+from lmcache_ascend.multigroup.attachments import GROUP_SLOTS
 from lmcache_ascend.multigroup.slicing import primary_group_index
-from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout
+from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout, cached_row_count, chunk_row_window
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID, GroupBlockTracker
 
 __all__ = [
@@ -42,7 +42,7 @@ __all__ = [
 
 # Attribute of LMCache's ReqMeta (lmcache.integration.vllm.vllm_v1_adapter)
 # that carries the GroupSlotMappings of a multi-group request.
-REQ_META_ATTRIBUTE = "ascend_group_slots"
+REQ_META_ATTRIBUTE = GROUP_SLOTS.name
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,11 @@ class GroupSlotMappings:
     @property
     def transferred_groups(self) -> tuple[int, ...]:
         return tuple(index for index, slots in enumerate(self.slot_mappings) if slots is not None)
+
+    def transferred_slot_mappings(self) -> dict[int, torch.Tensor]:
+        """Group -> slots of every transferred group, unmasked (a chunk picks its rows by
+        `chunk_row_window`; a load masks the cached prefix by `cached_row_count`)."""
+        return {index: slots for index, slots in enumerate(self.slot_mappings) if slots is not None}
 
     def store_slot_mapping(self, group_index: int) -> torch.Tensor | None:
         """Slots to copy paged -> LMCache for `group_index` (None: group skipped)."""
@@ -113,8 +118,7 @@ class GroupSlotMappings:
         slots = self.slot_mappings[group_index]
         if slots is None:
             return None
-        # A row is vLLM's only when all of its compress_ratio tokens are cached.
-        cached_rows = min(self.vllm_cached_tokens // self.groups[group_index].compress_ratio, len(slots))
+        cached_rows = cached_row_count(self.groups[group_index], self.vllm_cached_tokens, len(slots))
         if cached_rows == 0:
             return slots
         masked = slots.clone()
@@ -123,13 +127,13 @@ class GroupSlotMappings:
 
 
 def _rows_in_chunk_windows(group: KVGroupSpec, num_rows: int, chunk_size: int) -> np.ndarray:
-    """Which of a sliding-window group's `num_rows` rows its chunks keep (`sliding_tail_first_row`)."""
+    """Which of a sliding-window group's `num_rows` rows its chunks keep (`chunk_row_window`)."""
     rows = np.arange(num_rows, dtype=np.int64)
     chunk_rows = chunk_size // group.compress_ratio
     chunk_first = rows // chunk_rows * chunk_rows
     chunk_end = np.minimum(chunk_first + chunk_rows, num_rows)
-    window_rows = -(-group.sliding_window // group.compress_ratio)  # rows holding the window's tokens
-    return rows >= sliding_tail_first_row(chunk_first, chunk_end, window_rows, group.rows_per_block)
+    first, _ = chunk_row_window(group, chunk_first * group.compress_ratio, chunk_end * group.compress_ratio)
+    return rows >= first
 
 
 _OFFSETS: dict[int, np.ndarray] = {}
@@ -246,4 +250,4 @@ def build_group_slot_mappings(
 
 def group_slots_of(req_meta: Any) -> GroupSlotMappings | None:
     """The GroupSlotMappings attached to an LMCache ReqMeta, or None (single group)."""
-    return getattr(req_meta, REQ_META_ATTRIBUTE, None)
+    return GROUP_SLOTS.get(req_meta)

@@ -1,39 +1,60 @@
-"""Typed descriptions of vLLM's KV-cache groups, as LMCache's connector needs them.
+"""The one typed geometry of vLLM's KV-cache groups, and the row rules every layer uses.
 
 vLLM's hybrid KV cache manager gives a model several KV-cache groups; each has
 its own block table (``block_ids[g]``), block size in tokens, optional
 compression (``compress_ratio`` tokens per stored row) and optional sliding
-window. This module turns those facts into frozen dataclasses without importing
-vLLM: `layout_from_kv_cache_config` reads plain attributes of a
-``KVCacheConfig``-like object (duck-typed), and `group_spec_from_attributes` is
-the one place that validates them.
+window. `KVGroupSpec` holds those facts and whether LMCache moves the group,
+validated once when it is made; the scheduler's slot builder, the worker's
+chunk planner and the connector all read it. Its rules live here once:
+`chunk_row_window` (which rows of a group a chunk moves; `sliding_tail_first_row`
+is the sliding-window part of it) and `cached_row_count` (the rows of vLLM's
+cached prefix, which a load leaves alone).
+
+A leaf module (numpy and the standard library only): vLLM's scheduler process
+imports it. `layout_from_kv_cache_config` reads plain attributes of a
+``KVCacheConfig``-like object (duck-typed), never importing vLLM.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
+
+import numpy as np
 
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 
 __all__ = [
     "KVGroupSpec",
     "MultiGroupLayout",
-    "group_spec_from_attributes",
+    "RowWindow",
+    "cached_row_count",
+    "chunk_row_window",
     "layout_from_groups",
     "layout_from_kv_cache_config",
+    "sliding_tail_first_row",
 ]
+
+
+def _positive_int(group_index: Any, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(
+            f"KV-cache group {group_index}: {name}={value!r} is not allowed; it must be a positive integer"
+        )
+    return int(value)
 
 
 @dataclass(frozen=True)
 class KVGroupSpec:
-    """One vLLM KV-cache group, seen from the connector.
+    """One vLLM KV-cache group: its geometry and whether LMCache moves it.
 
     ``block_size`` is in tokens (vLLM's ``KVCacheSpec.block_size``); a block of
     a group with ``compress_ratio`` c holds ``block_size // c`` paged rows, one
-    row per c tokens. ``sliding_window`` is in tokens (None: full attention).
-    ``is_state`` marks groups holding recurrent state, which are not needed for
-    prefix reuse and are skipped when the state-skip policy says so.
+    row per c tokens. ``sliding_window`` is in tokens (None: full attention), a
+    multiple of c. ``is_state`` marks groups holding recurrent state;
+    ``transferred`` is False for a group LMCache leaves out (a state group under
+    the state-skip policy). Every value is checked here, naming the group.
     """
 
     group_index: int
@@ -42,14 +63,92 @@ class KVGroupSpec:
     compress_ratio: int = 1
     sliding_window: int | None = None
     is_state: bool = False
+    transferred: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.group_index, bool) or not isinstance(self.group_index, int) or self.group_index < 0:
+            raise ValueError(f"KV-cache group index {self.group_index!r} is not allowed; it must be an int >= 0")
+        name = f"{self.group_index} ({self.spec_class_name})"
+        object.__setattr__(self, "block_size", _positive_int(name, "block_size", self.block_size))
+        object.__setattr__(self, "compress_ratio", _positive_int(name, "compress_ratio", self.compress_ratio))
+        if self.block_size % self.compress_ratio:
+            raise ValueError(
+                f"KV-cache group {name}: block_size={self.block_size} is not a multiple of "
+                f"compress_ratio={self.compress_ratio}; a block must hold whole rows"
+            )
+        if self.sliding_window is not None:
+            window = _positive_int(name, "sliding_window", self.sliding_window)
+            if window % self.compress_ratio:
+                raise ValueError(
+                    f"KV-cache group {name}: sliding_window={window} is not allowed; it must be a positive "
+                    f"multiple of compress_ratio={self.compress_ratio}"
+                )
+            object.__setattr__(self, "sliding_window", window)
 
     @property
     def rows_per_block(self) -> int:
         return self.block_size // self.compress_ratio
 
+    @property
+    def window_rows(self) -> int | None:
+        """Rows holding the sliding window's tokens (None: full attention)."""
+        return None if self.sliding_window is None else self.sliding_window // self.compress_ratio
+
     def num_rows(self, num_tokens: int) -> int:
         """Paged rows that `num_tokens` tokens occupy: ceil(T / compress_ratio)."""
         return -(-num_tokens // self.compress_ratio)
+
+
+def sliding_tail_first_row(chunk_first_row, chunk_end_row, window_rows: int, block_rows: int):
+    """First row a sliding-window group keeps of the chunk's rows [first, end).
+
+    The kept rows are those of every paged block that holds one of the chunk's
+    last `window_rows` rows: the window's start rounded down to its block, never
+    before the chunk.  Whole blocks, because vLLM hands a request the blocks of
+    its window whole and its attention kernels read them whole: a block loaded
+    only from the window's first row would keep another request's rows in its
+    head.  Takes ints or numpy arrays of rows (all chunks of a request at once).
+    """
+    tail = np.maximum(chunk_first_row, chunk_end_row - window_rows)
+    return np.maximum(chunk_first_row, tail // block_rows * block_rows)
+
+
+@dataclass(frozen=True)
+class RowWindow:
+    """Which rows of a group's slot mapping a chunk moves: [first, first + count)."""
+
+    first: int
+    count: int
+
+
+def chunk_row_window(group: KVGroupSpec, start, end):
+    """Rows of `group`'s slot mapping that the chunk of tokens [start, end) moves.
+
+    Compressed groups: rows ``[start / ratio, ceil(end / ratio))``; sliding-window
+    groups only their tail (`sliding_tail_first_row`). Ints give a `RowWindow`;
+    numpy arrays of starts and ends give a pair of arrays (first, count).
+    """
+    ratio = group.compress_ratio
+    if np.any(np.asarray(start) % ratio):
+        raise ValueError(
+            f"KV-cache group {group.group_index}: chunk start {start} is not a multiple of compress_ratio={ratio}"
+        )
+    first = start // ratio
+    last = -(-end // ratio)
+    if group.sliding_window is not None:
+        first = sliding_tail_first_row(first, last, group.window_rows, group.rows_per_block)
+    if isinstance(first, np.ndarray):
+        return first, last - first
+    return RowWindow(int(first), int(last - first))
+
+
+def cached_row_count(group: KVGroupSpec, cached_tokens: int, num_rows: int) -> int:
+    """Leading rows of a slot mapping of `num_rows` rows that vLLM's cached prefix holds.
+
+    A row is vLLM's only when all of its compress_ratio tokens are cached; a load
+    leaves these rows alone (rewriting blocks vLLM may be reading races with it).
+    """
+    return max(0, min(cached_tokens // group.compress_ratio, num_rows))
 
 
 @dataclass(frozen=True)
@@ -57,21 +156,15 @@ class MultiGroupLayout:
     """All KV-cache groups of a model plus the settings that shape transfers.
 
     ``vllm_block_size`` is ``cache_config.block_size`` (under the hybrid
-    manager, the GCD of the group block sizes). ``transferred`` says per group
-    whether LMCache stores and loads it (False for skipped state groups).
+    manager, the GCD of the group block sizes).
     """
 
     groups: tuple[KVGroupSpec, ...]
     vllm_block_size: int
-    transferred: tuple[bool, ...]
 
     def __post_init__(self) -> None:
         if not self.groups:
             raise ValueError("MultiGroupLayout needs at least one KV-cache group; got none")
-        if len(self.transferred) != len(self.groups):
-            raise ValueError(
-                f"transferred has {len(self.transferred)} entries for {len(self.groups)} groups"
-            )
         for position, group in enumerate(self.groups):
             if group.group_index != position:
                 raise ValueError(
@@ -90,49 +183,20 @@ class MultiGroupLayout:
         return len(self.groups) > 1
 
     @property
+    def transferred(self) -> tuple[bool, ...]:
+        """Per group, whether LMCache stores and loads it."""
+        return tuple(group.transferred for group in self.groups)
+
+    @property
     def transferred_group_indices(self) -> tuple[int, ...]:
-        return tuple(index for index, keep in enumerate(self.transferred) if keep)
+        return tuple(group.group_index for group in self.groups if group.transferred)
 
     @property
     def block_sizes(self) -> tuple[int, ...]:
         return tuple(group.block_size for group in self.groups)
 
-
-def _positive_int(group_index: int, name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(
-            f"KV-cache group {group_index}: {name}={value!r} is not allowed; "
-            "it must be a positive integer"
-        )
-    return value
-
-
-def group_spec_from_attributes(
-    group_index: int,
-    spec_class_name: str,
-    block_size: int,
-    compress_ratio: int = 1,
-    sliding_window: int | None = None,
-    is_state: bool = False,
-) -> KVGroupSpec:
-    """Validated `KVGroupSpec` from plain attribute values."""
-    block_size = _positive_int(group_index, "block_size", block_size)
-    compress_ratio = _positive_int(group_index, "compress_ratio", compress_ratio)
-    if block_size % compress_ratio:
-        raise ValueError(
-            f"KV-cache group {group_index} ({spec_class_name}): block_size={block_size} "
-            f"is not a multiple of compress_ratio={compress_ratio}; a block must hold whole rows"
-        )
-    if sliding_window is not None:
-        sliding_window = _positive_int(group_index, "sliding_window", sliding_window)
-    return KVGroupSpec(
-        group_index=group_index,
-        spec_class_name=spec_class_name,
-        block_size=block_size,
-        compress_ratio=compress_ratio,
-        sliding_window=sliding_window,
-        is_state=is_state,
-    )
+    def groups_by_index(self) -> dict[int, KVGroupSpec]:
+        return {group.group_index: group for group in self.groups}
 
 
 def _unpacked_specs(spec: Any) -> list[Any]:
@@ -164,7 +228,7 @@ def _spec_to_group(group_index: int, spec: Any, policy: StateGroupPolicy) -> KVG
     sliding_window = _one_value(
         group_index, "sliding_window", (getattr(s, "sliding_window", None) for s in inner_specs)
     )
-    return group_spec_from_attributes(
+    return KVGroupSpec(
         group_index=group_index,
         spec_class_name=class_name,
         block_size=int(spec.block_size),
@@ -196,10 +260,12 @@ def layout_from_groups(
     groups: Sequence[KVGroupSpec], vllm_block_size: int, policy: StateGroupPolicy
 ) -> MultiGroupLayout:
     """Layout of already-typed groups; the policy decides which groups move."""
-    transferred = tuple(not (policy.skip_state_groups and group.is_state) for group in groups)
-    if len(groups) > 0 and not any(transferred):
+    moved = tuple(
+        dataclasses.replace(group, transferred=not (policy.skip_state_groups and group.is_state)) for group in groups
+    )
+    if len(moved) > 0 and not any(group.transferred for group in moved):
         raise ValueError(
             "every KV-cache group would be skipped as a state group "
             f"({[g.spec_class_name for g in groups]}); check LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"
         )
-    return MultiGroupLayout(groups=tuple(groups), vllm_block_size=vllm_block_size, transferred=transferred)
+    return MultiGroupLayout(groups=moved, vllm_block_size=vllm_block_size)

@@ -20,8 +20,9 @@ import pkgutil
 import pytest
 import torch
 
+from tests.kv_layout._geometry import geometry as group_geometry
 from lmcache_ascend.connector.backend_layouts import backend_layout_of
-from lmcache_ascend.kv_layout import ChunkMover, DimRole, LayoutError, PackedKV, SchedulerGroupGeometry, plan_kv_caches
+from lmcache_ascend.kv_layout import ChunkMover, DimRole, LayoutError, PackedKV, plan_kv_caches
 
 vllm = pytest.importorskip("vllm")
 from vllm.v1.attention.backend import AttentionBackend  # noqa: E402
@@ -164,7 +165,7 @@ def test_backend_cache_round_trips_every_token_or_is_refused(backend):
         return
     store_slots = torch.arange(BLOCK_SIZE, BLOCK_SIZE + TOKENS)
     load_slots = torch.tensor([NUM_BLOCKS * BLOCK_SIZE - 1 - t for t in range(TOKENS)])
-    geometry = {0: SchedulerGroupGeometry(0)}
+    geometry = {0: group_geometry(0)}
     generator = torch.Generator().manual_seed(0)
     for case, allocate, layout, spec in cases:
         source, target = allocate(), allocate()

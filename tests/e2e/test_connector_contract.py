@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmcache_ascend.kv_layout import LayoutError, SchedulerGroupGeometry, plan_kv_caches
+from tests.kv_layout._geometry import geometry as group_geometry
+from lmcache_ascend.kv_layout import LayoutError, plan_kv_caches
 from tests.fixtures.kv_caches import LATENT_LAYOUT
 
-GEOMETRY = {0: SchedulerGroupGeometry(0), 1: SchedulerGroupGeometry(1, compress_ratio=4, sliding_window=8)}
+GEOMETRY = {0: group_geometry(0), 1: group_geometry(1, compress_ratio=4, sliding_window=8)}
 CHUNK = 16
 
 

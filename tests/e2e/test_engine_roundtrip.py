@@ -86,7 +86,7 @@ def _slot_mappings(layout) -> dict[int, torch.Tensor]:
 
 def _plan(engine, caches, kv_cache_config, layout, bundle=True):
     from lmcache_ascend.connector.install import plan_for_engine
-    from lmcache_ascend.kv_layout.registration import geometry_from_group_specs, plane_groups_from_layer_names
+    from lmcache_ascend.kv_layout.registration import plane_groups_from_layer_names
 
     plane_groups = plane_groups_from_layer_names(
         [group.layer_names for group in kv_cache_config.kv_cache_groups], caches.kv_caches
@@ -95,7 +95,7 @@ def _plan(engine, caches, kv_cache_config, layout, bundle=True):
         engine,
         caches.kv_caches,
         plane_groups,
-        geometry_from_group_specs(layout.groups, layout.transferred),
+        layout.groups_by_index(),
         bundle_multi_spec=bundle,
         flatten_multi_spec=True,
         backend_layouts=caches.backend_layouts,
@@ -119,9 +119,10 @@ def test_store_then_retrieve_every_group_byte_exact(metadata_patch, multigroup_l
         tokens = torch.arange(NUM_TOKENS)
         engine.store(tokens, slot_mappings_by_group=slot_mappings)
         launches_per_store = connector.launches
-        # One launch per layer group per chunk; bundled, the 5 kept scheduler groups give 5
-        # layer groups; exploded, each distinct plane identity is its own (11).
-        assert launches_per_store == 3 * len(connector.layout.layer_groups)
+        # One launch per layer group moves the store's 3 chunks; bundled, the 5 kept scheduler
+        # groups give 5 layer groups; exploded, each distinct plane identity is its own (11).
+        assert connector.tokens_stored == 3 * connector.chunk_size
+        assert launches_per_store == len(connector.layout.layer_groups)
         assert len(connector.layout.layer_groups) == (5 if bundle else 11)
 
         _plan(engine, target, kv_cache_config, layout, bundle)  # register the zeroed caches

@@ -53,7 +53,7 @@ def test_table_holds_exactly_each_tensors_geometry_and_each_regions_offset_and_w
     layout = group.chunk_layout([s.region_rows for s in slots])
     chunk = torch.full((chunk_offset + layout.total_bytes,), 0x5A, dtype=torch.uint8)
     transfer = resolve_transfer(group, slots, chunk, store=True, chunk_offset=chunk_offset)
-    table = tt._device_table(transfer, chunk.data_ptr()).table
+    table = _table(transfer, chunk.data_ptr()).table
     expected: list[int] = []
     for layer in range(group.layer_count):
         for plane in group.planes:
@@ -76,18 +76,22 @@ def test_table_is_uploaded_once_per_chunk_shape_and_rebuilt_when_the_key_changes
     slots = _slots()
     layout = group.chunk_layout([s.region_rows for s in slots])
     chunk = torch.zeros(layout.total_bytes + 64, dtype=torch.uint8)
-    first = tt._device_table(resolve_transfer(group, slots, chunk, store=True), chunk.data_ptr())
-    again = tt._device_table(resolve_transfer(group, slots, chunk, store=False), chunk.data_ptr())
+    first = _table(resolve_transfer(group, slots, chunk, store=True), chunk.data_ptr())
+    again = _table(resolve_transfer(group, slots, chunk, store=False), chunk.data_ptr())
     assert again.table is first.table  # per call: a lookup, no new tensor, no upload
-    shifted = tt._device_table(resolve_transfer(group, slots, chunk, store=True, chunk_offset=32), chunk.data_ptr())
+    shifted = _table(resolve_transfer(group, slots, chunk, store=True, chunk_offset=32), chunk.data_ptr())
     assert shifted.table is not first.table
     assert shifted.table.tolist()[-9::3] == [32 + offset for offset in layout.plane_offsets]
     other_shape = _slots((5, 6, 3))
-    reshaped = tt._device_table(resolve_transfer(group, other_shape, chunk, store=True), chunk.data_ptr())
+    reshaped = _table(resolve_transfer(group, other_shape, chunk, store=True), chunk.data_ptr())
     assert reshaped.table is not first.table
     # The count of a call is not part of the table: a shorter last chunk reuses the full-chunk table.
     partial = tuple(PlaneSlots(s.slots, 0, s.count - 1, region_rows=s.region_rows) for s in slots)
-    assert tt._device_table(resolve_transfer(group, partial, chunk, store=True), chunk.data_ptr()).table is first.table
+    assert _table(resolve_transfer(group, partial, chunk, store=True), chunk.data_ptr()).table is first.table
+
+
+def _table(transfer, anchor):
+    return tt._device_table(transfer.group, transfer.layout, transfer.chunk_offset, anchor)
 
 
 def test_misaligned_slot_array_is_refused_naming_the_plane_before_any_launch():

@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.kv_layout._geometry import geometry as group_geometry
 from lmcache_ascend.kv_layout import (
-    ChunkLayout,
+    ChunkPlanner,
     ChunkMover,
     KVFormat,
     LayoutError,
-    SchedulerGroupGeometry,
     build_layer_groups,
     detect_layer_layout,
     plan_kv_caches,
@@ -72,7 +72,7 @@ def test_cpu_layout_round_trips_every_token(layout):
     source = {"l0": cpu_cache(1), "l1": cpu_cache(2)}
     target = {"l0": cpu_cache(None), "l1": cpu_cache(None)}
     layouts = {name: layout for name in source}
-    geometry = {0: SchedulerGroupGeometry(0)}
+    geometry = {0: group_geometry(0)}
     _roundtrip(source, target, layouts, {n: (0,) for n in source}, geometry, {0: store_slots}, {0: load_slots}, tokens)
     for name in source:
         written = torch.zeros(B * N, dtype=torch.bool)
@@ -103,7 +103,7 @@ def test_cpu_layout_without_its_rows_rule_moves_other_tokens():
     per_cell = BackendLayout("CPU_ATTN", CPU_LAYOUT_V032.dims, PackedKV.PER_CELL)
     source, target = {"l0": cpu_cache(3)}, {"l0": cpu_cache(None)}
     slots = {0: torch.arange(0, 3)}
-    _roundtrip(source, target, {"l0": per_cell}, {"l0": (0,)}, {0: SchedulerGroupGeometry(0)}, slots, slots, 3)
+    _roundtrip(source, target, {"l0": per_cell}, {"l0": (0,)}, {0: group_geometry(0)}, slots, slots, 3)
     # Token 1's V lies in row N + 1 of the [2 * block_size, head_size] interior: not moved.
     _, v_src = cpu_token_kv(source["l0"], 1)
     _, v_dst = cpu_token_kv(target["l0"], 1)
@@ -118,7 +118,7 @@ def test_hma_shared_tensor_moves_every_group_and_kv_sharing_moves_once():
     target = {"full.0": target_tensor, "swa.0": target_tensor, "shared_kv.1": target_tensor}
     plane_groups = {"full.0": (0,), "swa.0": (1,), "shared_kv.1": (0,)}
     layouts = {name: CPU_LAYOUT_V032 for name in source}
-    geometry = {0: SchedulerGroupGeometry(0), 1: SchedulerGroupGeometry(1)}
+    geometry = {0: group_geometry(0), 1: group_geometry(1)}
     layers, layout = plan_kv_caches(source, plane_groups, geometry, N, backend_layouts=layouts)
     members = [name for group in layout.layer_groups for name in group.member_names]
     assert sorted(members) == sorted(f"{layer}#h{h}" for layer in ("full.0", "swa.0") for h in range(H))
@@ -141,13 +141,13 @@ def test_hma_shared_tensor_moves_every_group_and_kv_sharing_moves_once():
 @pytest.mark.parametrize("bundle", [True, False])
 def test_head_major_members_bundled_and_exploded(bundle):
     layer = detect_layer_layout("l0", cpu_cache(0), [0], backend_layout=CPU_LAYOUT_V032)
-    groups = build_layer_groups([layer], {0: SchedulerGroupGeometry(0)}, bundle_multi_spec=bundle)
+    groups = build_layer_groups([layer], {0: group_geometry(0)}, bundle_multi_spec=bundle)
     names = [name for group in groups for name in group.member_names]
     if bundle:
         assert names == [f"l0#h{h}" for h in range(H)] and groups[0].num_planes == 2
     else:
         assert names == [f"l0#h{h}#p{kv}" for h in range(H) for kv in (0, 1)] and groups[0].num_planes == 1
-    ChunkLayout(groups, {0: SchedulerGroupGeometry(0)}, N)
+    ChunkPlanner(groups, {0: group_geometry(0)}, N)
 
 
 def test_token_major_layout_is_one_row_per_token():
@@ -197,12 +197,12 @@ def test_layers_of_groups_not_transferred_are_never_described():
 
     caches = {"attn.0": cpu_cache(5), "mamba.1": torch.zeros(B, 7, dtype=torch.uint8)}
     plane_groups = {"attn.0": (0,), "mamba.1": (1,)}
-    skipped = {0: SchedulerGroupGeometry(0), 1: SchedulerGroupGeometry(1, transferred=False)}
+    skipped = {0: group_geometry(0), 1: group_geometry(1, transferred=False)}
     assert list(transferred_kv_caches(caches, plane_groups, skipped)) == ["attn.0"]
     layers, _ = plan_kv_caches(caches, plane_groups, skipped, N, backend_layouts={"attn.0": CPU_LAYOUT_V032})
     assert [layer.layer_name for layer in layers] == ["attn.0"]
     # Control: the same buffer in a transferred group is refused for want of a layout.
-    moved = {0: SchedulerGroupGeometry(0), 1: SchedulerGroupGeometry(1)}
+    moved = {0: group_geometry(0), 1: group_geometry(1)}
     with pytest.raises(LayoutError, match=r"layer 'mamba.1': a KV tensor of shape \(6, 7\), dtype torch.uint8"):
         plan_kv_caches(caches, plane_groups, moved, N, backend_layouts={"attn.0": CPU_LAYOUT_V032})
 

@@ -5,25 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmcache_ascend.kv_layout import (
-    REGION_ALIGNMENT,
-    ChunkLayout,
-    LayoutError,
-    RowWindow,
-    SchedulerGroupGeometry,
-    build_layer_groups,
-    detect_layer_layout,
-    row_window,
-)
+from lmcache_ascend.kernels import DEFAULT_REGION_ALIGNMENT as REGION_ALIGNMENT
+from lmcache_ascend.kv_layout import ChunkPlanner, LayoutError, build_layer_groups, detect_layer_layout
+from lmcache_ascend.multigroup.specs import KVGroupSpec, RowWindow
+from lmcache_ascend.multigroup.specs import chunk_row_window as row_window
 from lmcache_ascend.kv_layout.registration import needs_multigroup_connector, plane_groups_from_layer_names
 from tests.fixtures.kv_caches import LATENT_LAYOUT, TOKEN_MAJOR_KV_LAYOUT
+from tests.kv_layout._geometry import geometry as group_geometry
 
 GEOMETRY = {
-    0: SchedulerGroupGeometry(0),
-    1: SchedulerGroupGeometry(1, compress_ratio=4),
-    2: SchedulerGroupGeometry(2, compress_ratio=4),  # same shape as 1, other block-ID namespace
-    3: SchedulerGroupGeometry(3, sliding_window=16),
-    4: SchedulerGroupGeometry(4, transferred=False),  # a skipped state group
+    0: group_geometry(0),
+    1: group_geometry(1, compress_ratio=4),
+    2: group_geometry(2, compress_ratio=4),  # same shape as 1, other block-ID namespace
+    3: group_geometry(3, sliding_window=16),
+    4: group_geometry(4, transferred=False),  # a skipped state group
 }
 
 
@@ -92,26 +87,27 @@ def test_kv_sharing_moves_shared_bytes_once():
 
 
 def test_row_window_compressed_and_sliding_window():
-    assert row_window(SchedulerGroupGeometry(0), 256, 512) == RowWindow(256, 256)
-    assert row_window(SchedulerGroupGeometry(0, compress_ratio=4), 256, 510) == RowWindow(64, 64)  # ceil(254/4)
-    assert row_window(SchedulerGroupGeometry(0, sliding_window=128), 256, 512) == RowWindow(384, 128)
-    assert row_window(SchedulerGroupGeometry(0, compress_ratio=128, sliding_window=128), 256, 512) == RowWindow(3, 1)
-    assert row_window(SchedulerGroupGeometry(0, sliding_window=128), 512, 600) == RowWindow(512, 88)  # short chunk
-    with pytest.raises(LayoutError, match="chunk start 2 is not a multiple of compress_ratio=4"):
-        row_window(SchedulerGroupGeometry(0, compress_ratio=4), 2, 10)
+    assert row_window(group_geometry(0), 256, 512) == RowWindow(256, 256)
+    assert row_window(group_geometry(0, compress_ratio=4), 256, 510) == RowWindow(64, 64)  # ceil(254/4)
+    assert row_window(group_geometry(0, sliding_window=128), 256, 512) == RowWindow(384, 128)
+    assert row_window(group_geometry(0, compress_ratio=128, sliding_window=128), 256, 512) == RowWindow(3, 1)
+    assert row_window(group_geometry(0, sliding_window=128), 512, 600) == RowWindow(512, 88)  # short chunk
+    with pytest.raises(ValueError, match="chunk start 2 is not a multiple of compress_ratio=4"):
+        row_window(group_geometry(0, compress_ratio=4), 2, 10)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"compress_ratio": 0}, "compress_ratio=0 must be a positive int"),
-        ({"compress_ratio": 4, "sliding_window": 2}, "sliding_window=2 must be a positive multiple"),
-        ({"compress_ratio": 4, "sliding_window": 6}, "sliding_window=6 must be a positive multiple"),
+        ({"compress_ratio": 0}, "compress_ratio=0 is not allowed; it must be a positive integer"),
+        ({"compress_ratio": 4, "sliding_window": 2}, "sliding_window=2 is not allowed; it must be a positive multiple"),
+        ({"compress_ratio": 4, "sliding_window": 6}, "sliding_window=6 is not allowed; it must be a positive multiple"),
+        ({"block_size": 6, "compress_ratio": 4}, "block_size=6 is not a multiple of compress_ratio=4"),
     ],
 )
-def test_scheduler_geometry_is_validated(kwargs, message):
-    with pytest.raises(LayoutError, match=message):
-        SchedulerGroupGeometry(0, **kwargs)
+def test_group_geometry_is_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        KVGroupSpec(0, "G", **{"block_size": 4, **kwargs})
 
 
 def test_chunk_plan_regions_are_aligned_packed_and_sized_per_group():
@@ -120,7 +116,7 @@ def test_chunk_plan_regions_are_aligned_packed_and_sized_per_group():
         ("c4", (torch.zeros(4, 8, 16), torch.zeros(4, 8, 1, dtype=torch.float16)), [1]),
         ("swa", torch.zeros(4, 8, 5, dtype=torch.int8), [3]),
     ]
-    layout = ChunkLayout(build_layer_groups(_layers(specs), GEOMETRY), GEOMETRY, chunk_size=64)
+    layout = ChunkPlanner(build_layer_groups(_layers(specs), GEOMETRY), GEOMETRY, chunk_size=64)
     plan = layout.full_plan
     assert [r.plane_rows for r in plan.regions] == [(64,), (16, 16), (16,)]
     cursor = 0
@@ -143,10 +139,10 @@ def test_chunk_plan_regions_are_aligned_packed_and_sized_per_group():
 def test_chunk_plan_errors():
     groups = build_layer_groups(_layers([("c4", torch.zeros(4, 8, 16), [1])]), GEOMETRY)
     with pytest.raises(LayoutError, match="chunk_size=6 is not a multiple of compress_ratio=4"):
-        ChunkLayout(groups, GEOMETRY, chunk_size=6)
+        ChunkPlanner(groups, GEOMETRY, chunk_size=6)
     with pytest.raises(LayoutError, match="no layer group to plan"):
-        ChunkLayout((), GEOMETRY, chunk_size=8)
-    layout = ChunkLayout(groups, GEOMETRY, chunk_size=8)
+        ChunkPlanner((), GEOMETRY, chunk_size=8)
+    layout = ChunkPlanner(groups, GEOMETRY, chunk_size=8)
     with pytest.raises(LayoutError, match="chunk length 9 must be in 1..chunk_size=8"):
         layout.plan(9)
 

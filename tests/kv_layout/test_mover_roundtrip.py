@@ -18,10 +18,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.kv_layout._geometry import geometry as group_geometry
 from lmcache_ascend.kv_layout import (
-    ChunkLayout,
+    ChunkPlanner,
     ChunkMover,
-    SchedulerGroupGeometry,
     build_layer_groups,
     detect_layer_layout,
 )
@@ -60,7 +60,7 @@ def models(draw) -> ModelSpec:
     for group in range(num_groups):
         ratio = draw(st.sampled_from((1, 2, 4)))
         window = draw(st.sampled_from((None, ratio, 2 * ratio, 4 * ratio)))
-        geometry[group] = SchedulerGroupGeometry(group, ratio, window, transferred=draw(st.booleans()) or group == 0)
+        geometry[group] = group_geometry(group, ratio, window, transferred=draw(st.booleans()) or group == 0)
         block_size[group] = draw(st.sampled_from((1, 2, 4, 8)))
     layers = []
     for index in range(draw(st.integers(1, 4))):
@@ -182,7 +182,7 @@ def test_store_then_load_is_byte_exact_and_touches_nothing_else(model):
         end = min(start + model.chunk_size, model.num_tokens)
         chunk = torch.full((source_layout.plan(end - start).total_bytes,), POISON, dtype=torch.uint8)
         store.move(chunk, start, end, slots, store=True)
-        load.move(chunk, start, end, slots, store=False, skip_tokens_before=model.vllm_cached_tokens)
+        load.move(chunk, start, end, load.upload(slots, model.vllm_cached_tokens), store=False)
 
     for name, owners in target_owners.items():
         for (got, group), (src, _) in zip(owners, source_owners[name]):
@@ -195,7 +195,7 @@ def test_store_then_load_is_byte_exact_and_touches_nothing_else(model):
 
 
 def test_bundled_and_exploded_move_the_same_bytes_with_fewer_launches():
-    geometry = {0: SchedulerGroupGeometry(0), 1: SchedulerGroupGeometry(1, compress_ratio=4)}
+    geometry = {0: group_geometry(0), 1: group_geometry(1, compress_ratio=4)}
     generator = torch.Generator().manual_seed(7)
 
     def caches():
@@ -214,7 +214,7 @@ def test_bundled_and_exploded_move_the_same_bytes_with_fewer_launches():
     launches, chunks = {}, {}
     for bundle in (True, False):
         layers = [detect_layer_layout(name, cache, plane_groups[name]) for name, cache in source.items()]
-        layout = ChunkLayout(build_layer_groups(layers, geometry, bundle_multi_spec=bundle), geometry, 16)
+        layout = ChunkPlanner(build_layer_groups(layers, geometry, bundle_multi_spec=bundle), geometry, 16)
         chunk = torch.zeros(layout.full_plan.total_bytes, dtype=torch.uint8)
         launches[bundle] = ChunkMover(layout, backend="torch").move(chunk, 0, 16, slots, store=True)
         chunks[bundle] = (layout, chunk)

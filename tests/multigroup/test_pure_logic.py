@@ -29,7 +29,6 @@ from lmcache_ascend.multigroup.slots import (
 from lmcache_ascend.multigroup.specs import (
     KVGroupSpec,
     MultiGroupLayout,
-    group_spec_from_attributes,
     layout_from_groups,
 )
 from lmcache_ascend.multigroup.state_skip import (
@@ -118,19 +117,19 @@ def test_primary_group_is_argmax_of_covered_tokens_first_on_ties():
 # ------------------------------------------------------------------------ specs / policy
 def test_group_spec_validation_names_the_bad_attribute():
     with pytest.raises(ValueError, match="block_size=0"):
-        group_spec_from_attributes(2, "X", 0)
+        KVGroupSpec(2, "X", 0)
     with pytest.raises(ValueError, match="compress_ratio=3"):
-        group_spec_from_attributes(2, "X", 128, compress_ratio=3)
+        KVGroupSpec(2, "X", 128, compress_ratio=3)
     with pytest.raises(ValueError, match="sliding_window=-1"):
-        group_spec_from_attributes(2, "X", 128, sliding_window=-1)
-    spec = group_spec_from_attributes(1, "C4", 512, compress_ratio=4, sliding_window=128)
+        KVGroupSpec(2, "X", 128, sliding_window=-1)
+    spec = KVGroupSpec(1, "C4", 512, compress_ratio=4, sliding_window=128)
     assert (spec.rows_per_block, spec.num_rows(1001)) == (128, 251)
 
 
 def test_layout_rejects_groups_out_of_order_and_all_skipped():
     groups = (KVGroupSpec(1, "A", 16), KVGroupSpec(0, "B", 16))
     with pytest.raises(ValueError, match="vLLM's order"):
-        MultiGroupLayout(groups, 16, (True, True))
+        MultiGroupLayout(groups, 16)
     only_state = (KVGroupSpec(0, "C4AttnKVState", 16, is_state=True),)
     with pytest.raises(ValueError, match="every KV-cache group would be skipped"):
         layout_from_groups(only_state, 16, StateGroupPolicy())
@@ -259,7 +258,8 @@ def _group_case(draw):
     num_rows = -(-num_tokens // compress_ratio)
     num_blocks = -(-num_rows // rows_per_block) + draw(st.integers(0, 2))
     block_ids = draw(st.lists(st.integers(0, 500), min_size=num_blocks, max_size=num_blocks))
-    sliding_window = draw(st.one_of(st.none(), st.integers(1, 600)))
+    # A window is whole rows (KVGroupSpec refuses any other).
+    sliding_window = draw(st.one_of(st.none(), st.integers(1, max(1, 600 // compress_ratio)).map(lambda rows: rows * compress_ratio)))
     vllm_cached = draw(st.integers(0, num_tokens))
     return compress_ratio, block_size, chunk_size, num_tokens, block_ids, sliding_window, vllm_cached
 

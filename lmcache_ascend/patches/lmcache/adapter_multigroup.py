@@ -46,19 +46,19 @@ def from_new_request_wrapper(wrapped, instance, args, kwargs):
     tracker = wrapped(*args, **kwargs)
     layout = _ACTIVE_LAYOUT.get()
     if layout is not None:
-        from lmcache_ascend.multigroup.adapter_scheduler import TRACKER_ATTRIBUTE
+        from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER
         from lmcache_ascend.multigroup.tracker import GroupBlockTracker
 
         new_request = call_arguments(wrapped, args, kwargs).arguments["new_request"]
-        setattr(tracker, TRACKER_ATTRIBUTE, GroupBlockTracker.for_new_request(new_request.block_ids, layout.num_groups))
+        BLOCK_TRACKER.set(tracker, GroupBlockTracker.for_new_request(new_request.block_ids, layout.num_groups))
     return tracker
 
 
 def update_wrapper(wrapped, instance, args, kwargs):
-    from lmcache_ascend.multigroup.adapter_scheduler import TRACKER_ATTRIBUTE
+    from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER
 
     wrapped(*args, **kwargs)
-    groups = vars(instance).get(TRACKER_ATTRIBUTE)
+    groups = BLOCK_TRACKER.get(instance)
     if groups is None:
         return
     call = call_arguments(wrapped, args, kwargs).arguments
@@ -70,13 +70,13 @@ def update_wrapper(wrapped, instance, args, kwargs):
 
 
 def from_request_tracker_wrapper(wrapped, instance, args, kwargs):
-    from lmcache_ascend.multigroup.adapter_scheduler import TRACKER_ATTRIBUTE
+    from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, GROUP_SLOTS
     from lmcache_ascend.multigroup.slicing import primary_group_index
-    from lmcache_ascend.multigroup.slots import REQ_META_ATTRIBUTE, build_group_slot_mappings
+    from lmcache_ascend.multigroup.slots import build_group_slot_mappings
 
     call = call_arguments(wrapped, args, kwargs)
     tracker = call.arguments["tracker"]
-    groups = vars(tracker).get(TRACKER_ATTRIBUTE)
+    groups = BLOCK_TRACKER.get(tracker)
     layout = _ACTIVE_LAYOUT.get()
     if groups is None or layout is None:
         return wrapped(*args, **kwargs)
@@ -95,7 +95,7 @@ def from_request_tracker_wrapper(wrapped, instance, args, kwargs):
         load_spec, chunk_size = call.arguments["load_spec"], call.arguments["lmcache_chunk_size"]
         vllm_cached = load_spec.vllm_cached_tokens if load_spec is not None and load_spec.can_load else 0
         slots = build_group_slot_mappings(layout, groups, len(req_meta.token_ids), chunk_size, vllm_cached)
-        setattr(req_meta, REQ_META_ATTRIBUTE, slots)
+        GROUP_SLOTS.set(req_meta, slots)
     return req_meta
 
 

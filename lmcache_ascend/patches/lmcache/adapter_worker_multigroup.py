@@ -30,20 +30,23 @@ def _bound_connector(adapter):
     return connector if isinstance(connector, MultiGroupGPUConnector) else None
 
 
-def _run_with_request_slots(adapter, wrapped, args, kwargs):
+def _step_requests(adapter):
+    """The requests of this step's connector metadata, fetched once per call."""
+    return getattr(adapter._parent._get_connector_metadata(), "requests", ()) or ()
+
+
+def _run_with_request_slots(adapter, requests, wrapped, args, kwargs):
     """Call `wrapped` with the multi-group connector holding each scheduled request's group slots."""
     from lmcache_ascend.multigroup.slots import group_slots_of
 
     connector = _bound_connector(adapter)
     if connector is None:
         return wrapped(*args, **kwargs)
-    metadata = adapter._parent._get_connector_metadata()
-    requests = getattr(metadata, "requests", ()) or ()
-    connector.bind_request_slots({request.req_id: group_slots_of(request) for request in requests})
+    connector.hand_over_requests({request.req_id: group_slots_of(request) for request in requests})
     try:
         return wrapped(*args, **kwargs)
     finally:
-        connector.unbind_request_slots()
+        connector.release_requests()
 
 
 def register_kv_caches_wrapper(wrapped, instance, args, kwargs):
@@ -54,21 +57,21 @@ def register_kv_caches_wrapper(wrapped, instance, args, kwargs):
 
 
 def start_load_kv_wrapper(wrapped, instance, args, kwargs):
-    return _run_with_request_slots(instance, wrapped, args, kwargs)
+    return _run_with_request_slots(instance, _step_requests(instance), wrapped, args, kwargs)
 
 
 def wait_for_save_wrapper(wrapped, instance, args, kwargs):
-    _skip_unfillable_chunks(instance)
-    return _run_with_request_slots(instance, wrapped, args, kwargs)
+    requests = _step_requests(instance)
+    _skip_unfillable_chunks(instance, requests)
+    return _run_with_request_slots(instance, requests, wrapped, args, kwargs)
 
 
-def _skip_unfillable_chunks(adapter) -> None:
+def _skip_unfillable_chunks(adapter, requests) -> None:
     """Raise each request's store start past its last chunk with a row on vLLM's null block."""
     from lmcache_ascend.multigroup.slots import group_slots_of
 
-    metadata = adapter._parent._get_connector_metadata()
     producer = getattr(adapter, "kv_role", None) == "kv_producer"
-    for request in getattr(metadata, "requests", ()) or ():
+    for request in requests:
         slots = group_slots_of(request)
         save_spec = getattr(request, "save_spec", None)
         # Upstream stores for a producer even when can_save is False.

@@ -2,7 +2,7 @@
 
 ``LMCacheMetadata.get_shapes`` / ``get_dtypes`` return the byte shape of
 the lmcache-ascend chunk buffer (uint8 ``[1, 1, tokens, ceil(bytes / tokens)]``)
-when the metadata carries a chunk layout (``metadata.ascend_chunk_layout``, set
+when the metadata carries a chunk layout (the `CHUNK_PLANNER` attachment, set
 by the worker adapter patch when it swaps in the multi-group connector);
 otherwise upstream answers unchanged.
 """
@@ -10,13 +10,12 @@ otherwise upstream answers unchanged.
 from __future__ import annotations
 
 from lmcache_ascend.compat.signatures import call_arguments
+from lmcache_ascend.multigroup.attachments import CHUNK_PLANNER
 from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
-
-LAYOUT_ATTRIBUTE = "ascend_chunk_layout"
 
 
 def get_shapes_wrapper(wrapped, instance, args, kwargs):
-    layout = vars(instance).get(LAYOUT_ATTRIBUTE)
+    layout = CHUNK_PLANNER.get(instance)
     if layout is None:
         return wrapped(*args, **kwargs)
     import torch
@@ -26,7 +25,7 @@ def get_shapes_wrapper(wrapped, instance, args, kwargs):
 
 
 def get_dtypes_wrapper(wrapped, instance, args, kwargs):
-    if vars(instance).get(LAYOUT_ATTRIBUTE) is None:
+    if CHUNK_PLANNER.get(instance) is None:
         return wrapped(*args, **kwargs)
     import torch
 

@@ -1,0 +1,54 @@
+"""What lmcache-ascend attaches to upstream objects: one typed accessor per attachment.
+
+Patches hand state from one upstream call to a later one by attaching it to the
+upstream object that travels between them (LMCache's ``ReqMeta``, its
+``RequestTracker``, the in-process connector, the engine's metadata). Each such
+attachment is declared here once, with its attribute name and what it holds;
+code reads and writes it only through `Attachment.get` / `Attachment.set`.
+
+A leaf module (standard library only): vLLM's scheduler process imports it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+__all__ = ["BLOCK_TRACKER", "CHUNK_PLANNER", "CONNECTOR_LAYOUT", "GROUP_SLOTS", "Attachment"]
+
+T = TypeVar("T")
+
+
+class Attachment(Generic[T]):
+    """One attribute lmcache-ascend sets on instances of an upstream class.
+
+    Read from the instance's own dict only: a class attribute of the same name,
+    or an attribute upstream may add one day, is never mistaken for ours.
+    """
+
+    __slots__ = ("name", "holds")
+
+    def __init__(self, name: str, holds: str) -> None:
+        self.name = name
+        self.holds = holds  # what the value is, for readers and error messages
+
+    def get(self, owner: Any, default: T | None = None) -> T | None:
+        return vars(owner).get(self.name, default)
+
+    def is_set(self, owner: Any) -> bool:
+        return self.name in vars(owner)
+
+    def set(self, owner: Any, value: T) -> None:
+        setattr(owner, self.name, value)
+
+    def __repr__(self) -> str:
+        return f"Attachment({self.name!r}: {self.holds})"
+
+
+# On LMCache's ReqMeta: the request's per-group slot mappings for this step (multigroup.slots).
+GROUP_SLOTS: Attachment = Attachment("ascend_group_slots", "GroupSlotMappings of the request, this step")
+# On LMCache's RequestTracker: the request's per-group block ids (multigroup.tracker).
+BLOCK_TRACKER: Attachment = Attachment("ascend_block_tracker", "GroupBlockTracker of the request")
+# On LMCache's in-process connector (LMCacheConnectorV1Impl): its multi-group layout, None for one group.
+CONNECTOR_LAYOUT: Attachment = Attachment("_ascend_multigroup_layout", "MultiGroupLayout or None")
+# On the LMCache engine's metadata: the chunk planner whose byte shape memory objects take.
+CHUNK_PLANNER: Attachment = Attachment("ascend_chunk_layout", "kv_layout.ChunkPlanner of the registered caches")

@@ -1,0 +1,331 @@
+"""A whole request through the batched data path vs the old per-chunk path (used by bench_transfer.py --request).
+
+One request of `tokens` tokens in LMCache chunks of `chunk_size`, stored and
+loaded, for (a) a DeepSeek-V4-like layout of four scheduler groups bundled into
+four layer groups (C4 attention fp8, C4 indexer int8 K + fp16 scale, C128
+attention, a 128-token sliding window in bf16) and (b) plain MLA (bf16 576, one
+group). Cases, interleaved round by round on the same buffers:
+
+* ``copy_d2d``: a torch device-to-device copy of the request's payload bytes;
+* ``ours_device``: the batched path (`ChunkMover.upload` + `move_chunks`, device
+  memory objects), one synchronization;
+* ``old_device``: the old path: per chunk every group's slot tensor rebuilt on the
+  host (window mask, ``torch.where``), copied to the device, one chunk moved, a
+  synchronization;
+* ``copy_pinned``: one pinned host <-> device copy of the payload bytes;
+* ``ours_mapped`` / ``ours_staged``: the batched path with pinned host memory
+  objects, reached directly (unified addressing) or through device staging
+  waves with copies on a copy stream;
+* ``old_host``: the old path with host objects (one device chunk buffer, copy per chunk).
+
+Before timing, every path's bytes are checked against the old path: stored
+chunks equal byte for byte (poisoned first), loaded caches equal byte for byte.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from lmcache_ascend.kernels import launch_counter
+from lmcache_ascend.kv_layout import ChunkMover, plan_kv_caches
+from lmcache_ascend.kv_layout.transfer import DeviceSlots
+from lmcache_ascend.multigroup.slots import build_group_slot_mappings
+from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout
+from lmcache_ascend.multigroup.tracker import GroupBlockTracker
+
+# (name, groups: (class name, block size, compress ratio, window, planes: ((dtype, row elements), ...)), layers)
+LAYOUTS = {
+    "dsv4_bundled": (
+        (
+            ("C4AttnKV", 256, 4, None, ((torch.float8_e4m3fn, 576),)),
+            ("C4IndexerKV", 256, 4, None, ((torch.int8, 128), (torch.float16, 1))),
+            ("C128AttnKV", 256, 128, None, ((torch.float8_e4m3fn, 576),)),
+            ("SlidingWindow", 64, 1, 128, ((torch.bfloat16, 576),)),
+        ),
+        30,
+    ),
+    "mla": ((("MLAAttention", 64, 1, None, ((torch.bfloat16, 576),)),), 61),
+}
+
+
+def _synchronize():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class RequestCase:
+    """KV caches, planned layout, one request's slots and its memory objects (device and pinned host)."""
+
+    def __init__(self, name: str, tokens: int, chunk_size: int, device: torch.device, seed: int = 0):
+        groups_spec, layers = LAYOUTS[name]
+        generator = torch.Generator().manual_seed(seed)
+        self.name, self.tokens, self.chunk_size, self.device = name, tokens, chunk_size, device
+        groups = tuple(
+            KVGroupSpec(index, cls, block, ratio, window) for index, (cls, block, ratio, window, _) in enumerate(groups_spec)
+        )
+        self.layout = MultiGroupLayout(groups, vllm_block_size=min(g.block_size for g in groups))
+        block_ids, kv_caches, plane_groups = [], {}, {}
+        for index, (group, (_, _, _, _, planes)) in enumerate(zip(groups, groups_spec)):
+            needed = -(-group.num_rows(tokens) // group.rows_per_block)
+            num_blocks = 2 * needed + 1
+            ids = (torch.randperm(num_blocks - 1, generator=generator)[:needed] + 1).tolist()
+            block_ids.append(ids)
+            for layer in range(layers):
+                tensors = []
+                for dtype, row_elements in planes:
+                    width = torch.empty((), dtype=dtype).element_size()
+                    raw = torch.randint(0, 256, (num_blocks, group.rows_per_block, row_elements * width),
+                                        dtype=torch.uint8, generator=generator)
+                    tensors.append(raw.to(device).view(dtype))
+                kv_caches[f"layer{layer}.group{index}"] = tuple(tensors)
+                plane_groups[f"layer{layer}.group{index}"] = (index,)
+        self.kv_caches = kv_caches
+        _, self.chunk_layout = plan_kv_caches(kv_caches, plane_groups, self.layout.groups_by_index(), chunk_size)
+        tracker = GroupBlockTracker.for_new_request(tuple(block_ids), len(groups))
+        self.group_slots = build_group_slot_mappings(self.layout, tracker, tokens, chunk_size)
+        self.mover = ChunkMover(self.chunk_layout)
+        self.starts = list(range(0, tokens, chunk_size))
+        total = self.chunk_layout.full_plan.total_bytes
+        self.chunk_bytes = total
+        self.device_pool = torch.empty(len(self.starts) * total, dtype=torch.uint8, device=device)
+        self.host_pool = torch.empty(len(self.starts) * total, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        self.device_chunks = [self.device_pool[i * total : (i + 1) * total] for i in range(len(self.starts))]
+        self.host_chunks = [self.host_pool[i * total : (i + 1) * total] for i in range(len(self.starts))]
+        self.old_buffer = torch.empty(total, dtype=torch.uint8, device=device)
+        # Payload: the KV bytes the chunks really carry (rows moved x row bytes, every layer group).
+        slots = self.mover.upload(self.group_slots.transferred_slot_mappings())
+        starts = np.asarray(self.starts, dtype=np.int64)
+        payload = 0
+        for group, (_, counts) in zip(self.chunk_layout.layer_groups, self.mover.plane_rows(slots, starts, starts + chunk_size)):
+            row_bytes = np.asarray([plane.row_bytes for plane in group.planes], dtype=np.int64)
+            payload += int((counts * row_bytes[None, :]).sum()) * group.num_layers
+        self.payload = payload
+        self.copy_src = torch.randint(0, 256, (payload,), dtype=torch.uint8, device=device)
+        self.copy_dst = torch.empty_like(self.copy_src)
+        self.copy_host = torch.empty(payload, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+
+    # ---- the paths -------------------------------------------------------------------
+    def ours(self, chunks, store: bool, host_path: str = "mapped") -> int:
+        cached = 0
+        slots = self.mover.upload(self.group_slots.transferred_slot_mappings(), cached)
+        launches = self.mover.move_chunks(chunks, self.starts, slots, store=store, host_path=host_path)
+        _synchronize()
+        return launches
+
+    def old(self, chunks, store: bool) -> int:
+        """The connector before this change: per chunk, slots rebuilt and copied, one chunk moved, a sync."""
+        launches = 0
+        total = self.chunk_bytes
+        for chunk, start in zip(chunks, self.starts):
+            pick = self.group_slots.store_slot_mapping if store else self.group_slots.load_slot_mapping
+            mappings = {g: pick(g).to(device=self.device, dtype=torch.int64).contiguous()
+                        for g in self.group_slots.transferred_groups}
+            slots = DeviceSlots.upload(mappings, self.layout.groups_by_index(), self.device)
+            if chunk.device == self.device:
+                launches += self.mover.move(chunk, start, start + self.chunk_size, slots, store=store)
+            elif store:
+                launches += self.mover.move(self.old_buffer, start, start + self.chunk_size, slots, store=True)
+                chunk[:total].copy_(self.old_buffer, non_blocking=True)
+            else:
+                self.old_buffer.copy_(chunk[:total], non_blocking=True)
+                launches += self.mover.move(self.old_buffer, start, start + self.chunk_size, slots, store=False)
+            _synchronize()
+        return launches
+
+    def copy_d2d(self, store: bool) -> int:
+        self.copy_dst.copy_(self.copy_src)
+        _synchronize()
+        return 0
+
+    def copy_pinned(self, store: bool) -> int:
+        if store:
+            self.copy_host.copy_(self.copy_src, non_blocking=True)
+        else:
+            self.copy_src.copy_(self.copy_host, non_blocking=True)
+        _synchronize()
+        return 0
+
+    def cases(self, store: bool):
+        return {
+            "copy_d2d": lambda: self.copy_d2d(store),
+            "ours_device": lambda: self.ours(self.device_chunks, store),
+            "old_device": lambda: self.old(self.device_chunks, store),
+            "copy_pinned": lambda: self.copy_pinned(store),
+            "ours_mapped": lambda: self.ours(self.host_chunks, store, "mapped"),
+            "ours_staged": lambda: self.ours(self.host_chunks, store, "staging"),
+            "old_host": lambda: self.old(self.host_chunks, store),
+        }
+
+    # ---- correctness ---------------------------------------------------------------
+    def caches_bytes(self):
+        return [plane.view(torch.uint8).clone() for planes in self.kv_caches.values() for plane in planes]
+
+    def set_caches(self, snapshot):
+        planes = [plane for planes in self.kv_caches.values() for plane in planes]
+        for plane, saved in zip(planes, snapshot):
+            plane.view(torch.uint8).copy_(saved)
+
+    def check(self) -> dict:
+        """Every path stores the same bytes and loads the same caches as the old path."""
+        checked = {}
+        original = self.caches_bytes()
+        self.device_pool.fill_(0xA5)
+        self.old(self.device_chunks, True)
+        expected = self.device_pool.clone()
+        assert int((expected != 0xA5).sum()) > 0, "the old path stored nothing"
+        for path in ("device", "mapped", "staged"):
+            pool = self.device_pool if path == "device" else self.host_pool
+            chunks = self.device_chunks if path == "device" else self.host_chunks
+            pool.fill_(0xA5)  # the same poison: bytes no path writes must stay it
+            self.ours(chunks, True, "staging" if path == "staged" else "mapped")
+            assert torch.equal(pool.to(self.device), expected), f"{self.name} store {path}"
+            checked[f"store_{path}"] = "equal, whole pool"
+        # Load: the stored chunks into poisoned caches, old path vs ours, whole caches compared.
+        self.host_pool.copy_(expected.cpu())
+        self.device_pool.copy_(expected)
+        poisoned = [torch.full_like(saved, 0x3C) for saved in original]
+        self.set_caches(poisoned)
+        self.old(self.device_chunks, False)
+        loaded_old = self.caches_bytes()
+        assert any(not torch.equal(a, b) for a, b in zip(loaded_old, poisoned)), "the old path loaded nothing"
+        for path in ("device", "mapped", "staged"):
+            self.set_caches(poisoned)
+            chunks = self.device_chunks if path == "device" else self.host_chunks
+            self.ours(chunks, False, "staging" if path == "staged" else "mapped")
+            for a, b in zip(self.caches_bytes(), loaded_old):
+                assert torch.equal(a, b), f"{self.name} load {path}"
+            checked[f"load_{path}"] = "equal, whole caches"
+        self.set_caches(original)
+        return checked
+
+
+def host_breakdown(case: "RequestCase", store: bool = True, calls: int = 20) -> dict:
+    """Host microseconds of each step of one batched request (device chunks), medians of `calls`."""
+    from lmcache_ascend.kernels import chunk_buffers, resolve_chunk_batch, transfer_chunk_batches
+
+    mover = case.mover
+    steps: dict[str, list[float]] = {}
+
+    def timed(label, fn):
+        begin = time.perf_counter()
+        value = fn()
+        steps.setdefault(label, []).append((time.perf_counter() - begin) * 1e6)
+        return value
+
+    starts = np.asarray(case.starts, dtype=np.int64)
+    for _ in range(calls):
+        _synchronize()
+        begin = time.perf_counter()
+        mappings = timed("slot_mappings", case.group_slots.transferred_slot_mappings)
+        slots = timed("upload", lambda: mover.upload(mappings))
+        rows = timed("plane_rows", lambda: mover.plane_rows(slots, starts, starts + case.chunk_size))
+        buffers = timed("chunk_buffers", lambda: chunk_buffers(case.device_chunks))
+        batches = [
+            timed("resolve_chunk_batch", lambda: resolve_chunk_batch(
+                group, slots.slots, buffers, firsts, counts, store=store, layout=region.layout,
+                chunk_offset=region.byte_offset))
+            for group, region, (firsts, counts) in zip(mover.paged_groups, mover.layout.full_plan.regions, rows)
+        ]
+        timed("table_upload_and_launches", lambda: transfer_chunk_batches(batches))
+        timed("issue_total", lambda: None)
+        steps["issue_total"][-1] = (time.perf_counter() - begin) * 1e6
+        timed("synchronize", _synchronize)
+    groups = len(mover.paged_groups)
+    result = {}
+    for label, values in steps.items():
+        per_call = [sum(values[i * (len(values) // calls) : (i + 1) * (len(values) // calls)]) for i in range(calls)]
+        result[label] = round(statistics.median(per_call), 1)
+    result["layer_groups"] = groups
+    return result
+
+
+def _spread(samples):
+    ordered = sorted(samples)
+    return {"median_us": round(statistics.median(ordered), 1), "min_us": round(ordered[0], 1),
+            "max_us": round(ordered[-1], 1),
+            "p25_us": round(ordered[len(ordered) // 4], 1), "p75_us": round(ordered[(3 * len(ordered)) // 4], 1)}
+
+
+def measure_request(device: torch.device, tokens: int = 16384, chunk_size: int = 256, rounds: int = 15) -> dict:
+    result = {"tokens": tokens, "chunk_size": chunk_size, "rounds": rounds, "layouts": {}}
+    for name in LAYOUTS:
+        case = RequestCase(name, tokens, chunk_size, device)
+        entry = {"payload_bytes": case.payload, "chunks": len(case.starts),
+                 "layer_groups": len(case.chunk_layout.layer_groups), "check": case.check()}
+        entry["host_breakdown_us"] = host_breakdown(case)
+        print(f"  request {name} host breakdown (us per request): {entry['host_breakdown_us']}", flush=True)
+        for store in (True, False):
+            cases = case.cases(store)
+            launches = {}
+            for label, run in cases.items():  # warm-up (compiles, tables, staging) and launch counts
+                run()
+                launch_counter.reset()
+                run()
+                launches[label] = launch_counter.triton + launch_counter.torch
+            samples = {label: [] for label in cases}
+            labels = list(cases)
+            for round_index in range(rounds):
+                order = labels[round_index % len(labels):] + labels[: round_index % len(labels)]
+                for label in order:
+                    _synchronize()
+                    begin = time.perf_counter()
+                    cases[label]()
+                    samples[label].append((time.perf_counter() - begin) * 1e6)
+            stats = {label: {**_spread(values), "launches": launches[label]} for label, values in samples.items()}
+            kernel = _kernel_time(lambda: case.ours(case.device_chunks, store))
+            copy_kernel = _kernel_time(lambda: case.copy_d2d(store), copies=True)
+            ratios = {
+                "device_vs_copy_wall": stats["copy_d2d"]["median_us"] / stats["ours_device"]["median_us"],
+                "device_vs_copy_kernel": copy_kernel / kernel if kernel else None,
+                "mapped_vs_pinned_copy": stats["copy_pinned"]["median_us"] / stats["ours_mapped"]["median_us"],
+                "staged_vs_pinned_copy": stats["copy_pinned"]["median_us"] / stats["ours_staged"]["median_us"],
+                "old_device_vs_copy": stats["copy_d2d"]["median_us"] / stats["old_device"]["median_us"],
+                "old_host_vs_pinned_copy": stats["copy_pinned"]["median_us"] / stats["old_host"]["median_us"],
+                "device_speedup_vs_old": stats["old_device"]["median_us"] / stats["ours_device"]["median_us"],
+            }
+            entry["store" if store else "load"] = {
+                "cases": stats, "kernel_us": kernel, "copy_kernel_us": copy_kernel,
+                "ratios": {k: (round(v, 3) if v is not None else None) for k, v in ratios.items()},
+            }
+            print(f"  request {name} {'store' if store else 'load'}: "
+                  + ", ".join(f"{k}={v:.3f}" for k, v in ratios.items() if v is not None), flush=True)
+        result["layouts"][name] = entry
+        del case
+        torch.cuda.empty_cache()
+    return result
+
+
+def _kernel_time(fn, copies: bool = False) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+    total = 0.0
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = event.name.lower()
+        if ("memcpy" in name or "memset" in name) and not copies:
+            continue
+        total += event.device_time
+    return round(total, 2)
+
+
+def print_request_table(result: dict) -> None:
+    print(f"\nrequest of {result['tokens']} tokens in {result['chunk_size']}-token chunks (median us per request, "
+          f"[p25, p75]; launches per request)")
+    header = f"{'layout':<13}{'dir':<6}{'case':<13}{'median us':>11}{'p25':>10}{'p75':>10}{'GB/s':>8}{'launches':>9}"
+    print(header)
+    print("-" * len(header))
+    for name, entry in result["layouts"].items():
+        for direction in ("store", "load"):
+            for label, stats in entry[direction]["cases"].items():
+                gbps = entry["payload_bytes"] / stats["median_us"] / 1e3
+                print(f"{name:<13}{direction:<6}{label:<13}{stats['median_us']:>11}{stats['p25_us']:>10}"
+                      f"{stats['p75_us']:>10}{gbps:>8.1f}{stats['launches']:>9}")
+            print(f"{'':<19}ratios: " + ", ".join(f"{k}={v}" for k, v in entry[direction]["ratios"].items()))

@@ -1,0 +1,142 @@
+"""Multi-chunk launches (`transfer_chunk_batches`): every chunk equals its own single-chunk transfer, byte for byte.
+
+The control is the single-chunk op (`transfer_group`, itself tested against the
+independent expectation in test_transfer_roundtrip); chunks are poisoned and the
+whole caches compared, so a byte written where it must not be shows up. The
+Triton kernel runs under TRITON_INTERPRET=1 on the CPU (in a subprocess) and on a
+CUDA device when there is one.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lmcache_ascend.kernels import (
+    PagedGroup,
+    PagedPlane,
+    PlaneSlots,
+    TransferError,
+    launch_counter,
+    resolve_chunk_batch,
+    transfer_chunk_batches,
+    transfer_group,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _case(device: str, seed: int = 0):
+    """Two planes (fp16 rows of 8, int8 rows of 12 in 4-row blocks), 3 layers, 5 chunks with holes."""
+    generator = torch.Generator().manual_seed(seed)
+    caches_a = [torch.randint(0, 256, (9, 2, 16), dtype=torch.uint8, generator=generator).to(device).view(torch.float16)
+                for _ in range(3)]
+    caches_b = [torch.randint(0, 256, (7, 4, 12), dtype=torch.uint8, generator=generator).to(device).view(torch.int8)
+                for _ in range(3)]
+    group = PagedGroup((PagedPlane(tuple(caches_a), 2, 16, name="a"), PagedPlane(tuple(caches_b), 4, 12, name="b")))
+    # Distinct slots per plane (which of two equal slots a load writes is unspecified):
+    # plane a reads entries 0..19 (-1 and 18 skipped), plane b entries 20..39.
+    slots = torch.cat([torch.randperm(20, generator=generator) - 1, torch.randperm(28, generator=generator)[:20]])
+    slots[3] = 10_000  # out of range: skipped
+    slots = slots.to(device)
+    chunks = 5
+    starts = np.array([[4 * c, 20 + 3 * c] for c in range(chunks)], dtype=np.int64)
+    counts = np.array([[4, 3], [4, 0], [2, 3], [4, 3], [0, 1]], dtype=np.int64)
+    layout = group.chunk_layout([4, 3])
+    return group, slots, starts, counts, layout, caches_a + caches_b
+
+
+def _poisoned_chunks(layout, count: int, device: str, chunk_offset: int):
+    generator = torch.Generator().manual_seed(99)
+    return [torch.randint(0, 256, (chunk_offset + layout.total_bytes + 7,), dtype=torch.uint8, generator=generator)
+            .to(device) for _ in range(count)]
+
+
+def _run(device: str, backend: str, store: bool, chunk_offset: int = 32):
+    """(chunks, caches) after a batched transfer, and the same after one single-chunk call per chunk."""
+    results = []
+    for batched in (True, False):
+        group, slots, starts, counts, layout, caches = _case(device)
+        chunks = _poisoned_chunks(layout, len(starts), device, chunk_offset)
+        if batched:
+            batch = resolve_chunk_batch(group, slots, chunks, starts, counts, store=store, layout=layout,
+                                        chunk_offset=chunk_offset)
+            launch_counter.reset()
+            assert transfer_chunk_batches([batch], backend=backend) == 1
+            assert launch_counter.triton + launch_counter.torch == 1
+        else:
+            for index, chunk in enumerate(chunks):
+                plane_slots = tuple(PlaneSlots(slots, int(s), int(c), region_rows=r)
+                                    for s, c, r in zip(starts[index], counts[index], layout.region_rows))
+                transfer_group(group, plane_slots, chunk, store=store, chunk_offset=chunk_offset, backend=backend,
+                               layout=layout)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        results.append(([c.cpu() for c in chunks], [c.view(torch.uint8).cpu() for c in caches]))
+    return results
+
+
+def _assert_same(results):
+    (batched_chunks, batched_caches), (single_chunks, single_caches) = results
+    for a, b in zip(batched_chunks, single_chunks):
+        assert torch.equal(a, b)
+    for a, b in zip(batched_caches, single_caches):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("store", [True, False])
+def test_reference_batch_equals_single_chunk_calls(store):
+    _assert_same(_run("cpu", "torch", store))
+
+
+def test_a_batch_moves_bytes_at_all():
+    """Control: the poisoned chunks change on store (else equality above proves nothing)."""
+    group, slots, starts, counts, layout, _ = _case("cpu")
+    chunks = _poisoned_chunks(layout, len(starts), "cpu", 0)
+    before = [c.clone() for c in chunks]
+    transfer_chunk_batches([resolve_chunk_batch(group, slots, chunks, starts, counts, store=True, layout=layout)],
+                           backend="torch")
+    assert sum(not torch.equal(a, b) for a, b in zip(before, chunks)) >= 3
+
+
+def test_batch_inputs_are_refused_naming_them():
+    group, slots, starts, counts, layout, _ = _case("cpu")
+    chunks = _poisoned_chunks(layout, len(starts), "cpu", 0)
+    with pytest.raises(TransferError, match="exceeds the 40 slots"):
+        bad = starts.copy()
+        bad[2, 1] = 39
+        resolve_chunk_batch(group, slots, chunks, bad, counts, store=True, layout=layout)
+    with pytest.raises(TransferError, match="region_rows"):
+        bad = counts.copy()
+        bad[0, 0] = 5
+        resolve_chunk_batch(group, slots, chunks, starts, bad, store=True, layout=layout)
+    with pytest.raises(TransferError, match="do not fit"):
+        resolve_chunk_batch(group, slots, [c[:10] for c in chunks], starts, counts, store=True, layout=layout)
+    with pytest.raises(TransferError, match=r"\(chunks, planes\)"):
+        resolve_chunk_batch(group, slots, chunks[:2], starts, counts, store=True, layout=layout)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("store", [True, False])
+def test_triton_batch_equals_single_chunk_calls_on_cuda(store):
+    _assert_same(_run("cuda", "triton", store))
+
+
+def test_triton_batch_equals_single_chunk_calls_interpreted():
+    pytest.importorskip("triton")
+    code = (
+        "from tests.kernels.test_chunk_batch import _run, _assert_same\n"
+        "for store in (True, False):\n"
+        "    for offset in (0, 32, 40):\n"
+        "        _assert_same(_run('cpu', 'triton', store, offset))\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

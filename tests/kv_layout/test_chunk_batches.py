@@ -1,0 +1,124 @@
+"""`ChunkMover.move_chunks` (many full chunks, one launch per layer group) equals `move` chunk by chunk.
+
+Stored chunks are compared byte for byte over poisoned buffers, loaded caches over
+whole poisoned caches; host memory objects go through mapped memory and through
+staging waves (a small staging budget forces several waves and both halves).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import lmcache_ascend.kv_layout.transfer as transfer
+from lmcache_ascend.kernels import launch_counter
+from lmcache_ascend.kv_layout import ChunkMover, plan_kv_caches
+from tests.kv_layout._geometry import geometry as group_geometry
+
+CHUNK = 16
+
+
+def _mover(device: str, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    geometry = {
+        0: group_geometry(0),
+        1: group_geometry(1, compress_ratio=4, block_rows=2),
+        2: group_geometry(2, sliding_window=8, block_rows=4),
+    }
+    kv_caches = {
+        "full": (torch.randint(0, 256, (80, 1, 24), dtype=torch.uint8, generator=generator).to(device),),
+        "c4": (torch.randint(0, 256, (12, 2, 8), dtype=torch.uint8, generator=generator).to(device).view(torch.int8),
+               torch.randint(0, 256, (12, 2, 2), dtype=torch.uint8, generator=generator).to(device).view(torch.float16)),
+        "swa": (torch.randint(0, 256, (20, 4, 16), dtype=torch.uint8, generator=generator).to(device).view(torch.bfloat16),),
+    }
+    plane_groups = {"full": (0,), "c4": (1,), "swa": (2,)}
+    _, layout = plan_kv_caches(kv_caches, plane_groups, geometry, CHUNK)
+    tokens = 4 * CHUNK
+    slots = {
+        0: torch.randperm(79, generator=generator)[:tokens] + 1,
+        1: torch.randperm(23, generator=generator)[: tokens // 4] + 1,
+        2: torch.randperm(79, generator=generator)[:tokens] + 1,
+    }
+    slots[0][5] = -1  # a null-block row
+    return ChunkMover(layout, backend=None), kv_caches, slots, [0, CHUNK, 2 * CHUNK, 3 * CHUNK]
+
+
+def _cache_bytes(kv_caches):
+    return [plane.view(torch.uint8).clone() for planes in kv_caches.values() for plane in planes]
+
+
+def _set_caches(kv_caches, saved):
+    for plane, value in zip([p for planes in kv_caches.values() for p in planes], saved):
+        plane.view(torch.uint8).copy_(value)
+
+
+def _round_trip(device: str, host: bool, host_path: str):
+    mover, kv_caches, slots, starts = _mover(device)
+    total = mover.layout.full_plan.total_bytes
+    pinned = host and device == "cuda"
+    place = "cpu" if host else device
+
+    def chunks(poison):
+        pool = torch.full((len(starts) * total,), poison, dtype=torch.uint8, device=place)
+        if pinned:
+            pool = pool.pin_memory()
+        return pool, [pool[i * total : (i + 1) * total] for i in range(len(starts))]
+
+    # The reference: one `move` per chunk, on device copies of the poisoned chunks, under two
+    # poisons: the bytes where they agree are the ones rows fill.
+    references = []
+    for poison in (0xA5, 0x5A):
+        single_pool, single = chunks(poison)
+        for chunk, start in zip(single, starts):
+            on_device = chunk.to(device)
+            mover.move(on_device, start, start + CHUNK, slots, store=True)
+            chunk.copy_(on_device.to(chunk.device))
+        references.append(single_pool.cpu())
+    filled = references[0] == references[1]
+    assert int(filled.sum()) > 0 and not bool(filled.all())
+    batched_pool, batched = chunks(0xA5)
+    launch_counter.reset()
+    launches = mover.move_chunks(batched, starts, slots, store=True, host_path=host_path)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    if host and host_path == "staging":  # bytes no row fills are unspecified through staging
+        assert torch.equal(batched_pool.cpu()[filled], references[0][filled])
+    else:
+        assert torch.equal(batched_pool.cpu(), references[0])
+    original = _cache_bytes(kv_caches)
+    poisoned = [torch.full_like(saved, 0x3C) for saved in original]
+    _set_caches(kv_caches, poisoned)
+    for chunk, start in zip(single, starts):
+        mover.move(chunk.to(device), start, start + CHUNK, mover.upload(slots, cached_tokens=CHUNK), store=False)
+    expected = _cache_bytes(kv_caches)
+    _set_caches(kv_caches, poisoned)
+    mover.move_chunks(batched, starts, mover.upload(slots, cached_tokens=CHUNK), store=False, host_path=host_path)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    for got, want, before in zip(_cache_bytes(kv_caches), expected, poisoned):
+        assert torch.equal(got, want)
+    assert any(not torch.equal(a, b) for a, b in zip(expected, poisoned))
+    return launches, len(mover.layout.layer_groups)
+
+
+def test_batched_chunks_equal_single_chunks_on_cpu():
+    launches, layer_groups = _round_trip("cpu", host=False, host_path="mapped")
+    assert launches == layer_groups  # one launch per layer group for all 4 chunks
+
+
+def test_unknown_host_path_is_refused():
+    mover, _, slots, starts = _mover("cpu")
+    with pytest.raises(ValueError, match="host_path='pageable' is not allowed"):
+        mover.move_chunks([], starts, slots, store=True, host_path="pageable")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("host", "host_path"), [(False, "mapped"), (True, "mapped"), (True, "staging")])
+def test_batched_chunks_equal_single_chunks_on_cuda(host, host_path, monkeypatch):
+    mover, *_ = _mover("cuda")
+    # Two chunks per staging half at most: 4 chunks take 2 waves, both halves.
+    monkeypatch.setattr(transfer, "STAGING_BYTES", 4 * (mover.layout.full_plan.total_bytes + 256))
+    launches, layer_groups = _round_trip("cuda", host, host_path)
+    waves = 2 if (host and host_path == "staging") else 1
+    assert launches == waves * layer_groups
