@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-__all__ = ["not_an_npu_host"]
+__all__ = ["not_an_npu_host", "without_cuda"]
 
 
 def not_an_npu_host() -> str | None:
@@ -36,3 +36,12 @@ def not_an_npu_host() -> str | None:
     except Exception as error:  # noqa: BLE001 - cannot tell means no
         return f"no NPU: torch.npu.is_available() raised {type(error).__name__}: {error}"
     return None if available else "no NPU: torch.npu.is_available() is False"
+
+
+def without_cuda() -> str | None:
+    """None on a host where torch has no usable CUDA device (CPU-only, NPU); otherwise why not."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "a CUDA host: torch.cuda serves it as upstream expects"
+    return None

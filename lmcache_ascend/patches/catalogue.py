@@ -24,6 +24,7 @@ PATCH_MODULES: tuple[str, ...] = (
     "lmcache_ascend.patches.lmcache.connector_supports_hma",
     "lmcache_ascend.patches.vllm.lmcache_connector_supports_hma",
     "lmcache_ascend.patches.vllm.lmcache_mp_connector_multigroup",
+    "lmcache_ascend.patches.vllm.lmcache_mp_worker",
     "lmcache_ascend.patches.lmcache.metadata_chunk_bytes",
     "lmcache_ascend.patches.lmcache.gpu_connector_factory",
     "lmcache_ascend.patches.lmcache.c_ops_npu",

@@ -9,12 +9,15 @@ does, through the installed entry points.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -98,3 +101,63 @@ def _record(spec: dict, result: dict) -> None:
     results.mkdir(exist_ok=True)
     with open(results / "engine-runs.jsonl", "a") as handle:
         handle.write(json.dumps(line) + "\n")
+
+
+MP_SERVER_START_TIMEOUT_S = 180
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM the process group (LMCache's server shuts down on it), then SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@contextlib.contextmanager
+def mp_server(chunk_size: int, l1_size_gb: float = 0.5):
+    """LMCache's multi-process server on loopback, in a process group of its own; yields its port.
+
+    The server is stopped (its whole process group) however the block ends.
+    """
+    port = _free_loopback_port()
+    command = [
+        sys.executable, "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1", "--port", str(port),
+        "--chunk-size", str(chunk_size), "--l1-size-gb", str(l1_size_gb), "--eviction-policy", "LRU",
+        "--disable-observability",
+    ]
+    with tempfile.TemporaryDirectory(prefix="lmcache-ascend-mp-server-") as scratch:
+        log_path = Path(scratch) / "server.log"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                command, cwd=REPO_ROOT, env=engine_environment({}), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            _wait_until_listening(process, port, log_path)
+            yield port
+        finally:
+            _stop_group(process)
+
+
+def _wait_until_listening(process: subprocess.Popen, port: int, log_path: Path) -> None:
+    deadline = time.monotonic() + MP_SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise EngineRunError(f"LMCache MP server exited {process.returncode}; log:\n{log_path.read_text(errors='replace')[-4000:]}")
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise EngineRunError(f"LMCache MP server not listening on {port} after {MP_SERVER_START_TIMEOUT_S} s")

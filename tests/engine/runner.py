@@ -28,11 +28,13 @@ def worker_report(worker) -> dict:
         for group in config.kv_cache_groups
     ]
     moved = None
+    kv_connector = None
     try:
         from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
 
         if has_kv_transfer_group():
             connector = get_kv_transfer_group()
+            kv_connector = f"{type(connector).__module__}.{type(connector).__qualname__}"
             impl = getattr(connector, "_lmcache_engine", None)
             engine = getattr(impl, "lmcache_engine", None)
             gpu_connector = getattr(engine, "gpu_connector", None)
@@ -44,7 +46,7 @@ def worker_report(worker) -> dict:
             }
     except Exception as error:  # the report must not hide the outputs
         moved = {"error": repr(error)}
-    return {"groups": groups, "connector": moved}
+    return {"groups": groups, "connector": moved, "kv_connector": kv_connector}
 
 
 def main(spec_path: str, out_path: str) -> None:
@@ -71,7 +73,11 @@ def main(spec_path: str, out_path: str) -> None:
     if spec.get("lmcache"):
         from vllm.config import KVTransferConfig
 
-        options["kv_transfer_config"] = KVTransferConfig(kv_connector="LMCacheConnectorV1", kv_role="kv_both")
+        options["kv_transfer_config"] = KVTransferConfig(
+            kv_connector=spec.get("kv_connector", "LMCacheConnectorV1"),
+            kv_role="kv_both",
+            kv_connector_extra_config=spec.get("kv_connector_extra_config", {}),
+        )
     llm = LLM(**options)
     ready = time.monotonic()
     sampling = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 12), logprobs=0, detokenize=False)
