@@ -25,7 +25,7 @@ import types
 from typing import Iterable, Mapping, NamedTuple
 
 from lmcache_ascend import flags as flag_table
-from lmcache_ascend.compat import import_hooks, markers
+from lmcache_ascend.compat import bindings, import_hooks, markers
 from lmcache_ascend.compat.guards import GuardResult, evaluate_guard
 from lmcache_ascend.compat.source import NO_SOURCE, fingerprint, module_is_locatable
 from lmcache_ascend.compat.versions import installed_version, specifier_error, version_satisfies
@@ -60,6 +60,8 @@ class Installation(NamedTuple):
     owners: Mapping[str, object]
     originals: Mapping[str, object]
     installed: Mapping[str, object]
+    # (module, name, ours, original): other modules' names for a replaced module-level value.
+    aliases: tuple = ()
 
 
 class Outcome(NamedTuple):
@@ -97,9 +99,11 @@ class PatchRecord:
         self.installed: dict[str, object] = {}
         self.originals: dict[str, object] = {}
         self.owners: dict[str, object] = {}
-        # (owner, attribute, ours, original) left on the objects of an earlier execution of
-        # the target (importlib.reload): whoever bound them keeps the patch until revert.
-        self.stale: list[tuple[object, str, object, object]] = []
+        # (owner, attribute, ours, original) outside the target's current objects, put
+        # back on revert where still ours: other modules' names for a replaced value
+        # (bound before activation, re-bound by apply), and the objects of an earlier
+        # execution of the target (importlib.reload), which keep the patch until revert.
+        self.elsewhere: list[tuple[object, str, object, object]] = []
 
     def set(self, state: State, reason: str, error: str | None = None) -> None:
         self.state, self.reason, self.error = state, reason, error
@@ -115,6 +119,7 @@ class PatchRecord:
             self.installed = dict(outcome.installation.installed)
             self.originals = dict(outcome.installation.originals)
             self.owners = dict(outcome.installation.owners)
+            self.elsewhere.extend(outcome.installation.aliases)
             self.untested = outcome.untested
 
     def forget_installation(self) -> None:
@@ -365,7 +370,7 @@ class Registry:
         # An owner that survived (a module-level name: the module object stays) had its
         # attribute bound afresh by the execution; the re-apply installs over that, and
         # only owners of the earlier execution keep ours until revert.
-        record.stale.extend(
+        record.elsewhere.extend(
             (record.owners[path], split_attribute_path(path)[1], ours, record.originals[path])
             for path, ours in record.installed.items()
             if path not in rebound
@@ -432,10 +437,10 @@ class Registry:
             for dependent in self._records.values():  # what was built on top goes first
                 if name in dependent.patch.after and dependent.installed:
                     self.revert(dependent.patch.name)
-            for owner, attribute, ours, original in record.stale:
+            for owner, attribute, ours, original in record.elsewhere:
                 if _same(read_raw(owner, attribute), ours):
                     _restore(owner, attribute, original)
-            record.stale.clear()
+            record.elsewhere.clear()
             self._notice_override(record)
             if record.state not in (State.APPLIED, State.OVERRIDDEN) or not record.installed:
                 return record.state  # not applied, or applied by another copy: nothing of ours to undo
@@ -618,6 +623,7 @@ def _install(
             _restore(owners[path], split_attribute_path(path)[1], originals[path])
         return Outcome(State.FAILED, f"installing raised {type(error).__name__}: {error}", _short_trace())
     installed = {path: read_raw(owners[path], split_attribute_path(path)[1]) for path in patch.attributes}
+    aliases = _rebind_aliases(module, [(originals[p], installed[p]) for p in patch.attributes if owners[p] is module])
     # Drift: a target whose source we never tested still applies, but says so;
     # code without source is untested too unless the patch lists it so.
     untested = [
@@ -630,9 +636,21 @@ def _install(
     return Outcome(
         State.APPLIED,
         note,
-        installation=Installation(dict(owners), dict(originals), installed),
+        installation=Installation(dict(owners), dict(originals), installed, aliases),
         untested=bool(untested),
     )
+
+
+def _rebind_aliases(module: types.ModuleType, replaced: list[tuple[object, object]]) -> tuple:
+    """Point other modules' names for a replaced value of `module` at ours (see compat.bindings):
+    (original, ours) pairs in, (importer, name, ours, original) out."""
+    ours_by_id = {id(original): ours for original, ours in replaced if original is not MISSING}
+    found = bindings.aliases_of(
+        [original for original, _ in replaced if original is not MISSING], module, __name__.split(".", 1)[0]
+    )
+    for importer, name, original in found:
+        setattr(importer, name, ours_by_id[id(original)])
+    return tuple((importer, name, ours_by_id[id(original)], original) for importer, name, original in found)
 
 
 def _register_post_import_hook(target: str, hook) -> None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import types
 
 from lmcache_ascend.compat.host import without_cuda
+from lmcache_ascend.compat.signatures import call_arguments
 from lmcache_ascend.compat.source import NO_SOURCE
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
 
@@ -52,22 +52,9 @@ def _register_kv_caches(wrapped, instance, args, kwargs):
     """Register the caches with per-group hints; upstream's body is the bare registration only."""
     from lmcache_ascend.connector.mp_worker import group_registration
 
-    kv_caches = inspect.signature(wrapped).bind(*args, **kwargs).arguments["kv_caches"]
+    kv_caches = call_arguments(wrapped, args, kwargs).arguments["kv_caches"]
     config = getattr(instance, "_kv_cache_config", None)
     instance.worker_adapter.register_kv_caches(**group_registration(config, kv_caches, instance._vllm_config))
-
-
-def _method(original, wrapper):
-    @functools.wraps(original)
-    def method(self, *args, **kwargs):
-        return wrapper(types.MethodType(original, self), self, args, kwargs)
-
-    return method
-
-
-def _build_group_hints(ctx: PatchContext) -> dict[str, object]:
-    path = f"{CONNECTOR}.register_kv_caches"
-    return {path: _method(ctx.original_function(path), _register_kv_caches)}
 
 
 def _passes_group_infos(module: types.ModuleType) -> bool | None:
@@ -84,8 +71,8 @@ GROUP_HINTS = Patch(
     name="vllm-lmcache-mp-upstream-group-hints",
     target=TARGET,
     attributes=(f"{CONNECTOR}.register_kv_caches",),
-    kind=PatchKind.REPLACE,
-    build=_build_group_hints,
+    kind=PatchKind.WRAP,
+    wrappers={f"{CONNECTOR}.register_kv_caches": _register_kv_caches},
     requires={"vllm": ">=0.19", "lmcache": ">=0.5.6"},
     guard=UpstreamGuard(probe=_passes_group_infos, unfixed_if_source_contains=(_BARE_REGISTRATION,)),
     summary="vLLM's builtin LMCacheMPConnectorUpstream registers KV caches with LMCache's per-group hints (group id, tokens per block)",
@@ -108,22 +95,10 @@ def _scheduler_adapter(wrapped, instance, args, kwargs):
     return one_server_url(wrapped, args, kwargs)
 
 
-def _callable(original, wrapper):
-    @functools.wraps(original)
-    def call(*args, **kwargs):
-        return wrapper(original, None, args, kwargs)
-
-    return call
-
-
 def _build_adapter_api(ctx: PatchContext) -> dict[str, object]:
     from lmcache_ascend.connector.mp_adapter_api import worker_adapter_with_old_names
 
-    return {
-        "ParallelStrategy": _callable(ctx.original("ParallelStrategy"), _parallel_strategy),
-        "LMCacheMPSchedulerAdapter": _callable(ctx.original("LMCacheMPSchedulerAdapter"), _scheduler_adapter),
-        "LMCacheMPWorkerAdapter": worker_adapter_with_old_names(ctx.original("LMCacheMPWorkerAdapter")),
-    }
+    return {"LMCacheMPWorkerAdapter": worker_adapter_with_old_names(ctx.original("LMCacheMPWorkerAdapter"))}
 
 
 def _speaks_lmcache_api(module: types.ModuleType) -> bool | None:
@@ -146,6 +121,7 @@ ADAPTER_API = Patch(
     target=TARGET,
     attributes=("ParallelStrategy", "LMCacheMPSchedulerAdapter", "LMCacheMPWorkerAdapter"),
     kind=PatchKind.REPLACE,
+    wrappers={"ParallelStrategy": _parallel_strategy, "LMCacheMPSchedulerAdapter": _scheduler_adapter},
     build=_build_adapter_api,
     requires={"vllm": ">=0.19", "lmcache": ">=0.5.6"},
     guard=UpstreamGuard(probe=_speaks_lmcache_api),

@@ -1,0 +1,53 @@
+"""Other modules' names for an object a patch replaces (standard library only).
+
+``from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator`` copies
+the function into the importer's namespace.  A patch that replaces the name in
+its own module reaches every importer that comes later, but when the overlay is
+activated after such an import (no start-up hook, ``import lmcache_ascend`` after
+vLLM), the importer keeps calling the original.  The registry therefore re-binds
+those names too, and puts them back on revert.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+# Values that equal-by-identity can't tell apart from an unrelated constant.
+_SHARED_BY_ACCIDENT = (type(None), bool, int, float, complex, str, bytes, tuple, frozenset)
+
+
+def is_defined_in(value: object, module: types.ModuleType) -> bool:
+    """Whether `module` is the home of `value`, so that its importers should follow a patch of it.
+
+    A function or class names its home in ``__module__``; a name the target itself
+    imported (``torch``, another project's class) is only the target's view, and a
+    patch of it changes that view alone.  Plain data (a dict) has no such mark and
+    is taken to live where the patch finds it.  Values that identity can't tell
+    apart from an unrelated constant (small ints, strings, tuples) never count.
+    """
+    if isinstance(value, (types.ModuleType,) + _SHARED_BY_ACCIDENT):
+        return False
+    home = getattr(value, "__module__", None)
+    return home is None or not isinstance(home, str) or home == module.__name__
+
+
+def aliases_of(
+    values: list[object], home: types.ModuleType, exclude_prefix: str
+) -> list[tuple[types.ModuleType, str, object]]:
+    """Every (module, name, value) outside `home` and the `exclude_prefix` package bound
+    to one of the `values` defined in `home`: one pass over the loaded modules for all."""
+    wanted = {id(value): value for value in values if is_defined_in(value, home)}
+    if not wanted:
+        return []
+    found = []
+    for module_name, module in list(sys.modules.items()):
+        if module is None or module is home or module_name.split(".", 1)[0] == exclude_prefix:
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for key, bound in list(namespace.items()):
+            if id(bound) in wanted and bound is wanted[id(bound)]:
+                found.append((module, key, bound))
+    return found
