@@ -60,6 +60,7 @@ def _mp_run(model_dir, variant: str) -> dict:
                 kv_connector="LMCacheMPConnector",
                 kv_connector_extra_config={"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port},
                 env={"LMCACHE_MP_TRANSFER_MODE": "lmcache_driven", **env},
+                settle_s=5,  # the server's stores land after the cold round returns
             )
             _runs[variant] = run_engine(spec)
     return _runs[variant]
