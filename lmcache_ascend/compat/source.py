@@ -65,12 +65,11 @@ def module_is_locatable(module_name: str) -> bool:
     if module_name in sys.modules:
         return True
     top, dot, _ = module_name.partition(".")
-    if dot:
-        root = module_directory(top) if top in sys.modules else _package_root(top, tuple(sys.path))
-        if root is None:
-            return False
-        if _found_in(root, module_name.split(".")):
-            return True
+    root = module_directory(top) if top in sys.modules else _package_root(top, tuple(sys.path))
+    if root is None or not dot:
+        return root is not None
+    if _found_in(root, module_name.split(".")):
+        return True
     # A namespace package may spread over several entries.
     return module_directory(module_name) is not None
 

@@ -4,7 +4,7 @@ Patch authors need only::
 
     from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard, adds_keywords
 
-module-level wrappers ``wrapper(wrapped, instance, args, kwargs)`` and a line in
+module-level wrappers ``wrapper(wrapped, instance, args, kwargs)`` and a regenerated
 `lmcache_ascend.patches.catalogue`.  See `model.Patch`.
 """
 
@@ -14,9 +14,16 @@ from lmcache_ascend.patches.model import (
     PatchContext,
     PatchKind,
     State,
-    UpstreamGuard,
-    Verdict,
     adds_keywords,
 )
 
 __all__ = ["MISSING", "Patch", "PatchContext", "PatchKind", "State", "UpstreamGuard", "Verdict", "adds_keywords"]
+
+
+def __getattr__(name: str) -> object:
+    # UpstreamGuard and Verdict: model loads them on first use (activation needs neither).
+    if name in ("UpstreamGuard", "Verdict"):
+        from lmcache_ascend.patches import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,6 +7,7 @@
     python -m lmcache_ascend.patches show NAME    # the catalogue entry of one patch
     python -m lmcache_ascend.patches flags        # the flag table (--markdown for the README)
     python -m lmcache_ascend.patches fingerprint NAME   # fingerprints of NAME's targets here
+    python -m lmcache_ascend.patches catalogue [--write]  # the catalogue derived from the declarations
 
 Runs with a bare python3: nothing outside the standard library is needed.
 """
@@ -25,7 +26,14 @@ from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat.source import fingerprint
 from lmcache_ascend.compat.versions import installed_projects
 from lmcache_ascend.patches import registry as registry_module
-from lmcache_ascend.patches.model import MISSING, State, read_raw, resolve_owner, split_attribute_path
+from lmcache_ascend.patches.model import (
+    MISSING,
+    CatalogueEntry,
+    State,
+    read_raw,
+    resolve_owner,
+    split_attribute_path,
+)
 
 _STRICT_FAILURES = (State.FAILED,)
 
@@ -162,6 +170,82 @@ def _fingerprints(name: str) -> int:
     return 0
 
 
+# The packages whose modules declare patches.
+PATCH_PACKAGES = ("lmcache_ascend.patches.vllm", "lmcache_ascend.patches.lmcache", "lmcache_ascend.patches.vllm_ascend")
+
+_CATALOGUE_DOCSTRING = '''"""The patches lmcache-ascend knows, in the order they are declared, and what activation
+needs of each before its target is imported (`CatalogueEntry`): activation imports no
+declaration module, the post-import hook imports one with its target.
+
+Generated from the declarations (each patch module's ``PATCH`` or ``PATCHES``), the one
+place these facts are written by hand; a test checks that this file is what they
+generate.  After changing a declaration's name, target, requires, flags, enabled_by or
+after, or adding a patch module (appended here; move its entries to reorder), run::
+
+    python -m lmcache_ascend.patches catalogue --write
+"""'''
+
+
+def declaration_modules() -> list[str]:
+    """The patch modules: the catalogue's, in its order, then any new one in PATCH_PACKAGES."""
+    import importlib
+    import pkgutil
+
+    try:
+        from lmcache_ascend.patches.catalogue import PATCH_MODULES
+    except ImportError:  # a broken or half-written catalogue: start from the packages alone
+        PATCH_MODULES = ()
+    found = list(PATCH_MODULES)
+    for package in PATCH_PACKAGES:
+        for info in pkgutil.iter_modules(importlib.import_module(package).__path__, package + "."):
+            if not info.ispkg and info.name not in found:
+                found.append(info.name)
+    return found
+
+
+def catalogue_source() -> str:
+    """The text of ``lmcache_ascend/patches/catalogue.py``, derived from the declarations."""
+
+    def text(value: object) -> str:
+        if isinstance(value, tuple):
+            return f"({text(value[0])},)" if len(value) == 1 else "(" + ", ".join(map(text, value)) + ")"
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{text(key)}: {text(item)}" for key, item in value.items()) + "}"
+        return json.dumps(value)  # strings and None (null) only: checked below
+
+    defaults = CatalogueEntry("", module=None, target="", requires={})
+    lines = [_CATALOGUE_DOCSTRING, "", "from lmcache_ascend.patches.model import CatalogueEntry", "",
+             "CATALOGUE: tuple[CatalogueEntry, ...] = ("]
+    for module_name in declaration_modules():
+        for patch in registry_module.declared_in(module_name):
+            entry = CatalogueEntry.of(patch, module_name)
+            lines.append("    CatalogueEntry(")
+            for field in CatalogueEntry.__slots__:
+                value = getattr(entry, field)
+                if field in ("name", "module", "target", "requires") or value != getattr(defaults, field):
+                    if value is None:
+                        lines.append(f"        {field}=None,")
+                    else:
+                        lines.append(f"        {field}={text(value)},")
+            lines.append("    ),")
+    lines += [")", "", "# The declaration modules, in order.",
+              "PATCH_MODULES: tuple[str, ...] = tuple(dict.fromkeys(entry.module for entry in CATALOGUE))", ""]
+    return "\n".join(lines)
+
+
+def _catalogue(write: bool) -> int:
+    from pathlib import Path
+
+    source = catalogue_source()
+    if not write:
+        print(source, end="")
+        return 0
+    path = Path(__file__).with_name("catalogue.py")
+    path.write_text(source)
+    print(f"wrote {path}")
+    return 0
+
+
 def _flags(markdown: bool) -> int:
     if markdown:
         print("| flag | allowed | default | LMCache key | meaning |")
@@ -186,12 +270,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true",
                         help="exit 1 on a failed patch, a target missing although installed, or an untested target")
     parser.add_argument("--markdown", action="store_true", help="with 'flags': a Markdown table")
-    parser.add_argument("command", nargs="?", choices=("show", "flags", "fingerprint"), help="optional sub-command")
+    parser.add_argument("--write", action="store_true", help="with 'catalogue': rewrite the catalogue module")
+    parser.add_argument("command", nargs="?", choices=("show", "flags", "fingerprint", "catalogue"),
+                        help="optional sub-command")
     parser.add_argument("name", nargs="?", help="patch name for 'show' and 'fingerprint'")
     args = parser.parse_args(argv)
 
     if args.command == "flags":
         return _flags(args.markdown)
+    if args.command == "catalogue":
+        return _catalogue(args.write)
     if args.command in ("show", "fingerprint"):
         if not args.name:
             parser.error(f"'{args.command}' needs a patch name")

@@ -8,13 +8,28 @@ import inspect
 import types
 from typing import Any, Callable, Mapping
 
-# The guard types belong to compat (which evaluates them); patches declare with them.
-from lmcache_ascend.compat.guards import UpstreamGuard, Verdict
-
 __all__ = [
-    "MISSING", "Patch", "PatchContext", "PatchKind", "State", "UpstreamGuard", "Verdict", "Wrapper",
-    "adds_keywords", "wrapped_member",
+    "MISSING", "CatalogueEntry", "Patch", "PatchContext", "PatchKind", "State", "UpstreamGuard", "Verdict",
+    "Wrapper", "adds_keywords", "wrapped_member",
 ]
+
+# The guard types belong to compat (which evaluates them); patches declare with them.
+# Activation needs neither, so they load on first use (PEP 562).
+_FROM_GUARDS = ("UpstreamGuard", "Verdict")
+
+
+def __getattr__(name: str) -> object:
+    if name in _FROM_GUARDS:
+        from lmcache_ascend.compat import guards
+
+        return getattr(guards, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _no_guard() -> object:
+    from lmcache_ascend.compat.guards import UpstreamGuard
+
+    return UpstreamGuard()
 
 # A module-level wrapper, wrapt's convention: ``wrapper(wrapped, instance, args, kwargs)``
 # where ``wrapped`` is the original, already bound to ``instance`` (the object, the class
@@ -78,7 +93,7 @@ _PATCH_FIELDS: dict[str, Callable[[], object] | None] = {
     "build": lambda: None,  # Callable[[PatchContext], Mapping[str, object]] | None
     "wrappers": dict,  # Mapping[str, Wrapper]
     "requires": dict,  # Mapping[distribution, PEP 440 specifier]
-    "guard": UpstreamGuard,
+    "guard": _no_guard,  # UpstreamGuard
     "flags": tuple,
     "enabled_by": lambda: None,
     # The machines the patch is for: None (any), or a callable answering None on
@@ -155,6 +170,52 @@ class Patch:
             problems.append("an ADD patch has nothing to wrap")
         if problems:
             raise ValueError(f"patch {self.name!r}: " + "; ".join(problems))
+
+
+class CatalogueEntry:
+    """What activation knows of a patch before its declaration is imported: enough to
+    gate it and to arm the hook that imports the declaration with its target.
+
+    `lmcache_ascend.patches.catalogue` lists one per patch, derived from the `Patch`
+    declarations (`of`) and checked against them by a test: the `Patch` is the one
+    place these facts are written by hand.  ``module`` is the declaring module (None
+    for a `Patch` handed to a `Registry` directly).
+    """
+
+    __slots__ = ("name", "module", "target", "requires", "flags", "enabled_by", "after")
+    # The fields a Patch has too, under the same names.
+    PATCH_FIELDS = ("name", "target", "requires", "flags", "enabled_by", "after")
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        module: str | None,
+        target: str,
+        requires: Mapping[str, str],
+        flags: tuple[str, ...] = (),
+        enabled_by: str | None = None,
+        after: tuple[str, ...] = (),
+    ) -> None:
+        self.name, self.module, self.target = name, module, target
+        self.requires, self.flags, self.enabled_by, self.after = dict(requires), tuple(flags), enabled_by, tuple(after)
+
+    @classmethod
+    def of(cls, patch: "Patch", module: str | None) -> "CatalogueEntry":
+        """The entry of `patch`, declared in `module`."""
+        header = {field: getattr(patch, field) for field in cls.PATCH_FIELDS}
+        return cls(header.pop("name"), module=module, **header)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CatalogueEntry):
+            return NotImplemented
+        return all(getattr(self, field) == getattr(other, field) for field in self.__slots__)
+
+    __hash__ = None  # mutable containers inside: compared, never hashed
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{field}={getattr(self, field)!r}" for field in self.__slots__)
+        return f"CatalogueEntry({fields})"
 
 
 def split_attribute_path(path: str) -> tuple[str, str]:

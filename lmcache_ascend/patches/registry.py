@@ -9,6 +9,12 @@ Life of a patch in one process::
 Deciding and installing return an `Outcome`; `PatchRecord.settle` is the one
 place that writes it down.
 
+A patch's declaration module is imported only when it is needed: when its
+target is imported (the post-import hook), or when someone asks for the patch
+itself (`PatchRecord.patch`: the CLI, tests).  Until then the registry works from
+the patch's `CatalogueEntry` (name, target, requirements, flags, prerequisites),
+so activation imports no declaration and none of the logic they import.
+
 Nothing here imports a patch target by itself except `import_targets` (the
 CLI's ``--import``) and `apply_now` (tests).  Every failure is caught and
 recorded; the user's import never sees an exception from a patch.
@@ -22,26 +28,27 @@ import sys
 import threading
 import traceback
 import types
-from typing import Iterable, Mapping, NamedTuple
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 from lmcache_ascend import flags as flag_table
-from lmcache_ascend.compat import bindings, import_hooks, markers
-from lmcache_ascend.compat.guards import GuardResult, evaluate_guard
+from lmcache_ascend.compat import import_hooks
 from lmcache_ascend.compat.source import NO_SOURCE, fingerprint, module_is_locatable
-from lmcache_ascend.compat.versions import installed_version, specifier_error, version_satisfies
 from lmcache_ascend.patches.model import (
     MISSING,
     TYPE_SLOT_ATTRIBUTES,
+    CatalogueEntry,
     Patch,
     PatchContext,
     PatchKind,
     State,
-    Verdict,
     read_raw,
     resolve_owner,
     split_attribute_path,
     wrapped_member,
 )
+
+# Imported at the first apply, not at activation (which needs none of them):
+# compat.markers, compat.bindings, compat.guards, compat.versions.
 
 
 def _log(level: str, message: str, *args: object) -> None:
@@ -84,16 +91,28 @@ class _Resolution(NamedTuple):
     missing: str | None
 
 
-class PatchRecord:
-    """What happened to one patch in this process (a plain class: see `Patch`)."""
+class DeclarationError(Exception):
+    """A patch's declaration module did not load, or does not declare what its catalogue entry says."""
 
-    def __init__(self, patch: Patch) -> None:
-        self.patch = patch
-        self.state = State.PENDING
-        self.reason = ""
-        self.error: str | None = None
+
+class PatchRecord:
+    """What happened to one patch in this process (a plain class: see `Patch`).
+
+    ``state``, ``reason``, ``error`` and ``distribution_installed`` are read through
+    properties: a decision that activation postponed (`postpone`) is made when one
+    of them is first read.
+    """
+
+    def __init__(self, entry: CatalogueEntry, patch: Patch | None = None) -> None:
+        self.entry = entry
+        self._patch = patch
+        self._declaration_error: str | None = None
+        self._state = State.PENDING
+        self._reason = ""
+        self._error: str | None = None
+        self._distribution_installed = True
+        self._postponed: Callable[[], Outcome] | None = None
         self.untested = False
-        self.distribution_installed = True
         self.fingerprints: dict[str, str | None] = {}
         # What apply installed and what it replaced, per attribute path (for revert).
         self.installed: dict[str, object] = {}
@@ -105,14 +124,55 @@ class PatchRecord:
         # execution of the target (importlib.reload), which keep the patch until revert.
         self.elsewhere: list[tuple[object, str, object, object]] = []
 
+    @property
+    def patch(self) -> Patch:
+        """The declaration, imported from ``entry.module`` on first use; raises `DeclarationError`."""
+        if self._patch is None:
+            if self._declaration_error is None:
+                try:
+                    self._patch = load_declaration(self.entry)
+                except DeclarationError as error:
+                    self._declaration_error = str(error)
+            if self._patch is None:
+                raise DeclarationError(self._declaration_error)
+        return self._patch
+
+    def postpone(self, decide: Callable[[], Outcome]) -> None:
+        """Leave the record's decision to `decide`, made (and settled) when the record is first read."""
+        self._postponed = decide
+
+    def _decided(self) -> "PatchRecord":
+        decide = self._postponed
+        if decide is not None:
+            self._postponed = None
+            self.settle(decide())  # the same outcome whichever thread gets here first
+        return self
+
+    @property
+    def state(self) -> State:
+        return self._decided()._state
+
+    @property
+    def reason(self) -> str:
+        return self._decided()._reason
+
+    @property
+    def error(self) -> str | None:
+        return self._decided()._error
+
+    @property
+    def distribution_installed(self) -> bool:
+        return self._decided()._distribution_installed
+
     def set(self, state: State, reason: str, error: str | None = None) -> None:
-        self.state, self.reason, self.error = state, reason, error
+        self._postponed = None
+        self._state, self._reason, self._error = state, reason, error
 
     def settle(self, outcome: Outcome) -> None:
         """Write down `outcome`: the one place a decision or an apply reaches the record."""
         self.set(outcome.state, outcome.reason, outcome.error)
         if outcome.distribution_missing:
-            self.distribution_installed = False
+            self._distribution_installed = False
         if outcome.fingerprints is not None:
             self.fingerprints = dict(outcome.fingerprints)
         if outcome.installation is not None:
@@ -130,35 +190,46 @@ class PatchRecord:
         self.untested = False
 
     def as_json(self) -> dict[str, object]:
-        patch = self.patch
+        entry = self.entry
+        try:
+            patch: Patch | None = self.patch
+        except DeclarationError:  # its state says why; the catalogue still knows the rest
+            patch = None
         return {
-            "name": patch.name,
-            "target": patch.target,
-            "attributes": list(patch.attributes),
-            "kind": patch.kind.value,
+            "name": entry.name,
+            "target": entry.target,
+            "attributes": list(patch.attributes) if patch else [],
+            "kind": patch.kind.value if patch else None,
             "state": self.state.value,
             "reason": self.reason,
             "untested_target": self.untested,
             "error": self.error,
-            "requires": dict(patch.requires),
-            "flags": list(patch.flags),
-            "enabled_by": patch.enabled_by,
-            "after": list(patch.after),
+            "requires": dict(entry.requires),
+            "flags": list(entry.flags),
+            "enabled_by": entry.enabled_by,
+            "after": list(entry.after),
             "fingerprints": dict(self.fingerprints),
         }
 
 
 class Registry:
-    """The patches of one process and their records; thread-safe."""
+    """The patches of one process and their records; thread-safe.
 
-    def __init__(self, patches: Iterable[Patch], load_errors: Mapping[str, str] | None = None):
+    Built from declarations (`Patch`) or from catalogue entries, whose declarations
+    are imported when first needed (see the module's docstring).
+    """
+
+    def __init__(self, patches: Iterable[Patch | CatalogueEntry]):
         self._lock = threading.RLock()
         self._records: dict[str, PatchRecord] = {}
-        for patch in patches:
-            if patch.name in self._records:
-                raise ValueError(f"two patches are named {patch.name!r}")
-            self._records[patch.name] = PatchRecord(patch)
-        self.load_errors: dict[str, str] = dict(load_errors or {})
+        for item in patches:
+            if item.name in self._records:
+                raise ValueError(f"two patches are named {item.name!r}")
+            if isinstance(item, CatalogueEntry):
+                self._records[item.name] = PatchRecord(item)
+            else:
+                self._records[item.name] = PatchRecord(CatalogueEntry.of(item, module=None), item)
+        self._load_errors: dict[str, str] = {}  # declaration module -> why it did not load
         self.activated_by: list[str] = []
         self._hooked: set[str] = set()
         # A hook that fired can't be re-armed by the import system; disarming makes pending ones do nothing.
@@ -186,32 +257,57 @@ class Registry:
             self._notice_override(record)
         return record.state
 
+    # ---------------------------------------------------------- declarations
+    @property
+    def load_errors(self) -> dict[str, str]:
+        """Declaration modules that did not load, and why (asking loads every declaration)."""
+        self.load_declarations(self.names())
+        return dict(self._load_errors)
+
+    def load_declarations(self, names: Iterable[str]) -> None:
+        """Import the declarations of `names` and of their prerequisites, outside the lock
+        (an import may wait for another thread); one that fails leaves its record failed."""
+        pending = list(names)
+        seen: set[str] = set()
+        while pending:
+            record = self._records.get(pending.pop())
+            if record is None or record.entry.name in seen:
+                continue
+            seen.add(record.entry.name)
+            pending.extend(record.entry.after)
+            try:
+                record.patch
+            except DeclarationError as error:
+                with self._lock:
+                    if record.state is not State.FAILED:
+                        _log("warning", "lmcache-ascend: patch %s: declaration did not load: %s", record.entry.name, error)
+                        record.set(State.FAILED, f"declaration did not load: {error}")
+                    self._load_errors[record.entry.module or record.entry.name] = str(error)
+
     # ------------------------------------------------------------- the gates
-    def _gate_before_import(self, patch: Patch, flag_values: Mapping[str, object]) -> Outcome | None:
-        """Decide what can be decided without the target; None when it should wait for the import."""
+    def _flag_gate(self, entry: CatalogueEntry, flag_values: Mapping[str, object]) -> Outcome | None:
+        """The skip the flags decide (off, disabled by name, not enabled), or None."""
         if not flag_values["LMCACHE_ASCEND_PATCHES"]:
             return Outcome(State.SKIPPED_DISABLED, "LMCACHE_ASCEND_PATCHES=0")
         disabled = flag_values["LMCACHE_ASCEND_DISABLED_PATCHES"]
-        if "*" in disabled or patch.name in disabled:
+        if "*" in disabled or entry.name in disabled:
             return Outcome(State.SKIPPED_DISABLED, "listed in LMCACHE_ASCEND_DISABLED_PATCHES")
-        if patch.enabled_by is not None and not flag_values[patch.enabled_by]:
-            return Outcome(State.SKIPPED_DISABLED, f"off by default; set {patch.enabled_by}=1")
-        # Only a cheap file lookup here: versions are read when the target is imported
-        # (importlib.metadata alone would cost more than activation may).
-        if module_is_locatable(patch.target):
-            return None
-        missing = Outcome(State.TARGET_MISSING, f"module {patch.target} not found")
-        if not module_is_locatable(patch.target.partition(".")[0]):
-            return missing._replace(distribution_missing=True)  # not even its package is there
-        # A package that exists but lacks the module is usually a version the
-        # patch is not for (vllm-ascend 0.18 has no DeepSeek-V4 code): say so.
-        skip, _ = _version_gate(patch)
-        if skip is not None and skip.state is State.SKIPPED_VERSION:
+        if entry.enabled_by is not None and not flag_values[entry.enabled_by]:
+            return Outcome(State.SKIPPED_DISABLED, f"off by default; set {entry.enabled_by}=1")
+        return None
+
+    def _gate_before_import(self, entry: CatalogueEntry, flag_values: Mapping[str, object]) -> Outcome | None:
+        """Decide what can be decided without the target (nor the declaration); None when it
+        should wait for the import."""
+        skip = self._flag_gate(entry, flag_values)
+        if skip is not None or module_is_locatable(entry.target):  # a cheap file lookup
             return skip
-        return missing._replace(distribution_missing=bool(skip and skip.distribution_missing))
+        return _missing_target(entry)
 
     def _decide(self, patch: Patch, module: types.ModuleType | None) -> tuple[Outcome | None, str]:
         """Upstream guard, version gate, host: (None, why it applies) or (the skip, "")."""
+        from lmcache_ascend.compat.guards import Verdict, evaluate_guard
+
         guard = evaluate_guard(patch.guard, patch.target, module)
         if guard.verdict is Verdict.HAS_FIX:
             return Outcome(State.SKIPPED_UPSTREAM, f"upstream has it ({guard.how})"), ""
@@ -227,16 +323,18 @@ class Registry:
     # ------------------------------------------------------------ evaluation
     def evaluate_without_import(self, flag_values: Mapping[str, object]) -> None:
         """Fill in states as far as they can be known without importing any target."""
+        self.load_declarations(self.names())  # the guards are in the declarations
         with self._lock:
             for record in self._records.values():
                 if record.state is not State.PENDING:
                     continue
-                early = self._gate_before_import(record.patch, flag_values)
+                early = self._gate_before_import(record.entry, flag_values)
                 if early is not None:
                     record.settle(early)
                     continue
-                skip, note = self._decide(record.patch, sys.modules.get(record.patch.target))
-                record.settle(skip or Outcome(State.PENDING, f"applies when {record.patch.target} is imported; {note}"))
+                target = record.entry.target
+                skip, note = self._decide(record.patch, sys.modules.get(target))
+                record.settle(skip or Outcome(State.PENDING, f"applies when {target} is imported; {note}"))
 
     # ----------------------------------------------------------------- apply
     def activate(self, flag_values: Mapping[str, object], source: str) -> None:
@@ -253,15 +351,20 @@ class Registry:
             self.activated_by.append(source)
             self.armed = True
             for record in self._records.values():
-                if record.state in (State.REVERTED, State.SKIPPED_DISABLED) and record.patch.name in self._hooked:
+                if record.state in (State.REVERTED, State.SKIPPED_DISABLED) and record.entry.name in self._hooked:
                     record.set(State.PENDING, "")  # re-armed after deactivate(): decide again
                 if record.state is not State.PENDING:
                     continue
-                early = self._gate_before_import(record.patch, flag_values)
+                early = self._flag_gate(record.entry, flag_values)
                 if early is not None:
                     record.settle(early)
                     continue
-                name, target = record.patch.name, record.patch.target
+                name, target = record.entry.name, record.entry.target
+                if not module_is_locatable(target):
+                    # Why it is missing takes the installed versions, which cost more than
+                    # activation may: it is found out when someone asks.
+                    record.postpone(functools.partial(_missing_target, record.entry))
+                    continue
                 if name not in self._hooked:
                     self._hooked.add(name)
                     to_hook.append((name, target))
@@ -300,30 +403,32 @@ class Registry:
             if record.state is not State.PENDING:
                 # A gate decided earlier (e.g. disabled); decide again with the given flags.
                 record.set(State.PENDING, "")
-            early = self._gate_before_import(record.patch, values)
+            early = self._gate_before_import(record.entry, values)
             if early is not None:
                 record.settle(early)
                 return record.state
-        for prerequisite in record.patch.after:
+        for prerequisite in record.entry.after:
             if prerequisite in self._records and self._records[prerequisite].state is not State.APPLIED:
                 self.apply_now(prerequisite, values)
         with self._lock:
             # A version the patch is not for is not even imported (its import may need other packages).
-            skip, _ = _version_gate(record.patch)
+            skip, _ = _version_gate(record.entry)
             if skip is not None:
                 record.settle(skip)
                 return record.state
+        target = record.entry.target
         try:
-            module = importlib.import_module(record.patch.target)
+            module = importlib.import_module(target)
         except Exception as error:
             with self._lock:
-                record.set(State.TARGET_MISSING, f"import of {record.patch.target} failed: {error}", _short_trace())
+                record.set(State.TARGET_MISSING, f"import of {target} failed: {error}", _short_trace())
             return record.state
         self.apply_to_module(name, module)
         return record.state
 
     def apply_to_module(self, name: str, module: types.ModuleType) -> None:
         record = self.record(name)
+        self.load_declarations([name])
         with self._lock:
             if record.state is State.APPLIED and record.installed:
                 self._follow_reexecution(record, module)
@@ -361,6 +466,8 @@ class Registry:
         kept = [path for path, value in current.items() if _same(value, record.installed[path])]
         if len(kept) == len(current):
             return
+        from lmcache_ascend.compat import markers
+
         if kept or any(record.patch.name in markers.patch_names_on(value) for value in current.values()):
             record.set(
                 State.OVERRIDDEN,
@@ -380,6 +487,8 @@ class Registry:
 
     def _decide_and_install(self, patch: Patch, module: types.ModuleType) -> Outcome:
         """Decide whether `patch` goes in on `module`, and install it if so."""
+        from lmcache_ascend.compat import markers
+
         resolution = _resolve(patch, module)
         # Never twice: a mark of this patch on a current value means it is already in
         # (checked before the guard, which would take our own work for upstream's).
@@ -412,7 +521,7 @@ class Registry:
             other = self._records.get(prerequisite)
             if other is None:
                 continue
-            module = sys.modules.get(other.patch.target)
+            module = sys.modules.get(other.entry.target)
             # PENDING: not yet in; APPLIED: its target may have been executed again.
             if other.state in (State.PENDING, State.APPLIED) and module is not None and not import_hooks.is_initializing(module):
                 self.apply_to_module(prerequisite, module)
@@ -435,8 +544,8 @@ class Registry:
         record = self.record(name)
         with self._lock:
             for dependent in self._records.values():  # what was built on top goes first
-                if name in dependent.patch.after and dependent.installed:
-                    self.revert(dependent.patch.name)
+                if name in dependent.entry.after and dependent.installed:
+                    self.revert(dependent.entry.name)
             for owner, attribute, ours, original in record.elsewhere:
                 if _same(read_raw(owner, attribute), ours):
                     _restore(owner, attribute, original)
@@ -444,7 +553,7 @@ class Registry:
             self._notice_override(record)
             if record.state not in (State.APPLIED, State.OVERRIDDEN) or not record.installed:
                 return record.state  # not applied, or applied by another copy: nothing of ours to undo
-            module = sys.modules.get(record.patch.target)
+            module = sys.modules.get(record.entry.target)
             kept: list[str] = []
             for path, ours in record.installed.items():
                 owner_path, attribute = split_attribute_path(path)
@@ -471,7 +580,7 @@ class Registry:
     def _notice_override(self, record: PatchRecord) -> None:
         if record.state is not State.APPLIED or not record.installed:
             return
-        module = sys.modules.get(record.patch.target)
+        module = sys.modules.get(record.entry.target)
         if module is None:
             return
         for path, ours in record.installed.items():
@@ -488,17 +597,15 @@ class Registry:
     def import_targets(self) -> None:
         """Import every target that passed the early gates (the CLI's --import)."""
         for record in list(self._records.values()):
-            if record.patch.name not in self._hooked:
+            if record.entry.name not in self._hooked:
                 continue
+            target = record.entry.target
             try:
-                importlib.import_module(record.patch.target)
+                importlib.import_module(target)
             except Exception as error:
                 with self._lock:
                     if record.state is State.PENDING:
-                        record.set(
-                            State.TARGET_MISSING,
-                            f"import of {record.patch.target} failed: {type(error).__name__}: {error}",
-                        )
+                        record.set(State.TARGET_MISSING, f"import of {target} failed: {type(error).__name__}: {error}")
 
 
     # ------------------------------------------------------------- originals
@@ -511,7 +618,7 @@ class Registry:
         """
         with self._lock:
             for record in self._records.values():
-                if record.patch.target == target and attribute in record.installed:
+                if record.entry.target == target and attribute in record.installed:
                     return record.originals[attribute]
         module = sys.modules.get(target)
         if module is None:
@@ -520,11 +627,26 @@ class Registry:
         return read_raw(resolve_owner(module, owner_path), name)
 
 
-def _version_gate(patch: Patch) -> tuple[Outcome | None, str]:
+def _missing_target(entry: CatalogueEntry) -> Outcome:
+    """Why `entry`'s target is not there: its package is absent, or (for a package that
+    exists but lacks the module) usually a version the patch is not for."""
+    missing = Outcome(State.TARGET_MISSING, f"module {entry.target} not found")
+    if not module_is_locatable(entry.target.partition(".")[0]):
+        return missing._replace(distribution_missing=True)  # not even its package is there
+    # vllm-ascend 0.18 has no DeepSeek-V4 code: say so.
+    skip, _ = _version_gate(entry)
+    if skip is not None and skip.state is State.SKIPPED_VERSION:
+        return skip
+    return missing._replace(distribution_missing=bool(skip and skip.distribution_missing))
+
+
+def _version_gate(patch: Patch | CatalogueEntry) -> tuple[Outcome | None, str]:
     """(None, the versions found) when every requirement holds, else (the skip, "").
 
     An undecidable check (no `packaging` in a bare interpreter) lets the patch through.
     """
+    from lmcache_ascend.compat.versions import installed_version, specifier_error, version_satisfies
+
     notes = []
     for distribution, specifier in patch.requires.items():
         version = installed_version(distribution)
@@ -607,6 +729,8 @@ def _install(
             State.FAILED,
             f"target attribute not callable where the replacement is (or the reverse): {', '.join(mismatched)}",
         )
+    from lmcache_ascend.compat import markers
+
     for value in new_values.values():
         markers.mark(value, patch.name)
     owners = resolution.owners
@@ -644,6 +768,8 @@ def _install(
 def _rebind_aliases(module: types.ModuleType, replaced: list[tuple[object, object]]) -> tuple:
     """Point other modules' names for a replaced value of `module` at ours (see compat.bindings):
     (original, ours) pairs in, (importer, name, ours, original) out."""
+    from lmcache_ascend.compat import bindings
+
     ours_by_id = {id(original): ours for original, ours in replaced if original is not MISSING}
     found = bindings.aliases_of(
         [original for original, _ in replaced if original is not MISSING], module, __name__.split(".", 1)[0]
@@ -714,31 +840,38 @@ _PROCESS_REGISTRY: Registry | None = None
 _PROCESS_LOCK = threading.Lock()
 
 
-def load_declared_patches() -> tuple[list[Patch], dict[str, str]]:
-    """Import every module in the catalogue; a broken declaration is reported, not raised."""
-    from lmcache_ascend.patches.catalogue import PATCH_MODULES
+def declared_in(module_name: str) -> tuple[Patch, ...]:
+    """The patches `module_name` declares (``PATCHES``, or its one ``PATCH``), in order."""
+    module = importlib.import_module(module_name)
+    return tuple(getattr(module, "PATCHES", None) or (module.PATCH,))
 
-    patches: list[Patch] = []
-    errors: dict[str, str] = {}
-    for module_name in PATCH_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-            declared = getattr(module, "PATCHES", None) or (module.PATCH,)
-            patches.extend(declared)
-        except Exception as error:
-            errors[module_name] = f"{type(error).__name__}: {error}"
-    return patches, errors
+
+def load_declaration(entry: CatalogueEntry) -> Patch:
+    """The `Patch` that `entry` announces, imported from its module; raises `DeclarationError`
+    if the module does not load or its declaration no longer matches the entry."""
+    try:
+        declared = {patch.name: patch for patch in declared_in(entry.module)}
+    except Exception as error:
+        raise DeclarationError(f"{entry.module}: {type(error).__name__}: {error}") from None
+    patch = declared.get(entry.name)
+    if patch is None:
+        raise DeclarationError(f"{entry.module} declares no patch {entry.name!r} (it declares {sorted(declared)})")
+    if CatalogueEntry.of(patch, entry.module) != entry:
+        raise DeclarationError(
+            f"the catalogue entry of {entry.name!r} is out of date: {entry!r}, but {entry.module} declares "
+            f"{CatalogueEntry.of(patch, entry.module)!r} (regenerate the catalogue: see its docstring)"
+        )
+    return patch
 
 
 def process_registry() -> Registry:
-    """The registry of this process, built on first use from the catalogue."""
+    """The registry of this process, built on first use from the catalogue (no declaration is imported)."""
     global _PROCESS_REGISTRY
     with _PROCESS_LOCK:
         if _PROCESS_REGISTRY is None:
-            patches, errors = load_declared_patches()
-            _PROCESS_REGISTRY = Registry(patches, errors)
-            for module_name, error in errors.items():
-                _log("warning", "lmcache-ascend: patch module %s did not load: %s", module_name, error)
+            from lmcache_ascend.patches.catalogue import CATALOGUE
+
+            _PROCESS_REGISTRY = Registry(CATALOGUE)
         return _PROCESS_REGISTRY
 
 
