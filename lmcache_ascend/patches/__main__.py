@@ -61,13 +61,13 @@ def _collect(import_targets: bool) -> tuple[dict, int]:
         row = record.as_json()
         rows.append(row)
         if record.state in _STRICT_FAILURES:
-            strict_problems.append(f"{record.patch.name}: failed")
+            strict_problems.append(f"{record.entry.name}: failed")
         elif record.state is State.OVERRIDDEN:
-            strict_problems.append(f"{record.patch.name}: overridden ({record.reason})")
+            strict_problems.append(f"{record.entry.name}: overridden ({record.reason})")
         elif record.state is State.TARGET_MISSING and record.distribution_installed:
-            strict_problems.append(f"{record.patch.name}: target missing although installed")
+            strict_problems.append(f"{record.entry.name}: target missing although installed")
         elif record.untested:
-            strict_problems.append(f"{record.patch.name}: untested target")
+            strict_problems.append(f"{record.entry.name}: untested target")
     for module_name, error in registry.load_errors.items():
         strict_problems.append(f"{module_name}: declaration did not load ({error})")
     if flag_error:
@@ -127,11 +127,10 @@ def _state_text(row: dict) -> str:
 def _show(name: str) -> int:
     registry = registry_module.process_registry()
     try:
-        record = registry.record(name)
-    except KeyError as error:
+        patch = registry.record(name).patch
+    except (KeyError, registry_module.DeclarationError) as error:
         print(error.args[0], file=sys.stderr)
         return 2
-    patch = record.patch
     fields = [
         ("patch", patch.name),
         ("target", f"{patch.target}: {', '.join(patch.attributes)} ({patch.kind.value})"),
@@ -159,7 +158,7 @@ def _fingerprints(name: str) -> int:
     registry = registry_module.process_registry()
     try:
         patch = registry.record(name).patch
-    except KeyError as error:
+    except (KeyError, registry_module.DeclarationError) as error:
         print(error.args[0], file=sys.stderr)
         return 2
     module = importlib.import_module(patch.target)
