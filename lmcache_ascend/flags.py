@@ -16,7 +16,8 @@ from __future__ import annotations
 import enum
 import functools
 import os
-from typing import Callable, Mapping, NamedTuple
+from collections import namedtuple
+from typing import Callable, Mapping
 
 __all__ = [
     "FLAGS",
@@ -46,18 +47,25 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
-class Flag(NamedTuple):  # a NamedTuple: a frozen dataclass costs more at import than activation may
-    name: str
-    kind: FlagKind
-    default: object
-    help: str
-    allowed: tuple[str, ...] = ()
-    # Name of the matching LMCache configuration key, if the flag is also one.
-    lmcache_config_key: str | None = None
-    # Validated by the patches that read it when they apply, never at activation: a
-    # bad value fails those patches only, and where upstream reads the variable
-    # itself (the patch skips), upstream's own rules are the only ones.
-    owned_by_patches: bool = False
+# A named tuple made by collections.namedtuple: a frozen dataclass, or typing.NamedTuple
+# (it compiles every annotation string), costs more at import than activation may.
+class Flag(
+    namedtuple(
+        "Flag",
+        ("name", "kind", "default", "help", "allowed", "lmcache_config_key", "owned_by_patches"),
+        defaults=((), None, False),
+    )
+):
+    """One flag: ``name``, ``kind`` (a `FlagKind`), typed ``default``, ``help``; ``allowed``:
+    the values of a choice (or names of a list) flag.
+
+    ``lmcache_config_key``: the matching LMCache configuration key, if the flag is also one.
+    ``owned_by_patches``: validated by the patches that read it when they apply, never at
+    activation: a bad value fails those patches only, and where upstream reads the
+    variable itself (the patch skips), upstream's own rules are the only ones.
+    """
+
+    __slots__ = ()
 
     def allowed_text(self) -> str:
         if self.kind is FlagKind.BOOL:

@@ -28,7 +28,7 @@ import sys
 import threading
 import traceback
 import types
-from typing import Callable, Iterable, Mapping, NamedTuple
+from typing import Callable, Iterable, Mapping
 
 from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat import import_hooks
@@ -60,35 +60,60 @@ def _log(level: str, message: str, *args: object) -> None:
 SCHEMA_VERSION = 1
 
 
-# Value types are NamedTuples: frozen dataclasses cost more at import than activation may.
-class Installation(NamedTuple):
-    """What an apply put in place, per attribute path: owner, original raw value, our raw value."""
+# Value types are plain classes with slots: a frozen dataclass or a named tuple costs
+# more to create at import than activation may (typing.NamedTuple compiles every
+# annotation string; collections.namedtuple runs exec).  Treat them as immutable.
+class Installation:
+    """What an apply put in place, per attribute path: ``owners``, ``originals`` (their raw
+    values), ``installed`` (our raw values); ``aliases``: (module, name, ours, original) for
+    other modules' names of a replaced module-level value."""
 
-    owners: Mapping[str, object]
-    originals: Mapping[str, object]
-    installed: Mapping[str, object]
-    # (module, name, ours, original): other modules' names for a replaced module-level value.
-    aliases: tuple = ()
+    __slots__ = ("owners", "originals", "installed", "aliases")
+
+    def __init__(
+        self,
+        owners: Mapping[str, object],
+        originals: Mapping[str, object],
+        installed: Mapping[str, object],
+        aliases: tuple = (),
+    ) -> None:
+        self.owners, self.originals, self.installed, self.aliases = owners, originals, installed, aliases
 
 
-class Outcome(NamedTuple):
+class Outcome:
     """What deciding about or applying a patch came to; recorded by `PatchRecord.settle`."""
 
-    state: State
-    reason: str
-    error: str | None = None
-    installation: Installation | None = None
-    fingerprints: Mapping[str, str | None] | None = None  # None: leave the recorded ones
-    untested: bool = False
-    distribution_missing: bool = False
+    __slots__ = ("state", "reason", "error", "installation", "fingerprints", "untested", "distribution_missing")
+
+    def __init__(
+        self,
+        state: State,
+        reason: str,
+        error: str | None = None,  # a traceback
+        installation: Installation | None = None,
+        fingerprints: Mapping[str, str | None] | None = None,  # None: leave the recorded ones
+        untested: bool = False,
+        distribution_missing: bool = False,
+    ) -> None:
+        self.state, self.reason, self.error, self.installation = state, reason, error, installation
+        self.fingerprints, self.untested, self.distribution_missing = fingerprints, untested, distribution_missing
+
+    def replace(self, **changes: object) -> "Outcome":
+        """A copy with `changes`."""
+        return Outcome(**{**{name: getattr(self, name) for name in self.__slots__}, **changes})
+
+    def __repr__(self) -> str:
+        return f"Outcome({self.state.value}: {self.reason})"
 
 
-class _Resolution(NamedTuple):
-    """The patch's attributes looked up on the target: owners, raw originals, or what is missing."""
+class _Resolution:
+    """The patch's attributes looked up on the target: ``owners``, raw ``originals``, or
+    what is ``missing`` (None when nothing is)."""
 
-    owners: Mapping[str, object]
-    originals: Mapping[str, object]
-    missing: str | None
+    __slots__ = ("owners", "originals", "missing")
+
+    def __init__(self, owners: Mapping[str, object], originals: Mapping[str, object], missing: str | None) -> None:
+        self.owners, self.originals, self.missing = owners, originals, missing
 
 
 class DeclarationError(Exception):
@@ -512,8 +537,8 @@ class Registry:
             flag_problems = _owned_flag_problems(patch)
             refusal = Outcome(State.FAILED, "; ".join(flag_problems)) if flag_problems else None
         if refusal is not None:
-            return refusal._replace(fingerprints=fingerprints)
-        return _install(patch, module, resolution, fingerprints, note)._replace(fingerprints=fingerprints)
+            return refusal.replace(fingerprints=fingerprints)
+        return _install(patch, module, resolution, fingerprints, note).replace(fingerprints=fingerprints)
 
     def _bring_in_prerequisites(self, patch: Patch) -> None:
         """Apply the prerequisites whose targets are imported (or executed again) and still pending."""
@@ -632,12 +657,12 @@ def _missing_target(entry: CatalogueEntry) -> Outcome:
     exists but lacks the module) usually a version the patch is not for."""
     missing = Outcome(State.TARGET_MISSING, f"module {entry.target} not found")
     if not module_is_locatable(entry.target.partition(".")[0]):
-        return missing._replace(distribution_missing=True)  # not even its package is there
+        return missing.replace(distribution_missing=True)  # not even its package is there
     # vllm-ascend 0.18 has no DeepSeek-V4 code: say so.
     skip, _ = _version_gate(entry)
     if skip is not None and skip.state is State.SKIPPED_VERSION:
         return skip
-    return missing._replace(distribution_missing=bool(skip and skip.distribution_missing))
+    return missing.replace(distribution_missing=bool(skip and skip.distribution_missing))
 
 
 def _version_gate(patch: Patch | CatalogueEntry) -> tuple[Outcome | None, str]:
