@@ -10,11 +10,14 @@ ratio, and a bootstrap 95% interval of the difference of the medians: a row
 "resolves 1%" when that interval is narrower than +-1% of the baseline median;
 otherwise it says it cannot, and how many runs would be needed at this spread.
 
-1. ``import lmcache_ascend`` (activation included: flags validated, every patch
-   declaration loaded, post-import hooks registered) in a process that has
-   already imported the standard library and packaging modules vLLM imports
-   anyway (`VLLM_ALREADY_IMPORTED`): the package's own share.  Baseline: the
-   same process timing nothing.  Target <= 5 ms.
+1. ``import lmcache_ascend`` (activation included: flags validated, the catalogue
+   read, post-import hooks registered; no patch declaration is imported before its
+   target) in a process that has already imported the standard library and
+   packaging modules vLLM imports anyway (`VLLM_ALREADY_IMPORTED`): the package's
+   own share.  Baseline: the same process timing nothing.  Target <= 5 ms.  With
+   ``--before CHECKOUT`` the other checkout is timed in the same interleaved runs
+   and a comparison row (that checkout as the baseline) gives the ratio and
+   whether the runs resolve 1% of it.
 2. ``import vllm; import lmcache`` without the overlay, and with it active through
    the wheel's .pth start-up hook (the way users get it). Target <= 2 % added.
 3. The same plus the patch targets themselves (so every patch is really applied).
@@ -64,10 +67,9 @@ print(f'ELAPSED={{elapsed}} CPU={{cpu}} APPLIED={{applied}}')
 def patch_targets() -> list[str]:
     sys.path.insert(0, str(REPO_ROOT))
     from lmcache_ascend.compat.versions import installed_version
-    from lmcache_ascend.patches.registry import load_declared_patches
+    from lmcache_ascend.patches.catalogue import CATALOGUE
 
-    patches, _ = load_declared_patches()
-    return sorted({p.target for p in patches if all(installed_version(d) for d in p.requires)})
+    return sorted({e.target for e in CATALOGUE if all(installed_version(d) for d in e.requires)})
 
 
 def run_child(imports: str, overlay: bool, untimed: str = "", repo: Path = REPO_ROOT) -> tuple[float, float, int]:
@@ -168,6 +170,12 @@ def measure_alone(runs: int, repos: dict[str, Path]) -> dict[str, dict[str, obje
         row = _absolute_row([run[0] for run in nothing], [run[0] for run in runs_of_package])
         row["cpu"] = _absolute_row([run[1] for run in nothing], [run[1] for run in runs_of_package])
         rows[f"import lmcache_ascend ({label})"] = row
+    this, *others = package
+    for label in others:  # the other checkout is the baseline: ratio and 1% resolution mean something here
+        before, after = package[label], package[this]
+        row = summarize([run[0] for run in before], [run[0] for run in after], None)
+        row["cpu"] = summarize([run[1] for run in before], [run[1] for run in after], None)
+        rows[f"import lmcache_ascend, {this} vs {label}"] = row
     return rows
 
 
