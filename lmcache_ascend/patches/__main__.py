@@ -172,17 +172,16 @@ def _fingerprints(name: str) -> int:
 # The packages whose modules declare patches.
 PATCH_PACKAGES = ("lmcache_ascend.patches.vllm", "lmcache_ascend.patches.lmcache", "lmcache_ascend.patches.vllm_ascend")
 
-_CATALOGUE_DOCSTRING = '''"""The patches lmcache-ascend knows, in the order they are declared, and what activation
-needs of each before its target is imported (`CatalogueEntry`): activation imports no
-declaration module, the post-import hook imports one with its target.
 
-Generated from the declarations (each patch module's ``PATCH`` or ``PATCHES``), the one
-place these facts are written by hand; a test checks that this file is what they
-generate.  After changing a declaration's name, target, requires, flags, enabled_by or
-after, or adding a patch module (appended here; move its entries to reorder), run::
 
-    python -m lmcache_ascend.patches catalogue --write
-"""'''
+def _written_catalogue() -> tuple[str, tuple[str, ...]]:
+    """The catalogue module's docstring and module order as written now; a generated
+    catalogue keeps both (("", ()) where the file does not import)."""
+    try:
+        from lmcache_ascend.patches import catalogue
+    except ImportError:
+        return "", ()
+    return catalogue.__doc__ or "", catalogue.PATCH_MODULES
 
 
 def declaration_modules() -> list[str]:
@@ -190,11 +189,7 @@ def declaration_modules() -> list[str]:
     import importlib
     import pkgutil
 
-    try:
-        from lmcache_ascend.patches.catalogue import PATCH_MODULES
-    except ImportError:  # a broken or half-written catalogue: start from the packages alone
-        PATCH_MODULES = ()
-    found = list(PATCH_MODULES)
+    found = list(_written_catalogue()[1])
     for package in PATCH_PACKAGES:
         for info in pkgutil.iter_modules(importlib.import_module(package).__path__, package + "."):
             if not info.ispkg and info.name not in found:
@@ -203,17 +198,18 @@ def declaration_modules() -> list[str]:
 
 
 def catalogue_source() -> str:
-    """The text of ``lmcache_ascend/patches/catalogue.py``, derived from the declarations."""
+    """The text of ``lmcache_ascend/patches/catalogue.py``: its docstring as written, and
+    the entries derived from the declarations, in the catalogue's module order."""
 
     def text(value: object) -> str:
         if isinstance(value, tuple):
             return f"({text(value[0])},)" if len(value) == 1 else "(" + ", ".join(map(text, value)) + ")"
         if isinstance(value, dict):
             return "{" + ", ".join(f"{text(key)}: {text(item)}" for key, item in value.items()) + "}"
-        return json.dumps(value)  # strings and None (null) only: checked below
+        return "None" if value is None else json.dumps(value)  # a str in double quotes
 
     defaults = CatalogueEntry("", module=None, target="", requires={})
-    lines = [_CATALOGUE_DOCSTRING, "", "from lmcache_ascend.patches.model import CatalogueEntry", "",
+    lines = [f'"""{_written_catalogue()[0]}"""', "", "from lmcache_ascend.patches.model import CatalogueEntry", "",
              "CATALOGUE: tuple[CatalogueEntry, ...] = ("]
     for module_name in declaration_modules():
         for patch in registry_module.declared_in(module_name):
@@ -222,10 +218,7 @@ def catalogue_source() -> str:
             for field in CatalogueEntry.__slots__:
                 value = getattr(entry, field)
                 if field in ("name", "module", "target", "requires") or value != getattr(defaults, field):
-                    if value is None:
-                        lines.append(f"        {field}=None,")
-                    else:
-                        lines.append(f"        {field}={text(value)},")
+                    lines.append(f"        {field}={text(value)},")
             lines.append("    ),")
     lines += [")", "", "# The declaration modules, in order.",
               "PATCH_MODULES: tuple[str, ...] = tuple(dict.fromkeys(entry.module for entry in CATALOGUE))", ""]
