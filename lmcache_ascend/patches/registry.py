@@ -305,7 +305,8 @@ class Registry:
             except DeclarationError as error:
                 with self._lock:
                     if record.state is not State.FAILED:
-                        _log("warning", "lmcache-ascend: patch %s: declaration did not load: %s", record.entry.name, error)
+                        _log("warning", "lmcache-ascend: patch %s: declaration did not load: %s",
+                             record.entry.name, error)
                         record.set(State.FAILED, f"declaration did not load: {error}")
                     self._load_errors[record.entry.module or record.entry.name] = str(error)
 
