@@ -47,19 +47,22 @@ def call_arguments(wrapped: Callable, args: tuple, kwargs: dict) -> inspect.Boun
     Edit ``.arguments`` and call ``wrapped(*bound.args, **bound.kwargs)`` to pass them on.
     """
     function = getattr(wrapped, "__func__", wrapped)
-    signature = _signature(function)
-    if function is not wrapped:  # bound: the first parameter is taken
-        signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+    signature = _signature(function, function is not wrapped)
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
     return bound
 
 
-_SIGNATURES: dict[Callable, inspect.Signature] = {}
+# Wrappers call this on every scheduler step: the signature, less the first
+# parameter of a bound method, is worked out once per function.
+_SIGNATURES: dict[tuple[Callable, bool], inspect.Signature] = {}
 
 
-def _signature(function: Callable) -> inspect.Signature:
-    signature = _SIGNATURES.get(function)
+def _signature(function: Callable, bound: bool = False) -> inspect.Signature:
+    signature = _SIGNATURES.get((function, bound))
     if signature is None:
-        signature = _SIGNATURES[function] = inspect.signature(function)
+        signature = inspect.signature(function)
+        if bound:  # the first parameter is taken
+            signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+        _SIGNATURES[(function, bound)] = signature
     return signature
