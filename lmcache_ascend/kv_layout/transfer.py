@@ -69,6 +69,27 @@ def _to_device(host: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor
 
 
+def _expand_block_ids(packed, params_shape: tuple[int, int], rows_total: int, xp, arange):
+    """Slots of every row from `packed` = [five rows of per-group parameters, block ids...].
+
+    Written once for numpy arrays (`xp` numpy, CPU) and torch tensors (`xp` torch, a device):
+    the same operators and ``xp.searchsorted(..., side="right")``; `arange` from the caller.
+    Parameters per group: first output row, rows, first block id, rows per block, cached rows.
+    """
+    size = params_shape[0] * params_shape[1]
+    first_row, num_rows, first_block, rows_per_block, cached_rows = packed[:size].reshape(params_shape)
+    block_ids = packed[size:]
+    row = arange(rows_total)
+    group = xp.searchsorted(first_row + num_rows, row, side="right")
+    local = row - first_row[group]
+    rows_per_block = rows_per_block[group]
+    block = local // rows_per_block
+    block_id = block_ids[first_block[group] + block]
+    slots = block_id * rows_per_block + (local - block * rows_per_block)
+    slots[(block_id == NULL_BLOCK_ID) | (local < cached_rows[group])] = -1
+    return slots
+
+
 @dataclass(frozen=True)
 class DeviceSlots:
     """The slot mappings of one request (or one call) on the caches' device, in ONE int64 tensor.
@@ -92,8 +113,9 @@ class DeviceSlots:
     ) -> "DeviceSlots":
         """The slots of every transferred group of `step`, made on `device` from its block ids.
 
-        Uploads the block ids and one row of parameters per group (one copy), then
-        expands them there: row r of group g has slot ``block_id * rows_per_block +
+        Uploads the block ids and five parameters per group (one copy), then expands
+        them there with a fixed number of ops for all groups (`_expand_block_ids`; on
+        a CPU device with numpy): row r of group g has slot ``block_id * rows_per_block +
         r % rows_per_block`` with ``block_id = ids_g[r // rows_per_block]``; -1 on vLLM's
         null block and on the rows of vLLM's cached prefix (`cached_row_count` of
         `cached_tokens`; 0 for a store). `groups` are the registered groups: each
@@ -132,25 +154,16 @@ class DeviceSlots:
         if rows_total == 0:
             # One entry at least: an empty tensor may have no address for the kernels to anchor on.
             return cls(_to_device(np.full(1, -1, dtype=np.int64), device), offsets, lengths)
-        packed = _to_device(np.concatenate((params.reshape(-1), step.block_ids.astype(np.int64, copy=False))), device)
-        first_row, num_rows, first_block, rows_per_block, cached_rows = packed[: params.size].view(params.shape)
-        block_ids = packed[params.size :]
-        row = torch.arange(rows_total, dtype=torch.int64, device=packed.device)
-        if num_groups == 1:
-            local = row
-            block = torch.div(local, rows_per_block, rounding_mode="floor")
-            block_id = block_ids[block]
-            cached = cached_rows
-        else:
-            group_of_row = torch.searchsorted(first_row + num_rows, row, right=True)
-            table = torch.stack((first_row, first_block, rows_per_block, cached_rows), dim=1)[group_of_row]
-            local = row - table[:, 0]
-            rows_per_block = table[:, 2]
-            block = torch.div(local, rows_per_block, rounding_mode="floor")
-            block_id = block_ids[table[:, 1] + block]
-            cached = table[:, 3]
-        slots = block_id * rows_per_block + (local - block * rows_per_block)
-        slots.masked_fill_((block_id == NULL_BLOCK_ID) | (local < cached), -1)
+        packed = np.concatenate((params.reshape(-1), step.block_ids.astype(np.int64, copy=False)))
+        if device.type == "cpu":
+            # numpy on the host: torch's CPU ops start their thread pool per op, which costs more
+            # than the expansion itself on a busy host (measured 20-40x on the session box).
+            slots = _expand_block_ids(packed, params.shape, rows_total, np, np.arange)
+            return cls(torch.from_numpy(slots), offsets, lengths)
+        on_device = _to_device(packed, device)
+        slots = _expand_block_ids(
+            on_device, params.shape, rows_total, torch, lambda n: torch.arange(n, dtype=torch.int64, device=on_device.device)
+        )
         return cls(slots, offsets, lengths)
 
     @classmethod

@@ -21,6 +21,7 @@ from lmcache_ascend.multigroup.slicing import (
     primary_group_index,
 )
 from lmcache_ascend.kv_layout.formats import LayoutError
+from lmcache_ascend.kv_layout import transfer
 from lmcache_ascend.kv_layout.transfer import DeviceSlots
 from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 from lmcache_ascend.multigroup.slots import StepBlockIds, step_block_ids
@@ -198,16 +199,31 @@ def test_tracker_copies_vllm_lists_and_rejects_wrong_group_counts():
 
 # ------------------------------------------------------------------------ slot mappings
 CPU = torch.device("cpu")
+_REAL_EXPAND = transfer._expand_block_ids  # the real one, while `_resolved` wraps it
 
 
 def _layout(*groups: KVGroupSpec) -> MultiGroupLayout:
     return layout_from_groups(groups, 4, StateGroupPolicy())
 
 
+def _expand_with_numpy_and_torch(packed, params_shape, rows_total, xp, arange):
+    """The CPU expansion (numpy), checked equal to the same expansion in torch (a device's path)."""
+    slots = _REAL_EXPAND(packed, params_shape, rows_total, xp, arange)
+    with_torch = _REAL_EXPAND(
+        torch.from_numpy(packed.copy()), params_shape, rows_total, torch, lambda n: torch.arange(n, dtype=torch.int64)
+    )
+    assert with_torch.dtype == torch.int64 and with_torch.tolist() == slots.tolist()
+    return slots
+
+
 def _resolved(step: StepBlockIds, cached_tokens: int = 0) -> dict[int, list[int]]:
-    """What the worker resolves from the shipped block ids, per group (CPU device)."""
+    """What the worker resolves from the shipped block ids, per group (CPU device; torch checked too)."""
     groups = {group.group_index: group for group in step.groups}
-    device_slots = DeviceSlots.from_block_ids(step, groups, CPU, cached_tokens)
+    transfer._expand_block_ids = _expand_with_numpy_and_torch
+    try:
+        device_slots = DeviceSlots.from_block_ids(step, groups, CPU, cached_tokens)
+    finally:
+        transfer._expand_block_ids = _REAL_EXPAND
     flat = device_slots.slots.tolist()
     return {g: flat[device_slots.offsets[g] : device_slots.offsets[g] + device_slots.lengths[g]] for g in device_slots.offsets}
 
