@@ -33,9 +33,9 @@ import torch
 from lmcache_ascend.kernels import launch_counter
 from lmcache_ascend.kv_layout import ChunkMover, plan_kv_caches
 from lmcache_ascend.kv_layout.transfer import DeviceSlots
-from lmcache_ascend.multigroup.slots import build_group_slot_mappings
 from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout
 from lmcache_ascend.multigroup.tracker import GroupBlockTracker
+from tests.multigroup.cpu_slots import build_group_slot_mappings
 
 # (name, groups: (class name, block size, compress ratio, window, planes: ((dtype, row elements), ...)), layers)
 LAYOUTS = {

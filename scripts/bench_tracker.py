@@ -2,7 +2,9 @@
 """Scheduler-side cost of LMCache's in-process connector, on equal work.
 
 Times ``LMCacheConnectorV1Impl.build_connector_meta`` (request tracker update
-plus ReqMeta / slot-mapping building) of the real LMCache adapter for one
+plus ReqMeta building; multi-group: the step's block ids per group, which the
+workers resolve to slots on their device) of the real LMCache adapter, and the
+pickling of the metadata it returns (vLLM pickles it to the workers), for one
 request stream that every case processes alike: the same prompt tokens,
 scheduled in the same chunked-prefill steps, then the same decode steps. The
 cases differ only in how the model's KV cache is split into groups:
@@ -94,32 +96,11 @@ class BlockAllocator:
         return tuple(new)
 
 
-def block_ids_only(layout, tracker, num_tokens, chunk_size, vllm_cached_tokens=0):
-    """Diagnostic stand-in for `build_group_slot_mappings`: each transferred group's
-    block ids (the blocks `num_tokens` tokens occupy) instead of its slot tensor,
-    i.e. what the scheduler would ship if the worker resolved the slots."""
-    from lmcache_ascend.multigroup.slicing import primary_group_index
-    from lmcache_ascend.multigroup.slots import GroupSlotMappings
-
-    block_ids = []
-    for group, keep in zip(layout.groups, layout.transferred):
-        num_blocks = -(-group.num_rows(num_tokens) // group.rows_per_block)
-        block_ids.append(tracker.block_ids_by_group[group.group_index][:num_blocks] if keep else None)
-    primary = primary_group_index(tracker.num_blocks_by_group(), layout.block_sizes, layout.transferred_group_indices)
-    BLOCK_IDS_ONLY_CALLS[0] += 1
-    return GroupSlotMappings(layout.groups, tuple(block_ids), primary, num_tokens, chunk_size, vllm_cached_tokens)
-
-
-BLOCK_IDS_ONLY_CALLS = [0]
-
-
 @dataclass
 class Case:
     label: str
     patched: bool
     fixture: KVCacheFixture
-    # Diagnostic only: the patch built with `block_ids_only` as its slot builder.
-    block_ids_only: bool = False
     impl: object = None
     # One value per round (us): the mean prefill step of the request, the
     # median decode step, the median decode step after the long prompt, and
@@ -131,20 +112,10 @@ class Case:
         return len(self.fixture.kv_cache_config.kv_cache_groups)
 
 
-def set_patch(patched: bool, slot_builder=None) -> None:
-    """Upstream (reverted) or the patch freshly built, with `slot_builder` in place
-    of `build_group_slot_mappings` if given (the patch binds it when it is built)."""
+def set_patch(patched: bool) -> None:
+    """Upstream (the patch reverted) or the patch applied."""
     if patched:
-        import lmcache_ascend.multigroup.slots as slots
-
-        registry.revert(PATCH)
-        real = slots.build_group_slot_mappings
-        if slot_builder is not None:
-            slots.build_group_slot_mappings = slot_builder
-        try:
-            state = registry.apply_now(PATCH)
-        finally:
-            slots.build_group_slot_mappings = real
+        state = registry.apply_now(PATCH)
         if state is not State.APPLIED:
             raise SystemExit(f"{PATCH} did not apply: {state} ({registry.record(PATCH).reason})")
     else:
@@ -224,9 +195,6 @@ def main() -> int:
     parser.add_argument("--prefill-chunk", type=int, default=1024, help="tokens per chunked-prefill step")
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--long-context", type=int, default=2, help="decode also after a prompt this many times longer")
-    parser.add_argument("--diagnose", action="store_true",
-                        help="add cases whose scheduler ships block ids instead of slot tensors (what is left "
-                        "of the multi-group cost without slot building)")
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "bench_tracker.json"))
     args = parser.parse_args()
     for name in ("rounds", "prompt", "prefill_chunk", "long_context"):
@@ -239,15 +207,10 @@ def main() -> int:
         Case("ours 5 groups", True, dsv4_cuda_kv_cache_config()),
         Case("ours 11 groups", True, dsv4_ascend_kv_cache_config()),
     ]
-    if args.diagnose:
-        cases += [
-            Case("5 groups, ids only", True, dsv4_cuda_kv_cache_config(), block_ids_only=True),
-            Case("11 groups, ids only", True, dsv4_ascend_kv_cache_config(), block_ids_only=True),
-        ]
     import lmcache.integration.vllm.vllm_v1_adapter  # noqa: F401  (the target, imported before any case)
 
     def enter(case: Case) -> None:
-        set_patch(case.patched, block_ids_only if case.block_ids_only else None)
+        set_patch(case.patched)
 
     warm_prompt = prompt_tokens(2 * LMCACHE_CHUNK, -1)
     for case in cases:  # build each connector and its layout, warm the code paths
@@ -265,7 +228,6 @@ def main() -> int:
         shift = round_index % len(cases)
         for case in cases[shift:] + cases[:shift]:
             enter(case)
-            calls_before = BLOCK_IDS_ONLY_CALLS[0]
             gc.collect()
             gc.disable()
             try:
@@ -275,8 +237,6 @@ def main() -> int:
                 _, long_decode, _ = run_request(case, f"l{round_index}", long_prompt, long_prompt_len, args.decode_steps)
             finally:
                 gc.enable()
-            if (BLOCK_IDS_ONLY_CALLS[0] > calls_before) != case.block_ids_only:
-                raise SystemExit(f"case {case.label!r}: the diagnostic slot builder was (not) used as intended")
             values = (  # in the units of METRICS: us, us, us, us, us, KiB
                 statistics.fmean(prefill) / 1e3,
                 statistics.median(decode) / 1e3 if decode else float("nan"),
@@ -298,7 +258,6 @@ def main() -> int:
             "fixture": case.fixture.name,
             "groups": case.groups,
             "patched": case.patched,
-            "diagnostic_block_ids_only": case.block_ids_only,
         }
         for key in METRICS:
             values = case.per_round[key]
@@ -340,7 +299,7 @@ def main() -> int:
             f"{row['prefill_meta_kib']['median']:>6.1f}"
         )
     target = 1.5
-    worst = max(row["prefill_ratio"]["median"] for row, case in zip(rows, cases) if row["groups"] > 1 and not case.block_ids_only)
+    worst = max(row["prefill_ratio"]["median"] for row in rows if row["groups"] > 1)
     verdict = "met" if worst <= target else "MISSED"
     print(f"target: multi-group prefill step <= {target}x upstream's single-group cost: {verdict} (worst {worst:.2f}x); "
           f"{elapsed:.1f}s")

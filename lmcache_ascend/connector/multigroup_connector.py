@@ -11,11 +11,12 @@ Memory objects are byte buffers: uint8 ``[1, 1, tokens, ceil(bytes / tokens)]``
 the ``lmcache-metadata-chunk-bytes`` patch makes LMCache allocate that shape.
 
 Slot mappings: the ``slot_mappings_by_group`` keyword (sequence indexed by
-scheduler group, or a mapping), else the request's ``GroupSlotMappings`` handed
-over by the worker adapter patch (`hand_over_requests`; found by the ``req_id``
-LMCache forwards), else the single ``slot_mapping`` stands for group 0
-(single-group models). They go to the device once per request and direction
-and step (`DeviceSlots`); chunks only index into them.
+scheduler group, or a mapping), else the request's block ids (``StepBlockIds``)
+handed over by the worker adapter patch (`hand_over_requests`; found by the
+``req_id`` LMCache forwards), resolved to slots on the device once per request,
+direction and step (`DeviceSlots.from_block_ids`), else the single
+``slot_mapping`` stands for group 0 (single-group models). Chunks only index
+into the device slots.
 
 Batched calls (``batched_from_gpu`` / ``batched_to_gpu``, LMCache's store and
 retrieve) move all full chunks with ONE launch per layer group and synchronize
@@ -68,7 +69,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self.layout: ChunkPlanner | None = None
         self.mover: ChunkMover | None = None
         self.kvcaches = None
-        # req_id -> GroupSlotMappings of the step being served (handed over by the adapter patch),
+        # req_id -> StepBlockIds of the step being served (handed over by the adapter patch),
         # and (req_id, store) -> its DeviceSlots, made on first use.
         self._request_slots: dict[str, Any] = {}
         self._device_slots_by_request: dict[tuple[str, bool], DeviceSlots] = {}
@@ -102,14 +103,14 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
             raise LayoutError("MultiGroupGPUConnector.get_shape called before KV caches were registered")
         return torch.Size(self.layout.memory_shape(num_tokens))
 
-    def hand_over_requests(self, group_slots_by_request: Mapping[str, Any]) -> None:
-        """This step's requests (`lmcache_ascend.multigroup.slots.GroupSlotMappings` by req_id).
+    def hand_over_requests(self, block_ids_by_request: Mapping[str, Any]) -> None:
+        """This step's requests (`lmcache_ascend.multigroup.slots.StepBlockIds` by req_id).
 
         LMCache's engine forwards ``req_id`` to the connector; that request's slots are
-        used when no ``slot_mappings_by_group`` keyword is given. Their device copies
-        are made on first use and kept until `release_requests`.
+        used when no ``slot_mappings_by_group`` keyword is given. They are resolved on
+        the device on first use (once per direction) and kept until `release_requests`.
         """
-        self._request_slots = {req_id: slots for req_id, slots in group_slots_by_request.items() if slots is not None}
+        self._request_slots = {req_id: blocks for req_id, blocks in block_ids_by_request.items() if blocks is not None}
         self._device_slots_by_request = {}
 
     def release_requests(self) -> None:
@@ -122,14 +123,16 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         if kwargs.get("slot_mappings_by_group") is not None:
             return mover.upload(_as_group_mapping(kwargs["slot_mappings_by_group"]), cached_tokens)
         req_id = kwargs.get("req_id")
-        request_slots = self._request_slots.get(req_id)
-        if request_slots is not None:
+        request_blocks = self._request_slots.get(req_id)
+        if request_blocks is not None:
             key = (req_id, store)
             resolved = self._device_slots_by_request.get(key)
             if resolved is None:
                 if not store:
-                    cached_tokens = max(cached_tokens, request_slots.vllm_cached_tokens)
-                resolved = mover.upload(request_slots.transferred_slot_mappings(), cached_tokens)
+                    cached_tokens = max(cached_tokens, request_blocks.vllm_cached_tokens)
+                resolved = DeviceSlots.from_block_ids(
+                    request_blocks, mover.layout.geometry_by_group, mover.device, cached_tokens
+                )
                 self._device_slots_by_request[key] = resolved
             return resolved
         if kwargs.get("slot_mapping") is not None:

@@ -1,8 +1,9 @@
 """Move chunks between vLLM's paged caches (every layer group) and their flat buffers.
 
-Glue between the chunk plan and the kernels. A request's slot mappings are put
-on the device once (`DeviceSlots`: every scheduler group's slots in one tensor,
-the cached prefix of a load already masked); a chunk then only picks rows of it
+Glue between the chunk plan and the kernels. A request's slot mappings are made
+on the device once, from the block ids the scheduler shipped (`DeviceSlots`:
+every scheduler group's slots in one tensor, the cached prefix of a load already
+masked); a chunk then only picks rows of it
 (`chunk_row_window`: compressed groups ``ceil(tokens / ratio)`` rows,
 sliding-window groups only their tail). `ChunkMover.move` moves one chunk with
 one launch per layer group; `ChunkMover.move_batch` moves many full chunks with
@@ -31,7 +32,9 @@ from lmcache_ascend.kernels import (
 )
 from lmcache_ascend.kv_layout.chunk_plan import ChunkPlanner
 from lmcache_ascend.kv_layout.formats import LayoutError
+from lmcache_ascend.multigroup.slots import StepBlockIds
 from lmcache_ascend.multigroup.specs import KVGroupSpec, cached_row_count, chunk_row_window
+from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID
 
 __all__ = ["DEFAULT_HOST_PATH", "HOST_PATHS", "STAGING_BYTES", "ChunkMover", "DeviceSlots"]
 
@@ -55,17 +58,113 @@ def _device_module(device: torch.device):
     return module if module is not None and hasattr(module, "Stream") else None
 
 
+def _to_device(host: np.ndarray, device: torch.device) -> torch.Tensor:
+    tensor = torch.from_numpy(host)
+    if device.type == "cuda":
+        # Through pinned memory the copy does not hold the host up; the caching host
+        # allocator keeps the pinned block until the copy has run.
+        return tensor.pin_memory().to(device, non_blocking=True)
+    if device.type != "cpu":
+        return tensor.to(device)
+    return tensor
+
+
+def _expand_block_ids(packed, params_shape: tuple[int, int], rows_total: int, xp, arange):
+    """Slots of every row from `packed` = [five rows of per-group parameters, block ids...].
+
+    Written once for numpy arrays (`xp` numpy, CPU) and torch tensors (`xp` torch, a device):
+    the same operators and ``xp.searchsorted(..., side="right")``; `arange` from the caller.
+    Parameters per group: first output row, rows, first block id, rows per block, cached rows.
+    """
+    size = params_shape[0] * params_shape[1]
+    first_row, num_rows, first_block, rows_per_block, cached_rows = packed[:size].reshape(params_shape)
+    block_ids = packed[size:]
+    row = arange(rows_total)
+    group = xp.searchsorted(first_row + num_rows, row, side="right")
+    local = row - first_row[group]
+    rows_per_block = rows_per_block[group]
+    block = local // rows_per_block
+    block_id = block_ids[first_block[group] + block]
+    slots = block_id * rows_per_block + (local - block * rows_per_block)
+    slots[(block_id == NULL_BLOCK_ID) | (local < cached_rows[group])] = -1
+    return slots
+
+
 @dataclass(frozen=True)
 class DeviceSlots:
     """The slot mappings of one request (or one call) on the caches' device, in ONE int64 tensor.
 
     Scheduler group g's slots are ``slots[offsets[g] : offsets[g] + lengths[g]]``.
-    Made by `DeviceSlots.upload`: one host-to-device copy.
+    Made by `DeviceSlots.from_block_ids` (a request's block ids, expanded on the
+    device) or `DeviceSlots.upload` (slot mappings given whole): one host-to-device copy.
     """
 
     slots: torch.Tensor
     offsets: Mapping[int, int]
     lengths: Mapping[int, int]
+
+    @classmethod
+    def from_block_ids(
+        cls,
+        step: StepBlockIds,
+        groups: Mapping[int, KVGroupSpec],
+        device: torch.device,
+        cached_tokens: int = 0,
+    ) -> "DeviceSlots":
+        """The slots of every transferred group of `step`, made on `device` from its block ids.
+
+        Uploads the block ids and five parameters per group (one copy), then expands
+        them there with a fixed number of ops for all groups (`_expand_block_ids`; on
+        a CPU device with numpy): row r of group g has slot ``block_id * rows_per_block +
+        r % rows_per_block`` with ``block_id = ids_g[r // rows_per_block]``; -1 on vLLM's
+        null block and on the rows of vLLM's cached prefix (`cached_row_count` of
+        `cached_tokens`; 0 for a store). `groups` are the registered groups: each
+        transferred group must be among them with the geometry the scheduler used.
+        """
+        blocks_by_group = step.group_block_ids()
+        num_groups = len(blocks_by_group)
+        # Per group: first output row, rows, first block id, rows per block, cached rows.
+        params = np.zeros((5, max(num_groups, 1)), dtype=np.int64)
+        offsets: dict[int, int] = {}
+        lengths: dict[int, int] = {}
+        rows_total = 0
+        blocks_total = 0
+        for column, (group, ids) in enumerate(blocks_by_group.items()):
+            spec = groups.get(group)
+            if spec is None:
+                raise LayoutError(
+                    f"block ids were given for scheduler group {group}, which is not among the registered "
+                    f"groups {sorted(groups)}"
+                )
+            shipped = step.groups[group]
+            if (spec.block_size, spec.compress_ratio, spec.sliding_window) != (
+                shipped.block_size, shipped.compress_ratio, shipped.sliding_window
+            ):
+                raise LayoutError(
+                    f"scheduler group {group}: the scheduler's block ids are for {shipped} but the registered "
+                    f"caches have {spec}; block size, compress ratio and sliding window must agree"
+                )
+            num_rows = spec.num_rows(step.num_tokens)
+            params[:, column] = (
+                rows_total, num_rows, blocks_total, spec.rows_per_block, cached_row_count(spec, cached_tokens, num_rows)
+            )
+            offsets[group], lengths[group] = rows_total, num_rows
+            rows_total += num_rows
+            blocks_total += len(ids)
+        if rows_total == 0:
+            # One entry at least: an empty tensor may have no address for the kernels to anchor on.
+            return cls(_to_device(np.full(1, -1, dtype=np.int64), device), offsets, lengths)
+        packed = np.concatenate((params.reshape(-1), step.block_ids.astype(np.int64, copy=False)))
+        if device.type == "cpu":
+            # numpy on the host: torch's CPU ops start their thread pool per op, which costs more
+            # than the expansion itself on a busy host (measured 20-40x on the session box).
+            slots = _expand_block_ids(packed, params.shape, rows_total, np, np.arange)
+            return cls(torch.from_numpy(slots), offsets, lengths)
+        on_device = _to_device(packed, device)
+        slots = _expand_block_ids(
+            on_device, params.shape, rows_total, torch, lambda n: torch.arange(n, dtype=torch.int64, device=on_device.device)
+        )
+        return cls(slots, offsets, lengths)
 
     @classmethod
     def upload(
@@ -104,14 +203,7 @@ class DeviceSlots:
         # One entry at least: an empty tensor may have no address for the kernels to anchor on.
         if not len(joined):
             joined = np.full(1, -1, dtype=np.int64)
-        tensor = torch.from_numpy(joined)
-        if device.type == "cuda":
-            # Through pinned memory the copy does not hold the host up; the caching host
-            # allocator keeps the pinned block until the copy has run.
-            tensor = tensor.pin_memory().to(device, non_blocking=True)
-        elif device.type != "cpu":
-            tensor = tensor.to(device)
-        return cls(tensor, offsets, lengths)
+        return cls(_to_device(joined, device), offsets, lengths)
 
 
 class ChunkMover:
@@ -293,7 +385,7 @@ class ChunkMover:
 
         Through staging a store copies whole chunks back, so bytes no row fills (region
         padding, skipped rows) are unspecified there, as the per-chunk staging always had it;
-        chunks with skipped rows are never persisted (see `GroupSlotMappings.store_hole_chunks`).
+        chunks with skipped rows are never persisted (see `StepBlockIds.store_hole_chunks`).
         """
         if host_path not in HOST_PATHS:
             raise LayoutError(f"host_path={host_path!r} is not allowed; allowed: {', '.join(HOST_PATHS)}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-__all__ = ["BLOCK_TRACKER", "CHUNK_PLANNER", "CONNECTOR_LAYOUT", "GROUP_SLOTS", "Attachment"]
+__all__ = ["BLOCK_TRACKER", "CHUNK_PLANNER", "CONNECTOR_LAYOUT", "STEP_BLOCK_IDS", "Attachment"]
 
 T = TypeVar("T")
 
@@ -44,8 +44,9 @@ class Attachment(Generic[T]):
         return f"Attachment({self.name!r}: {self.holds})"
 
 
-# On LMCache's ReqMeta: the request's per-group slot mappings for this step (multigroup.slots).
-GROUP_SLOTS: Attachment = Attachment("ascend_group_slots", "GroupSlotMappings of the request, this step")
+# On LMCache's ReqMeta: the request's per-group block ids for this step (multigroup.slots);
+# pickled to the workers with it, which resolve them to slots on the device.
+STEP_BLOCK_IDS: Attachment = Attachment("ascend_step_block_ids", "StepBlockIds of the request, this step")
 # On LMCache's RequestTracker: the request's per-group block ids (multigroup.tracker).
 BLOCK_TRACKER: Attachment = Attachment("ascend_block_tracker", "GroupBlockTracker of the request")
 # On LMCache's in-process connector (LMCacheConnectorV1Impl): its multi-group layout, None for one group.

@@ -18,6 +18,7 @@ imports it. `layout_from_kv_cache_config` reads plain attributes of a
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -97,6 +98,10 @@ class KVGroupSpec:
     def num_rows(self, num_tokens: int) -> int:
         """Paged rows that `num_tokens` tokens occupy: ceil(T / compress_ratio)."""
         return -(-num_tokens // self.compress_ratio)
+
+    def num_blocks(self, num_tokens: int) -> int:
+        """Paged blocks that hold the rows of the first `num_tokens` tokens."""
+        return -(-self.num_rows(num_tokens) // self.rows_per_block)
 
 
 def sliding_tail_first_row(chunk_first_row, chunk_end_row, window_rows: int, block_rows: int):
@@ -182,18 +187,42 @@ class MultiGroupLayout:
     def is_multi_group(self) -> bool:
         return len(self.groups) > 1
 
-    @property
+    # Read on every scheduler step: computed once per layout (the layout is frozen).
+    @functools.cached_property
     def transferred(self) -> tuple[bool, ...]:
         """Per group, whether LMCache stores and loads it."""
         return tuple(group.transferred for group in self.groups)
 
-    @property
+    @functools.cached_property
     def transferred_group_indices(self) -> tuple[int, ...]:
         return tuple(group.group_index for group in self.groups if group.transferred)
 
-    @property
+    @functools.cached_property
     def block_sizes(self) -> tuple[int, ...]:
         return tuple(group.block_size for group in self.groups)
+
+    def upstream_table_group(self, chunk_size: int) -> int:
+        """The transferred group whose block table upstream LMCache's one slot mapping is built from.
+
+        Upstream builds ``block_ids * block_size + offsets`` for every block and keeps
+        a view of the first tokens; pickled to the workers, the view carries the whole
+        table. Multi-group mode stores whole chunks only, so with a block size that
+        divides `chunk_size` the table holds exactly the tokens: the largest such
+        block size, full attention before sliding windows, lowest index on ties.
+        Without one, the smallest block size (the least waste). Fixed per layout and
+        chunk size, so it is decided before upstream runs and costs nothing per step.
+        """
+        chosen = self.__dict__.setdefault("_upstream_table_group", {})
+        group = chosen.get(chunk_size)
+        if group is None:
+            candidates = [self.groups[g] for g in self.transferred_group_indices]
+            dividing = [g for g in candidates if chunk_size % g.block_size == 0]
+            if dividing:
+                best = max(dividing, key=lambda g: (g.block_size, g.sliding_window is None, -g.group_index))
+            else:
+                best = min(candidates, key=lambda g: (g.block_size, g.sliding_window is not None, g.group_index))
+            group = chosen[chunk_size] = best.group_index
+        return group
 
     def groups_by_index(self) -> dict[int, KVGroupSpec]:
         return {group.group_index: group for group in self.groups}

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 __all__ = ["NULL_BLOCK_ID", "GroupBlockTracker", "normalize_group_block_ids"]
 
 # vLLM's BlockPool reserves block 0 as the null block.
@@ -53,14 +55,34 @@ def normalize_group_block_ids(
 class GroupBlockTracker:
     """Block IDs per KV-cache group of one request (list per group, in order)."""
 
-    __slots__ = ("block_ids_by_group", "slot_row_caches")
+    __slots__ = ("block_ids_by_group", "_id_arrays", "_id_array_counts")
 
     def __init__(self, block_ids_by_group: list[list[int]]) -> None:
         self.block_ids_by_group = block_ids_by_group
-        # Per-group caches of slot rows derived from the block ids (owned by
-        # `lmcache_ascend.multigroup.slots`); valid while blocks are only
-        # appended, dropped when the table is replaced.
-        self.slot_row_caches: list[object | None] = [None] * len(block_ids_by_group)
+        self._drop_id_arrays()
+
+    def _drop_id_arrays(self) -> None:
+        # Per group, an int64 copy of the first `_id_array_counts[g]` block ids, grown as
+        # blocks are appended (a step then converts only its new blocks); valid while
+        # blocks are only appended, dropped when the table is replaced.
+        self._id_arrays = [np.empty(0, dtype=np.int64) for _ in self.block_ids_by_group]
+        self._id_array_counts = [0] * len(self.block_ids_by_group)
+
+    def block_id_array(self, group: int, count: int) -> np.ndarray:
+        """The first `count` block ids of `group` as int64 (a view: copy before keeping it)."""
+        ids = self.block_ids_by_group[group]
+        if count > len(ids):
+            raise ValueError(f"KV-cache group {group}: {count} blocks asked, {len(ids)} tracked")
+        held = self._id_array_counts[group]
+        if held < count:
+            array = self._id_arrays[group]
+            if count > len(array):
+                grown = np.empty(max(count, 2 * len(array)), dtype=np.int64)
+                grown[:held] = array[:held]
+                self._id_arrays[group] = array = grown
+            array[held:count] = ids[held:count]
+            self._id_array_counts[group] = count
+        return self._id_arrays[group][:count]
 
     @classmethod
     def for_new_request(
@@ -95,7 +117,7 @@ class GroupBlockTracker:
         """A preempted request resumed: its old blocks are gone, the new table replaces them."""
         groups = normalize_group_block_ids(block_ids, self.num_groups, "resumed request block_ids")
         self.block_ids_by_group = [list(ids) for ids in groups]
-        self.slot_row_caches = [None] * len(self.block_ids_by_group)
+        self._drop_id_arrays()
 
     def num_blocks_by_group(self) -> tuple[int, ...]:
         return tuple(map(len, self.block_ids_by_group))

@@ -163,15 +163,16 @@ def test_wait_for_save_then_start_load_kv_round_trips_every_group(patches, pipel
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
     from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
-    from lmcache_ascend.multigroup.slots import REQ_META_ATTRIBUTE, raw_slot_mapping_for_group
+    from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
+    from tests.multigroup.cpu_slots import raw_slot_mapping_for_group
 
     fixture = dsv4_ascend_kv_cache_config()
     scheduler = make_connector_impl(fixture, chunk_size=CHUNK)
     driver = RequestDriver(scheduler, "req-0", list(range(1000, 1000 + PROMPT_TOKENS)))
     store_meta = driver.start(PROMPT_TOKENS, BLOCK_IDS)
     (request,) = store_meta.requests
-    group_slots = getattr(request, REQ_META_ATTRIBUTE)
-    assert group_slots is not None and len(group_slots.slot_mappings) == 11
+    step_blocks = STEP_BLOCK_IDS.get(request)
+    assert step_blocks is not None and len(step_blocks.groups) == 11
 
     config, engine = _engine()
     try:
@@ -189,7 +190,7 @@ def test_wait_for_save_then_start_load_kv_round_trips_every_group(patches, pipel
         load_request = dataclasses.replace(
             request, save_spec=None, load_spec=LoadSpec(vllm_cached_tokens=0, lmcache_cached_tokens=3 * CHUNK, can_load=True)
         )
-        setattr(load_request, REQ_META_ATTRIBUTE, group_slots)
+        STEP_BLOCK_IDS.set(load_request, step_blocks)
         loader._parent._connector_metadata = LMCacheConnectorMetadata(requests=[load_request])
         loader.start_load_kv(_forward_context())
         assert loader._invalid_block_ids == set()
@@ -261,7 +262,7 @@ def test_chunks_with_rows_on_the_null_block_are_not_persisted(patches, pipeline_
     """
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
-    from lmcache_ascend.multigroup.slots import REQ_META_ATTRIBUTE
+    from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 
     fixture = dsv4_ascend_kv_cache_config()
     scheduler = make_connector_impl(fixture, chunk_size=CHUNK)
@@ -269,7 +270,7 @@ def test_chunks_with_rows_on_the_null_block_are_not_persisted(patches, pipeline_
     block_ids_with_null = ([0, 5],) + BLOCK_IDS[1:]
     store_meta = driver.start(PROMPT_TOKENS, block_ids_with_null)
     (request,) = store_meta.requests
-    assert getattr(request, REQ_META_ATTRIBUTE).store_hole_chunks() == (0, 1)
+    assert STEP_BLOCK_IDS.get(request).store_hole_chunks() == (0, 1)
 
     config, engine = _engine()
     try:

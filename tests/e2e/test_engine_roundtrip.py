@@ -77,7 +77,7 @@ def _engine(connector):
 
 
 def _slot_mappings(layout) -> dict[int, torch.Tensor]:
-    from lmcache_ascend.multigroup.slots import raw_slot_mapping_for_group
+    from tests.multigroup.cpu_slots import raw_slot_mapping_for_group
 
     return {
         group: raw_slot_mapping_for_group(layout.groups[group], ids, NUM_TOKENS) for group, ids in BLOCK_IDS.items()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -19,13 +20,11 @@ from lmcache_ascend.multigroup.slicing import (
     prefix_bound_in_vllm_blocks,
     primary_group_index,
 )
-from lmcache_ascend.multigroup.slots import (
-    REQ_META_ATTRIBUTE,
-    GroupSlotMappings,
-    build_group_slot_mappings,
-    group_slots_of,
-    raw_slot_mapping_for_group,
-)
+from lmcache_ascend.kv_layout.formats import LayoutError
+from lmcache_ascend.kv_layout import transfer
+from lmcache_ascend.kv_layout.transfer import DeviceSlots
+from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
+from lmcache_ascend.multigroup.slots import StepBlockIds, step_block_ids
 from lmcache_ascend.multigroup.specs import (
     KVGroupSpec,
     MultiGroupLayout,
@@ -37,6 +36,7 @@ from lmcache_ascend.multigroup.state_skip import (
     policy_from_values,
 )
 from lmcache_ascend.multigroup.tracker import GroupBlockTracker
+from tests.multigroup.cpu_slots import build_group_slot_mappings, raw_slot_mapping_for_group, rows_in_chunk_windows
 from tests.multigroup.reference import reference_load_slots, reference_raw_slots, reference_store_slots
 
 CUDA_BLOCK_SIZES = (256, 64, 64, 4, 8)
@@ -198,88 +198,179 @@ def test_tracker_copies_vllm_lists_and_rejects_wrong_group_counts():
 
 
 # ------------------------------------------------------------------------ slot mappings
-def test_raw_slots_compressed_group_with_null_block_row_by_row():
-    group = KVGroupSpec(0, "C4AttnKV", block_size=16, compress_ratio=4)  # 4 rows per block
-    slots = raw_slot_mapping_for_group(group, [5, 0, 9], 37)  # ceil(37/4)=10 rows
-    assert slots.dtype == torch.long
-    assert slots.tolist() == [20, 21, 22, 23, -1, -1, -1, -1, 36, 37]
-
-
-def test_raw_slots_need_enough_blocks():
-    group = KVGroupSpec(3, "Full", block_size=16)
-    with pytest.raises(ValueError, match="group 3 .*33 tokens need 3 blocks of 16 tokens but only 2"):
-        raw_slot_mapping_for_group(group, [1, 2], 33)
+CPU = torch.device("cpu")
+_REAL_EXPAND = transfer._expand_block_ids  # the real one, while `_resolved` wraps it
 
 
 def _layout(*groups: KVGroupSpec) -> MultiGroupLayout:
     return layout_from_groups(groups, 4, StateGroupPolicy())
 
 
-def test_group_slot_mappings_skip_state_groups_and_mask_per_direction():
+def _expand_with_numpy_and_torch(packed, params_shape, rows_total, xp, arange):
+    """The CPU expansion (numpy), checked equal to the same expansion in torch (a device's path)."""
+    slots = _REAL_EXPAND(packed, params_shape, rows_total, xp, arange)
+    with_torch = _REAL_EXPAND(
+        torch.from_numpy(packed.copy()), params_shape, rows_total, torch, lambda n: torch.arange(n, dtype=torch.int64)
+    )
+    assert with_torch.dtype == torch.int64 and with_torch.tolist() == slots.tolist()
+    return slots
+
+
+def _resolved(step: StepBlockIds, cached_tokens: int = 0) -> dict[int, list[int]]:
+    """What the worker resolves from the shipped block ids, per group (CPU device; torch checked too)."""
+    groups = {group.group_index: group for group in step.groups}
+    transfer._expand_block_ids = _expand_with_numpy_and_torch
+    try:
+        device_slots = DeviceSlots.from_block_ids(step, groups, CPU, cached_tokens)
+    finally:
+        transfer._expand_block_ids = _REAL_EXPAND
+    flat = device_slots.slots.tolist()
+    return {g: flat[device_slots.offsets[g] : device_slots.offsets[g] + device_slots.lengths[g]] for g in device_slots.offsets}
+
+
+def _store_rows(step: StepBlockIds, group: int, slots: list[int]) -> list[int]:
+    """`slots` with the rows no chunk stores (`chunk_row_window`) set to -1."""
+    keep = rows_in_chunk_windows(step.groups[group], len(slots), step.chunk_size)
+    return [slot if kept else -1 for slot, kept in zip(slots, keep)]
+
+
+def test_oracle_raw_slots_compressed_group_with_null_block_row_by_row():
+    group = KVGroupSpec(0, "C4AttnKV", block_size=16, compress_ratio=4)  # 4 rows per block
+    slots = raw_slot_mapping_for_group(group, [5, 0, 9], 37)  # ceil(37/4)=10 rows
+    assert slots.dtype == torch.long
+    assert slots.tolist() == [20, 21, 22, 23, -1, -1, -1, -1, 36, 37]
+
+
+def test_step_block_ids_need_enough_blocks():
+    layout = _layout(KVGroupSpec(0, "Full", block_size=16), KVGroupSpec(1, "Full", block_size=16))
+    tracker = GroupBlockTracker.for_new_request(([1, 2, 3], [1, 2]), 2)
+    with pytest.raises(ValueError, match="group 1 .*33 tokens need 3 blocks of 16 tokens but only 2"):
+        step_block_ids(layout, tracker, 33, 16)
+
+
+def test_step_block_ids_ship_compact_numpy_ids_and_resolve_per_direction():
     layout = _layout(
         KVGroupSpec(0, "C4AttnKV", 16, 4),
         KVGroupSpec(1, "C4AttnKVState", 4, is_state=True),
         KVGroupSpec(2, "SWA", 8, 1, sliding_window=4),
     )
-    tracker = GroupBlockTracker.for_new_request(([1, 2], [3, 4, 5, 6], [7, 8, 9, 10]), 3)
-    slots = build_group_slot_mappings(layout, tracker, num_tokens=32, chunk_size=16, vllm_cached_tokens=8)
-    assert slots.transferred_groups == (0, 2)
-    assert slots.slot_mappings[1] is None and slots.store_slot_mapping(1) is None and slots.load_slot_mapping(1) is None
-    assert slots.primary_group == 0  # 2*16 = 32 tokens, ties with group 2 (4*8): lowest index
-    assert slots.store_slot_mapping(0).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
-    assert slots.load_slot_mapping(0).tolist() == [-1, -1, 6, 7, 8, 9, 10, 11]
+    tracker = GroupBlockTracker.for_new_request(([1, 2, 9], [3, 4, 5, 6], [7, 8, 9, 10, 11]), 3)
+    step = step_block_ids(layout, tracker, num_tokens=32, chunk_size=16, vllm_cached_tokens=8)
+    assert step.transferred_groups == (0, 2)
+    # Only the blocks 32 tokens occupy, of transferred groups, in one int64 array that owns its memory.
+    assert isinstance(step.block_ids, np.ndarray) and step.block_ids.dtype == np.int64 and step.block_ids.base is None
+    assert step.block_ids.tolist() == [1, 2, 7, 8, 9, 10]
+    assert {g: ids.tolist() for g, ids in step.group_block_ids().items()} == {0: [1, 2], 2: [7, 8, 9, 10]}
+    assert step.primary_group == 0  # 3*16 = 48 tokens covered, group 2 covers 5*8 = 40
+    store, load = _resolved(step), _resolved(step, step.vllm_cached_tokens)
+    assert set(store) == {0, 2}
+    assert store[0] == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert load[0] == [-1, -1, 6, 7, 8, 9, 10, 11]
     # Window of 4 tokens at the end of each 16-token chunk (tokens 12..15 and 28..31),
     # widened to the 8-token blocks holding them: tokens 8..15 and 24..31.
-    expected_store = [-1] * 8 + list(range(64, 72)) + [-1] * 8 + list(range(80, 88))
-    assert slots.store_slot_mapping(2).tolist() == expected_store
-    assert slots.load_slot_mapping(2).tolist() == [-1] * 8 + list(range(64, 88))
-    # The raw tensors are never modified by the masks.
-    assert slots.slot_mappings[2].tolist() == list(range(56, 88))
+    assert store[2] == list(range(56, 88))
+    assert _store_rows(step, 2, store[2]) == [-1] * 8 + list(range(64, 72)) + [-1] * 8 + list(range(80, 88))
+    assert load[2] == [-1] * 8 + list(range(64, 88))
+    # The tracker's own ids are untouched by shipping (a copy travels).
+    step.block_ids[0] = 99
+    assert tracker.block_ids_by_group[0] == [1, 2, 9] and tracker.block_id_array(0, 1).tolist() == [1]
 
 
-def test_group_slots_of_reads_the_documented_attribute():
+def test_step_block_ids_attachment_reads_the_documented_attribute():
     class Meta:
         pass
 
     meta = Meta()
-    assert group_slots_of(meta) is None
-    value = GroupSlotMappings((), (), 0, 0, 256)
-    setattr(meta, REQ_META_ATTRIBUTE, value)
-    assert group_slots_of(meta) is value and REQ_META_ATTRIBUTE == "ascend_group_slots"
+    assert STEP_BLOCK_IDS.get(meta) is None
+    value = StepBlockIds((), np.empty(0, dtype=np.int64), 0, 0, 256)
+    STEP_BLOCK_IDS.set(meta, value)
+    assert STEP_BLOCK_IDS.get(meta) is value and vars(meta) == {"ascend_step_block_ids": value}
+
+
+def test_device_slots_refuse_unregistered_or_disagreeing_groups():
+    layout = _layout(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 16, 4))
+    tracker = GroupBlockTracker.for_new_request(([1, 2], [3]), 2)
+    step = step_block_ids(layout, tracker, 16, 16)
+    with pytest.raises(LayoutError, match="scheduler group 1, which is not among the registered groups \\[0\\]"):
+        DeviceSlots.from_block_ids(step, {0: layout.groups[0]}, CPU)
+    other = {0: layout.groups[0], 1: KVGroupSpec(1, "C4", 32, 4)}
+    with pytest.raises(LayoutError, match="scheduler group 1: the scheduler's block ids are for .*block_size=16"):
+        DeviceSlots.from_block_ids(step, other, CPU)
+    short = StepBlockIds(layout.groups, step.block_ids[:-1].copy(), 0, 16, 16)
+    with pytest.raises(ValueError, match="carries 2 block ids; its 2 transferred groups need 3 for 16 tokens"):
+        DeviceSlots.from_block_ids(short, layout.groups_by_index(), CPU)
+
+
+def test_device_slots_of_nothing_hold_one_skipped_slot():
+    layout = _layout(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "Full", 8))
+    step = step_block_ids(layout, GroupBlockTracker.for_new_request(([], []), 2), 0, 16)
+    slots = DeviceSlots.from_block_ids(step, layout.groups_by_index(), CPU)
+    assert slots.slots.tolist() == [-1] and dict(slots.lengths) == {0: 0, 1: 0}
 
 
 @st.composite
-def _group_case(draw):
+def _group_case(draw, index=0):
     compress_ratio = 2 ** draw(st.integers(0, 7))
     rows_per_block = 2 ** draw(st.integers(0, 6))
     block_size = compress_ratio * rows_per_block
-    chunk_size = compress_ratio * 2 ** draw(st.integers(0, 4)) * draw(st.sampled_from([1, 2, 4]))
-    num_tokens = draw(st.integers(0, 3000))
-    num_rows = -(-num_tokens // compress_ratio)
-    num_blocks = -(-num_rows // rows_per_block) + draw(st.integers(0, 2))
-    block_ids = draw(st.lists(st.integers(0, 500), min_size=num_blocks, max_size=num_blocks))
     # A window is whole rows (KVGroupSpec refuses any other).
     sliding_window = draw(st.one_of(st.none(), st.integers(1, max(1, 600 // compress_ratio)).map(lambda rows: rows * compress_ratio)))
+    transferred = index == 0 or draw(st.booleans())
+    return KVGroupSpec(index, "G", block_size, compress_ratio, sliding_window, is_state=not transferred)
+
+
+@st.composite
+def _request_case(draw):
+    groups = [draw(_group_case(index)) for index in range(draw(st.integers(1, 4)))]
+    largest_ratio = max(group.compress_ratio for group in groups)
+    chunk_size = largest_ratio * 2 ** draw(st.integers(0, 4)) * draw(st.sampled_from([1, 2, 4]))
+    num_tokens = draw(st.integers(0, 3000))
+    tables = []
+    for group in groups:
+        num_blocks = group.num_blocks(num_tokens) + draw(st.integers(0, 2))
+        tables.append(draw(st.lists(st.integers(0, 500), min_size=num_blocks, max_size=num_blocks)))
     vllm_cached = draw(st.integers(0, num_tokens))
-    return compress_ratio, block_size, chunk_size, num_tokens, block_ids, sliding_window, vllm_cached
+    return tuple(groups), chunk_size, num_tokens, tables, vllm_cached
+
+
+def _hole_chunks_reference(step: StepBlockIds, tables) -> tuple[int, ...]:
+    """Chunks with a row a store keeps (row-by-row window reference) on a null block."""
+    holes = set()
+    for g in step.transferred_groups:
+        group = step.groups[g]
+        args = (group.block_size, group.compress_ratio)
+        null_rows = reference_raw_slots(*args, tables[g], step.num_tokens)
+        no_nulls = [block + 1000 for block in tables[g]]
+        kept = reference_store_slots(*args, group.sliding_window, no_nulls, step.num_tokens, step.chunk_size)
+        for row, (slot, keep) in enumerate(zip(null_rows, kept)):
+            if slot == -1 and keep != -1:
+                holes.add(row * group.compress_ratio // step.chunk_size)
+    return tuple(sorted(holes))
 
 
 @settings(max_examples=400, deadline=None)
-@given(_group_case())
-def test_slot_mappings_match_row_by_row_reference(case):
-    compress_ratio, block_size, chunk_size, num_tokens, block_ids, sliding_window, vllm_cached = case
-    group = KVGroupSpec(0, "G", block_size, compress_ratio, sliding_window)
-    layout = layout_from_groups((group,), 1, StateGroupPolicy())
-    tracker = GroupBlockTracker.for_new_request((block_ids,), 1)
-    slots = build_group_slot_mappings(layout, tracker, num_tokens, chunk_size, vllm_cached)
-    raw = reference_raw_slots(block_size, compress_ratio, block_ids, num_tokens)
-    assert slots.slot_mappings[0].tolist() == raw
-    assert slots.store_slot_mapping(0).tolist() == reference_store_slots(
-        block_size, compress_ratio, sliding_window, block_ids, num_tokens, chunk_size
-    )
-    assert slots.load_slot_mapping(0).tolist() == reference_load_slots(
-        block_size, compress_ratio, block_ids, num_tokens, vllm_cached
-    )
+@given(_request_case())
+def test_device_resolution_matches_row_by_row_reference_and_the_cpu_builder(case):
+    groups, chunk_size, num_tokens, tables, vllm_cached = case
+    layout = layout_from_groups(groups, 1, StateGroupPolicy())
+    tracker = GroupBlockTracker.for_new_request(tuple(tables), len(groups))
+    step = step_block_ids(layout, tracker, num_tokens, chunk_size, vllm_cached)
+    oracle = build_group_slot_mappings(layout, tracker, num_tokens, chunk_size, vllm_cached)
+    store, load = _resolved(step), _resolved(step, vllm_cached)
+    assert step.transferred_groups == oracle.transferred_groups == tuple(store) == tuple(load)
+    for g in step.transferred_groups:
+        group = groups[g]
+        args = (group.block_size, group.compress_ratio)
+        # Every element: device resolution == row-by-row reference == the old CPU builder.
+        assert store[g] == reference_raw_slots(*args, tables[g], num_tokens) == oracle.slot_mappings[g].tolist()
+        assert load[g] == reference_load_slots(*args, tables[g], num_tokens, vllm_cached)
+        assert load[g] == oracle.load_slot_mapping(g).tolist()
+        assert _store_rows(step, g, store[g]) == reference_store_slots(
+            *args, group.sliding_window, tables[g], num_tokens, chunk_size
+        ) == oracle.store_slot_mapping(g).tolist()
+    assert step.store_hole_chunks() == _hole_chunks_reference(step, tables)
+    holes = step.store_hole_chunks()
+    assert step.first_storable_token() == (min(num_tokens, (holes[-1] + 1) * chunk_size) if holes else 0)
 
 
 @settings(max_examples=150, deadline=None)
@@ -289,7 +380,7 @@ def test_slot_mappings_match_row_by_row_reference(case):
     steps=st.lists(st.lists(st.integers(0, 300), max_size=6), min_size=1, max_size=6),
     reset_at=st.integers(0, 6),
 )
-def test_cached_rows_follow_appends_and_resets(rows_per_block, compress_ratio, steps, reset_at):
+def test_shipped_ids_follow_appends_and_resets(rows_per_block, compress_ratio, steps, reset_at):
     block_size = rows_per_block * compress_ratio
     layout = layout_from_groups((KVGroupSpec(0, "G", block_size, compress_ratio),), 1, StateGroupPolicy())
     tracker = GroupBlockTracker.for_new_request(([],), 1)
@@ -299,8 +390,9 @@ def test_cached_rows_follow_appends_and_resets(rows_per_block, compress_ratio, s
         tracker.append_new_blocks((new_ids,))
         ids = tracker.block_ids_by_group[0]
         for num_tokens in {0, len(ids) * block_size // 2, len(ids) * block_size}:
-            got = build_group_slot_mappings(layout, tracker, num_tokens, 1024).slot_mappings[0]
-            assert got.tolist() == reference_raw_slots(block_size, compress_ratio, ids, num_tokens)
+            step = step_block_ids(layout, tracker, num_tokens, 1024)
+            assert step.block_ids.tolist() == ids[: layout.groups[0].num_blocks(num_tokens)]
+            assert _resolved(step)[0] == reference_raw_slots(block_size, compress_ratio, ids, num_tokens)
 
 
 def test_store_hole_chunks_names_chunks_with_null_rows_that_must_be_stored():
@@ -310,22 +402,21 @@ def test_store_hole_chunks_names_chunks_with_null_rows_that_must_be_stored():
     # chunk 1's window (24..31), so neither is a hole; group 0's null block 3
     # (tokens 24..31) is one, in chunk 1.
     tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 0], [0, 5, 0, 7]), 2)
-    slots = build_group_slot_mappings(layout, tracker, num_tokens=32, chunk_size=16)
-    assert slots.store_hole_chunks() == (1,)
+    assert step_block_ids(layout, tracker, num_tokens=32, chunk_size=16).store_hole_chunks() == (1,)
     tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 4], [0, 0, 6, 7]), 2)
-    assert build_group_slot_mappings(layout, tracker, 32, 16).store_hole_chunks() == (0,)
+    assert step_block_ids(layout, tracker, 32, 16).store_hole_chunks() == (0,)
     tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 4], [0, 5, 0, 7]), 2)
-    assert build_group_slot_mappings(layout, tracker, 32, 16).store_hole_chunks() == ()
+    assert step_block_ids(layout, tracker, 32, 16).store_hole_chunks() == ()
 
 
 def test_first_storable_token_skips_past_the_last_hole_chunk():
     layout = _layout(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "SWA", 8, sliding_window=8))
     # Hole in chunk 1 (group 0's null block 3): nothing before token 32 may be stored.
     tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 0], [0, 5, 0, 7]), 2)
-    assert build_group_slot_mappings(layout, tracker, 32, 16).first_storable_token() == 32
+    assert step_block_ids(layout, tracker, 32, 16).first_storable_token() == 32
     # Hole in chunk 0 only: chunk 1 may still be stored.
     tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 4], [0, 0, 6, 7]), 2)
-    assert build_group_slot_mappings(layout, tracker, 32, 16).first_storable_token() == 16
+    assert step_block_ids(layout, tracker, 32, 16).first_storable_token() == 16
     # No hole: everything may be stored.
     tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 4], [0, 5, 0, 7]), 2)
-    assert build_group_slot_mappings(layout, tracker, 32, 16).first_storable_token() == 0
+    assert step_block_ids(layout, tracker, 32, 16).first_storable_token() == 0

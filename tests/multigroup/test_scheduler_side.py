@@ -8,11 +8,13 @@ every group's slot mapping is compared with the row-at-a-time reference.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from lmcache_ascend.kv_layout.transfer import DeviceSlots
+from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 from lmcache_ascend.multigroup.connector_state import MultiGroupConfigError
-from lmcache_ascend.multigroup.slots import group_slots_of
 from lmcache_ascend.patches import State, registry
 from tests.fixtures.kv_cache_configs import (
     DSV4_ASCEND_STATE_GROUPS,
@@ -21,6 +23,7 @@ from tests.fixtures.kv_cache_configs import (
     full_and_sliding_window_kv_cache_config,
     single_group_kv_cache_config,
 )
+from tests.multigroup.cpu_slots import rows_in_chunk_windows
 from tests.multigroup.reference import reference_load_slots, reference_raw_slots, reference_store_slots
 from tests.multigroup.scheduler_driver import RequestDriver, make_connector_impl
 
@@ -45,25 +48,35 @@ def _specs(fixture):
     return out
 
 
+def _resolve(step, cached_tokens=0):
+    """Per group, the slots a worker resolves from the shipped block ids (CPU device)."""
+    groups = {group.group_index: group for group in step.groups}
+    device_slots = DeviceSlots.from_block_ids(step, groups, torch.device("cpu"), cached_tokens)
+    flat = device_slots.slots.tolist()
+    return {g: flat[device_slots.offsets[g] : device_slots.offsets[g] + device_slots.lengths[g]] for g in device_slots.offsets}
+
+
 def _assert_rows(meta, fixture, block_ids_by_group, chunk_size=256, vllm_cached=0):
-    slots = group_slots_of(meta)
-    assert slots is not None
+    step = STEP_BLOCK_IDS.get(meta)
+    assert step is not None
     num_tokens = len(meta.token_ids)
-    assert slots.num_tokens == num_tokens and slots.chunk_size == chunk_size
-    assert slots.vllm_cached_tokens == vllm_cached
+    assert step.num_tokens == num_tokens and step.chunk_size == chunk_size
+    assert step.vllm_cached_tokens == vllm_cached
+    assert isinstance(step.block_ids, np.ndarray) and step.block_ids.dtype == np.int64
+    store, load = _resolve(step), _resolve(step, step.vllm_cached_tokens)
     for group, (block_size, ratio, window) in enumerate(_specs(fixture)):
         if group in STATE_GROUPS and fixture.name.startswith("dsv4-ascend"):
-            assert slots.slot_mappings[group] is None
+            assert group not in store and group not in step.group_block_ids()
             continue
         ids = block_ids_by_group[group]
-        assert slots.slot_mappings[group].tolist() == reference_raw_slots(block_size, ratio, ids, num_tokens)
-        assert slots.store_slot_mapping(group).tolist() == reference_store_slots(
+        assert step.group_block_ids()[group].tolist() == ids[: step.groups[group].num_blocks(num_tokens)]
+        assert store[group] == reference_raw_slots(block_size, ratio, ids, num_tokens)
+        keep = rows_in_chunk_windows(step.groups[group], len(store[group]), chunk_size)
+        assert [slot if kept else -1 for slot, kept in zip(store[group], keep)] == reference_store_slots(
             block_size, ratio, window, ids, num_tokens, chunk_size
         )
-        assert slots.load_slot_mapping(group).tolist() == reference_load_slots(
-            block_size, ratio, ids, num_tokens, vllm_cached
-        )
-    return slots
+        assert load[group] == reference_load_slots(block_size, ratio, ids, num_tokens, vllm_cached)
+    return step, store, load
 
 
 def _dsv4_tables(first: int, num_tokens: int, one_state_block: bool = True) -> tuple[list[int], ...]:
@@ -96,14 +109,16 @@ def test_dsv4_request_life_tracks_every_group_row_by_row(patched):
     tracker = impl._request_trackers["req-dsv4"]
     assert tracker.ascend_block_tracker.block_ids_by_group == [list(t) for t in tables_512]
     assert tracker.allocated_block_ids == tables_512[0]  # upstream's own field is untouched
-    slots = _assert_rows(req, fixture, tables_512)
+    slots, store, _ = _assert_rows(req, fixture, tables_512)
     assert slots.transferred_groups == (0, 1, 2, 3, 8)
     assert slots.primary_group == 1  # one 16384-token block covers the most tokens
-    assert len(req.slot_mapping) == 512
+    # Upstream's own slot mapping: group 2's table (128-token blocks divide the chunk), owning its memory.
+    assert req.slot_mapping.tolist() == reference_raw_slots(128, 1, tables_512[2], 512)
+    assert req.slot_mapping.untyped_storage().nbytes() == 512 * 8
     # Sliding window 128 with compress ratio 128: one row per 256-token chunk, widened to
     # the paged block holding it; a block holds 128 rows here, so every row is stored.
     sw_base = tables_512[8][0] * 128
-    assert slots.store_slot_mapping(8).tolist() == [sw_base, sw_base + 1, sw_base + 2, sw_base + 3]
+    assert store[8] == [sw_base, sw_base + 1, sw_base + 2, sw_base + 3]
 
     # 2. rest of the prompt (488 tokens); only growing groups get blocks
     tables_1000 = _dsv4_tables(1, 1000)
@@ -126,9 +141,9 @@ def test_dsv4_request_life_tracks_every_group_row_by_row(patched):
     assert req.load_spec.can_load and not req.save_spec.can_save
     tracker = impl._request_trackers["req-dsv4"]
     assert tracker.ascend_block_tracker.block_ids_by_group == resumed
-    slots = _assert_rows(req, fixture, resumed, vllm_cached=256)
-    assert slots.slot_mappings[2][:128].tolist() == [-1] * 128  # the null block is a hole
-    assert slots.load_slot_mapping(0)[:64].tolist() == [-1] * 64  # 256 vLLM-cached tokens / ratio 4
+    _, store, load = _assert_rows(req, fixture, resumed, vllm_cached=256)
+    assert store[2][:128] == [-1] * 128  # the null block is a hole
+    assert load[0][:64] == [-1] * 64 and load[0][64] != -1  # 256 vLLM-cached tokens / ratio 4
 
     # 5. finish
     driver.finish()
@@ -144,9 +159,10 @@ def test_cuda_five_groups_4096_tokens_seed_block_counts(patched):
     (req,) = driver.start(4096, tables).requests
     groups = impl._request_trackers["req-cuda"].ascend_block_tracker
     assert groups.num_blocks_by_group() == counts
-    slots = _assert_rows(req, fixture, tables)
-    assert [len(slots.slot_mappings[g]) for g in range(5)] == [4096] * 5
-    # Upstream's slot mapping now comes from the primary group (group 0, 256-token blocks).
+    slots, store, _ = _assert_rows(req, fixture, tables)
+    assert [len(store[g]) for g in range(5)] == [4096] * 5
+    assert len(slots.block_ids) == sum(counts)  # ids shipped, not 5 x 4096 slots
+    # Upstream's slot mapping comes from group 0 (256-token blocks: the largest that divides the chunk).
     assert req.slot_mapping.tolist() == reference_raw_slots(256, 1, tables[0], 4096)
 
 
@@ -193,7 +209,7 @@ def test_single_group_results_identical_to_unpatched_lmcache():
     assert [_meta_fields(m) for m in patched_out] == [_meta_fields(m) for m in unpatched]
     for meta in patched_out:
         for req in meta.requests:
-            assert group_slots_of(req) is None
+            assert STEP_BLOCK_IDS.get(req) is None
             assert torch.equal(req.slot_mapping, req.slot_mapping)
     assert patched_tracker == unpatched_tracker  # no extra attribute on single-group trackers
 
@@ -204,27 +220,28 @@ def test_state_groups_transferred_when_skipping_is_off(patched, monkeypatch):
     impl = make_connector_impl(fixture)
     tables = _dsv4_tables(1, 256, one_state_block=False)
     (req,) = RequestDriver(impl, "r", list(range(1, 257))).start(256, tables).requests
-    slots = group_slots_of(req)
+    slots = STEP_BLOCK_IDS.get(req)
     assert slots.transferred_groups == tuple(range(11))
-    assert slots.slot_mappings[4].tolist() == reference_raw_slots(128, 1, tables[4], 256)
+    assert _resolve(slots)[4] == reference_raw_slots(128, 1, tables[4], 256)
 
 
-def test_metadata_with_group_slots_survives_pickling_to_workers(patched):
+def test_metadata_with_block_ids_survives_pickling_to_workers(patched):
     import pickle
 
     fixture = dsv4_ascend_kv_cache_config()
     impl = make_connector_impl(fixture)
     tables = _dsv4_tables(1, 512)
     meta = RequestDriver(impl, "r", list(range(1, 513))).start(512, tables)
-    copy = pickle.loads(pickle.dumps(meta))
-    original, restored = group_slots_of(meta.requests[0]), group_slots_of(copy.requests[0])
+    payload = pickle.dumps(meta)
+    copy = pickle.loads(payload)
+    original, restored = STEP_BLOCK_IDS.get(meta.requests[0]), STEP_BLOCK_IDS.get(copy.requests[0])
     assert restored.groups == original.groups and restored.primary_group == original.primary_group
-    for mine, theirs in zip(original.slot_mappings, restored.slot_mappings):
-        assert (mine is None and theirs is None) or torch.equal(mine, theirs)
-    # Each tensor owns exactly its rows: no shared cache buffer travels along.
-    assert all(
-        t is None or t.untyped_storage().nbytes() == t.numel() * 8 for t in restored.slot_mappings
-    )
+    assert restored.block_ids.tolist() == original.block_ids.tolist()
+    assert _resolve(restored) == _resolve(original)
+    # No tensor of the scheduler's beyond upstream's own slot mapping (512 entries, owning its
+    # memory): the 16384-token C128 table no longer travels, nor any per-group slot tensor.
+    assert len(payload) < 512 * 8 + 8 * 1024
+    assert copy.requests[0].slot_mapping.untyped_storage().nbytes() == 512 * 8
 
 
 def test_rollback_after_failed_load_keeps_tokens_all_groups_cover(patched):
@@ -243,5 +260,5 @@ def test_rollback_after_failed_load_keeps_tokens_all_groups_cover(patched):
     # Upstream would cap at len(group-0 blocks) * 4 = 16 tokens and lose the prefix.
     assert tracker.token_ids == prompt[:768]
     assert tracker.num_saved_tokens == 768 and req.token_ids == prompt[:768]
-    slots = _assert_rows(req, fixture, tables)
+    slots, _, _ = _assert_rows(req, fixture, tables)
     assert slots.num_tokens == 768

@@ -1,8 +1,8 @@
 """Scheduler side of multi-group KV caches in LMCache's in-process vLLM adapter.
 
 ``RequestTracker`` gains a per-group block tracker (``tracker.ascend_block_tracker``),
-``ReqMeta`` gains per-group slot mappings (``req_meta.ascend_group_slots``, a
-`GroupSlotMappings`), and the connector checks at start that multi-group mode has
+``ReqMeta`` gains the step's per-group block ids (``req_meta.ascend_step_block_ids``, a
+`StepBlockIds`; the worker resolves them to slots on its device), and the connector checks at start that multi-group mode has
 ``discard_partial_chunks`` and a chunk size every compress ratio divides; a tracker
 rolled back after a failed load keeps the prefix all groups cover
 (`lmcache_ascend.multigroup.adapter_scheduler`).  Single-group models take the
@@ -70,32 +70,38 @@ def update_wrapper(wrapped, instance, args, kwargs):
 
 
 def from_request_tracker_wrapper(wrapped, instance, args, kwargs):
-    from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, GROUP_SLOTS
-    from lmcache_ascend.multigroup.slicing import primary_group_index
-    from lmcache_ascend.multigroup.slots import build_group_slot_mappings
+    from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, STEP_BLOCK_IDS
+    from lmcache_ascend.multigroup.slots import step_block_ids
 
+    layout = _ACTIVE_LAYOUT.get()
+    if layout is None:  # single-group model: upstream's path, nothing read
+        return wrapped(*args, **kwargs)
     call = call_arguments(wrapped, args, kwargs)
     tracker = call.arguments["tracker"]
     groups = BLOCK_TRACKER.get(tracker)
-    layout = _ACTIVE_LAYOUT.get()
-    if groups is None or layout is None:
+    if groups is None:
         return wrapped(*args, **kwargs)
-    # Upstream sizes its single slot mapping from one block table; hand it
-    # the primary group's table and block size so its bookkeeping (token
-    # count checks, slot_mapping length = token count) stays meaningful.
-    primary = primary_group_index(groups.num_blocks_by_group(), layout.block_sizes, layout.transferred_group_indices)
-    call.arguments["block_size"] = layout.groups[primary].block_size
+    # Upstream sizes its single slot mapping from one block table: hand it one
+    # transferred group's table and block size (fixed per layout) so its
+    # bookkeeping (token count checks, slot_mapping length = token count) holds.
+    chunk_size = call.arguments["lmcache_chunk_size"]
+    table_group = layout.upstream_table_group(chunk_size)
+    call.arguments["block_size"] = layout.groups[table_group].block_size
     group_zero_ids = tracker.allocated_block_ids
-    tracker.allocated_block_ids = groups.block_ids_by_group[primary]
+    tracker.allocated_block_ids = groups.block_ids_by_group[table_group]
     try:
         req_meta = wrapped(*call.args, **call.kwargs)
     finally:
         tracker.allocated_block_ids = group_zero_ids
-    if req_meta is not None:
-        load_spec, chunk_size = call.arguments["load_spec"], call.arguments["lmcache_chunk_size"]
-        vllm_cached = load_spec.vllm_cached_tokens if load_spec is not None and load_spec.can_load else 0
-        slots = build_group_slot_mappings(layout, groups, len(req_meta.token_ids), chunk_size, vllm_cached)
-        GROUP_SLOTS.set(req_meta, slots)
+    if req_meta is None:  # nothing to store or load this step (decode)
+        return None
+    slot_mapping = req_meta.slot_mapping
+    if slot_mapping.untyped_storage().nbytes() > slot_mapping.numel() * slot_mapping.element_size():
+        # A view of a larger table would be pickled whole to every worker.
+        req_meta.slot_mapping = slot_mapping.clone()
+    load_spec = call.arguments["load_spec"]
+    vllm_cached = load_spec.vllm_cached_tokens if load_spec is not None and load_spec.can_load else 0
+    STEP_BLOCK_IDS.set(req_meta, step_block_ids(layout, groups, len(req_meta.token_ids), chunk_size, vllm_cached))
     return req_meta
 
 

@@ -4,13 +4,14 @@ in ``lmcache.integration.vllm.vllm_v1_adapter``,
 ``LMCacheConnectorV1Impl.register_kv_caches`` swaps lmcache-ascend's
 ``MultiGroupGPUConnector`` into the engine when the registered caches are
 multi-group or multi-plane (or the device has no LMCache connector), and
-``start_load_kv`` / ``wait_for_save`` hand that connector the per-group slot
-mappings the scheduler attached to each ``ReqMeta`` (``ascend_group_slots``)
-for the duration of the call; LMCache forwards ``req_id`` to the connector,
-which picks the request's slots. ``wait_for_save`` never persists a chunk that
-has a row to store on vLLM's null block (e.g. a sliding-window tail released
-after a vLLM prefix hit): such a chunk would be loaded later as if it were KV. Single-group CUDA models keep upstream's
-connector and path unchanged.
+``start_load_kv`` / ``wait_for_save`` hand that connector the per-group block
+ids the scheduler attached to each ``ReqMeta`` (``ascend_step_block_ids``) for
+the duration of the call; LMCache forwards ``req_id`` to the connector, which
+resolves that request's slots on the device once and indexes into them.
+``wait_for_save`` never persists a chunk that has a row to store on vLLM's null
+block (e.g. a sliding-window tail released after a vLLM prefix hit): such a
+chunk would be loaded later as if it were KV. Single-group CUDA models keep
+upstream's connector and path unchanged.
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ def _step_requests(adapter):
 
 
 def _run_with_request_slots(adapter, requests, wrapped, args, kwargs):
-    """Call `wrapped` with the multi-group connector holding each scheduled request's group slots."""
-    from lmcache_ascend.multigroup.slots import group_slots_of
+    """Call `wrapped` with the multi-group connector holding each scheduled request's block ids."""
+    from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 
     connector = _bound_connector(adapter)
     if connector is None:
         return wrapped(*args, **kwargs)
-    connector.hand_over_requests({request.req_id: group_slots_of(request) for request in requests})
+    connector.hand_over_requests({request.req_id: STEP_BLOCK_IDS.get(request) for request in requests})
     try:
         return wrapped(*args, **kwargs)
     finally:
@@ -68,16 +69,16 @@ def wait_for_save_wrapper(wrapped, instance, args, kwargs):
 
 def _skip_unfillable_chunks(adapter, requests) -> None:
     """Raise each request's store start past its last chunk with a row on vLLM's null block."""
-    from lmcache_ascend.multigroup.slots import group_slots_of
+    from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 
     producer = getattr(adapter, "kv_role", None) == "kv_producer"
     for request in requests:
-        slots = group_slots_of(request)
+        blocks = STEP_BLOCK_IDS.get(request)
         save_spec = getattr(request, "save_spec", None)
         # Upstream stores for a producer even when can_save is False.
-        if slots is None or save_spec is None or not (save_spec.can_save or producer):
+        if blocks is None or save_spec is None or not (save_spec.can_save or producer):
             continue
-        first = slots.first_storable_token()
+        first = blocks.first_storable_token()
         # A producer starts at min(skip_leading_tokens, disagg_spec.num_transferred_tokens):
         # both must be raised, or upstream lowers the start below the holes again.
         disagg_spec = getattr(request, "disagg_spec", None) if producer else None
