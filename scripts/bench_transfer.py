@@ -421,6 +421,16 @@ def print_table(rows: list[Row]) -> None:
               f"{f'{r.launches_bundled}/{r.launches_exploded}':>11}")
 
 
+def _git_commit() -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -444,6 +454,7 @@ def main() -> None:
         "torch": torch.__version__,
         "backend": "triton" if on_cuda else "torch-reference",
         "payload_note": "GB/s count KV payload bytes once (read = written); copy = torch d2d copy of the same bytes",
+        "commit": os.environ.get("BENCH_COMMIT") or _git_commit(),
     }
     if on_cuda:
         import triton
