@@ -624,8 +624,11 @@ _dtype_of = attrgetter("dtype")
 _device_of = attrgetter("device")
 
 
-def chunk_buffers(chunks: Sequence[torch.Tensor]) -> ChunkBuffers:
+def chunk_buffers(chunks: Sequence[torch.Tensor], *, mapped: bool = True) -> ChunkBuffers:
     """Check flat uint8 chunk buffers once: contiguous, one placement (one device, or pinned host).
+
+    `mapped=False`: host chunks that kernels will not reach (they are copied, e.g. through
+    staging) need not be pinned, and are not marked `mapped_host`.
 
     A request has tens of chunks, checked on every call: each property is read for all
     chunks at once (C-level maps, no per-chunk Python frame); only a failing batch is
@@ -639,7 +642,7 @@ def chunk_buffers(chunks: Sequence[torch.Tensor]) -> ChunkBuffers:
     first = chunks[0]
     if not isinstance(first, torch.Tensor):
         raise TransferError(f"chunks[0] is a {type(first).__name__}; allowed: a flat uint8 torch.Tensor")
-    mapped_host = first.is_cpu and first.is_pinned()
+    mapped_host = mapped and first.is_cpu and first.is_pinned()
     Tensor = torch.Tensor
     try:
         # (stride (1,): 1-D and contiguous at once; a 1- or 0-byte chunk takes the walk below)

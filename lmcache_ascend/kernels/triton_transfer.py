@@ -468,6 +468,21 @@ def _upload(values: np.ndarray, device: torch.device, out: torch.Tensor | None =
     return out
 
 
+# Device copies of staging pools' chunk offsets, by (device, offsets): the waves of
+# requests of one shape use the same few.
+_pool_offsets_tables: dict[tuple, torch.Tensor] = {}
+
+
+def _pool_offsets_table(offsets: np.ndarray, device: torch.device) -> torch.Tensor:
+    key = (device, offsets.tobytes())
+    table = _pool_offsets_tables.get(key)
+    if table is None:
+        if len(_pool_offsets_tables) >= _MAX_CACHED_TABLES:
+            _pool_offsets_tables.clear()
+        table = _pool_offsets_tables[key] = _upload(np.array(offsets, dtype=np.int64), device)
+    return table
+
+
 @dataclass(frozen=True)
 class _ChunksLaunch:
     """What a multi-chunk launch of one `ChunkRows` needs besides the per-call addresses: made once."""
@@ -513,11 +528,12 @@ def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, tile
                                   bytes_per_program: int = BYTES_PER_PROGRAM, num_warps: int = NUM_WARPS) -> int:
     """Run validated multi-chunk transfers (one per layer group), ONE launch each; returns launches.
 
-    Per call one host-to-device copy: the chunk addresses of every distinct set of
-    chunk buffers (layer groups of one call share theirs), relative to the copy's
-    own device tensor, which anchors every data address (chunk buffers may lie in
-    other allocations or in mapped host memory: they are reached by their distance
-    from it). Tables, grids and compiled kernels are looked up, not rebuilt.
+    Per call at most one host-to-device copy: the chunk addresses of every distinct
+    set of chunk buffers (layer groups of one call share theirs), relative to the
+    copy's own device tensor, which anchors every data address (chunk buffers may
+    lie in other allocations or in mapped host memory: they are reached by their
+    distance from it); chunks of one pool (`pool_chunk_buffers`) are anchored on the
+    pool and upload nothing. Tables, grids and compiled kernels are looked up, not rebuilt.
     """
     _check_tile(tile, bytes_per_program)
     batches = [batch for batch in batches if batch.num_chunks and batch.rows.max_region_bytes]
@@ -530,13 +546,22 @@ def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, tile
         if id(batch.buffers) not in distinct:
             distinct[id(batch.buffers)] = (batch.buffers, cursor)
             cursor += len(batch.buffers)
-    addresses = torch.empty(cursor, dtype=torch.int64, device=device)
-    anchor = addresses.data_ptr()
-    if len(distinct) == 1:
-        host = batches[0].buffers.addresses - anchor
+    pool = batches[0].buffers.pool if len(distinct) == 1 else None
+    if pool is not None:
+        # Chunks of one pool (staging waves): the pool anchors them and their distances are
+        # its offsets, whose device copy is looked up (no upload, and nothing on the copy
+        # engine that the next wave's copies would queue behind).
+        anchor_tensor, anchor = pool, pool.data_ptr()
+        addresses = _pool_offsets_table(batches[0].buffers.pool_offsets, device)
     else:
-        host = np.concatenate([buffers.addresses for buffers, _ in distinct.values()]) - anchor
-    _upload(host, device, out=addresses)
+        addresses = torch.empty(cursor, dtype=torch.int64, device=device)
+        anchor_tensor, anchor = addresses, addresses.data_ptr()
+        if len(distinct) == 1:
+            host = batches[0].buffers.addresses - anchor
+        else:
+            host = np.concatenate([buffers.addresses for buffers, _ in distinct.values()]) - anchor
+        _upload(host, device, out=addresses)
+    addresses_address = addresses.data_ptr()
     launched = 0
     for batch in batches:
         buffers, offset = distinct[id(batch.buffers)]
@@ -544,13 +569,14 @@ def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, tile
         launch = _chunks_launch(batch.rows, batch.chunk_offset, math.gcd(buffers.address_gcd, anchor),
                                 bytes_per_program)
         slot_address = batch.slots.data_ptr()
-        address_table = anchor + 8 * offset
+        address_table = addresses_address + 8 * offset
         # (A view only where it starts further in: the raw launch passes the address alone.)
         address_view = addresses if offset == 0 else addresses[offset:]
-        arguments = (addresses, anchor, batch.slots, launch.device_table.table, address_view, launch.rows_table,
+        arguments = (anchor_tensor, anchor, batch.slots, launch.device_table.table, address_view, launch.rows_table,
                      launch.layer_stride)
         signature = (
             "chunks",
+            anchor_tensor.dtype,
             anchor % 16 == 0,
             slot_address % 16 == 0,
             launch.device_table.table_aligned,

@@ -346,7 +346,7 @@ class ChunkMover:
         beside the next wave's kernels. Chunks lying back to back in one host allocation are copied as
         one span (on a store only where every byte of the span is the chunks' own)."""
         total = self.layout.full_plan.total_bytes
-        host = chunk_buffers(chunks)  # checked once for the request
+        host = chunk_buffers(chunks, mapped=False)  # checked once for the request; only copied
         if host.min_bytes < total:
             index = int(np.argmin(host.sizes))
             raise LayoutError(f"chunk {index} holds {host.min_bytes} bytes; a full chunk needs {total}")
@@ -355,7 +355,7 @@ class ChunkMover:
         halves = 2 if module is not None and staging.numel() >= 2 * stride else 1
         half_bytes = (staging.numel() // halves) // _STAGING_ALIGNMENT * _STAGING_ALIGNMENT
         capacity = max(1, half_bytes // stride)
-        joined = _joined_neighbours(chunks, host, total, stride, store)
+        joined = _joined_neighbours(host, total, stride, store)
         if module is not None and self._copy_stream is None:
             self._copy_stream = module.Stream(device=self.device)
         compute = module.current_stream(self.device) if module is not None else None
@@ -401,31 +401,21 @@ class ChunkMover:
         return launches
 
 
-def _joined_neighbours(chunks: list[torch.Tensor], host: ChunkBuffers, total: int, stride: int,
-                       store: bool) -> np.ndarray:
+def _joined_neighbours(host: ChunkBuffers, total: int, stride: int, store: bool) -> np.ndarray:
     """joined[i]: chunk i + 1 starts where one copy of chunk i's span can reach it (bool [chunks - 1]).
 
     Chunk i + 1 must begin at most `stride` bytes after chunk i (so a span fits the staging
-    waves' byte budget), not inside chunk i's `total` bytes, and in the same host allocation.
-    A store writes the whole span back, so there the bytes between must be chunk i's own (its
-    tensor reaches them); a load only reads them into scratch staging.
+    waves' byte budget) and not inside chunk i's `total` bytes. A store writes the whole span
+    back, so there the bytes between must be chunk i's own (its tensor reaches them); a load
+    only reads them into scratch staging. (`_copy_spans` copies a span at once only where it
+    lies in one host allocation.)
     """
-    if len(chunks) < 2:
+    if len(host) < 2:
         return np.zeros(0, dtype=bool)
     gaps = np.diff(host.addresses)
     joined = (gaps >= total) & (gaps <= stride)
     if store:
         joined &= gaps <= host.sizes[:-1]
-    if joined.any():
-        # One allocation: every chunk of a span lies in its first chunk's storage (checked per span start).
-        bases = {}
-        for index in np.flatnonzero(joined):
-            for neighbour in (index, index + 1):
-                if neighbour not in bases:
-                    storage = chunks[neighbour].untyped_storage()
-                    bases[neighbour] = (storage.data_ptr(), storage.nbytes())
-            if bases[index] != bases[index + 1]:
-                joined[index] = False
     return joined
 
 
@@ -447,16 +437,29 @@ def _staging_spans(addresses: np.ndarray, joined: np.ndarray, begin: int, end: i
 
 def _copy_spans(chunks: list[torch.Tensor], host: ChunkBuffers, spans, total: int, staging: torch.Tensor, *,
                 to_staging: bool) -> None:
-    """One copy per span between the host chunks and the staging buffer (on the current stream)."""
+    """One copy per span between the host chunks and the staging buffer (on the current stream).
+
+    A span is copied at once only where it lies inside its first chunk's allocation (one
+    host pool); else chunk by chunk, each to its place in the span's staging range.
+    """
     for first, stop, offset in spans:
         chunk = chunks[first]
         size = int(host.addresses[stop - 1] - host.addresses[first]) + total
-        if stop - first == 1:
-            span = chunk if chunk.numel() == total else chunk[:total]
-        else:  # chunks back to back in the first one's allocation (see `_joined_neighbours`)
-            span = torch.empty(0, dtype=torch.uint8).set_(chunk.untyped_storage(), chunk.storage_offset(), (size,), (1,))
-        staged = staging[offset : offset + size]
-        if to_staging:
-            staged.copy_(span, non_blocking=True)
-        else:
-            span.copy_(staged, non_blocking=True)
+        pieces = None
+        if stop - first > 1:
+            storage = chunk.untyped_storage()
+            if int(host.addresses[stop - 1]) + total <= storage.data_ptr() + storage.nbytes():
+                whole = torch.empty(0, dtype=torch.uint8).set_(storage, chunk.storage_offset(), (size,), (1,))
+                pieces = ((whole, offset, size),)
+        if pieces is None:
+            pieces = tuple(
+                (chunks[index] if chunks[index].numel() == total else chunks[index][:total],
+                 offset + int(host.addresses[index] - host.addresses[first]), total)
+                for index in range(first, stop)
+            )
+        for span, at, length in pieces:
+            staged = staging[at : at + length]
+            if to_staging:
+                staged.copy_(span, non_blocking=True)
+            else:
+                span.copy_(staged, non_blocking=True)

@@ -141,7 +141,7 @@ def test_batch_inputs_are_refused_naming_them():
         rows.starts[0, 0] = 1
 
 
-def test_chunks_of_a_pool_move_like_separate_chunks():
+def test_chunks_of_a_pool_move_like_separate_chunks(backend: str = "torch"):
     """`pool_chunk_buffers` (staging) addresses chunks by offset: same bytes as separate tensors."""
     from lmcache_ascend.kernels import pool_chunk_buffers
 
@@ -152,7 +152,7 @@ def test_chunks_of_a_pool_move_like_separate_chunks():
     separate = [torch.full((layout.total_bytes,), 0xA5, dtype=torch.uint8) for _ in range(len(starts))]
     offsets = np.arange(len(starts), dtype=np.int64) * stride + 8
     transfer_chunk_batches([resolve_chunk_batch(slots, pool_chunk_buffers(pool, offsets, layout.total_bytes), rows,
-                                                store=True)], backend="torch")
+                                                store=True)], backend=backend)
     transfer_chunk_batches([resolve_chunk_batch(slots, separate, rows, store=True)], backend="torch")
     for index, chunk in enumerate(separate):
         assert torch.equal(pool[8 + index * stride : 8 + index * stride + layout.total_bytes], chunk)
@@ -175,6 +175,8 @@ def test_triton_batch_equals_single_chunk_calls_interpreted():
         "for store in (True, False):\n"
         "    for offset in (0, 32, 40):\n"
         "        _assert_same(_run('cpu', 'triton', store, offset))\n"
+        "from tests.kernels.test_chunk_batch import test_chunks_of_a_pool_move_like_separate_chunks as pool\n"
+        "pool('triton')\n"
         "print('ok')\n"
     )
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
