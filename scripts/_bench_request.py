@@ -13,6 +13,8 @@ group). Cases, interleaved round by round on the same buffers:
   host (window mask, ``torch.where``), copied to the device, one chunk moved, a
   synchronization;
 * ``copy_pinned``: one pinned host <-> device copy of the payload bytes;
+* ``copy_pinned_chunks``: one pinned host <-> device copy per chunk (what staging
+  chunk by chunk would copy at best);
 * ``ours_mapped`` / ``ours_staged``: the batched path with pinned host memory
   objects, reached directly (unified addressing) or through device staging
   waves with copies on a copy stream;
@@ -149,12 +151,23 @@ class RequestCase:
         _synchronize()
         return 0
 
+    def copy_pinned_chunks(self, store: bool) -> int:
+        """One pinned host <-> device copy per chunk (the chunks' whole buffers): what per-chunk staging copies cost."""
+        for host, device in zip(self.host_chunks, self.device_chunks):
+            if store:
+                host.copy_(device, non_blocking=True)
+            else:
+                device.copy_(host, non_blocking=True)
+        _synchronize()
+        return 0
+
     def cases(self, store: bool):
         return {
             "copy_d2d": lambda: self.copy_d2d(store),
             "ours_device": lambda: self.ours(self.device_chunks, store),
             "old_device": lambda: self.old(self.device_chunks, store),
             "copy_pinned": lambda: self.copy_pinned(store),
+            "copy_pinned_chunks": lambda: self.copy_pinned_chunks(store),
             "ours_mapped": lambda: self.ours(self.host_chunks, store, "mapped"),
             "ours_staged": lambda: self.ours(self.host_chunks, store, "staging"),
             "old_host": lambda: self.old(self.host_chunks, store),
@@ -216,30 +229,23 @@ def host_breakdown(case: "RequestCase", store: bool = True, calls: int = 20) -> 
         steps.setdefault(label, []).append((time.perf_counter() - begin) * 1e6)
         return value
 
-    starts = np.asarray(case.starts, dtype=np.int64)
     for _ in range(calls):
         _synchronize()
         begin = time.perf_counter()
         mappings = timed("slot_mappings", case.group_slots.transferred_slot_mappings)
         slots = timed("upload", lambda: mover.upload(mappings))
-        rows = timed("plane_rows", lambda: mover.plane_rows(slots, starts, starts + case.chunk_size))
+        rows = timed("batch_rows", lambda: mover.batch_rows(slots, case.starts))
         buffers = timed("chunk_buffers", lambda: chunk_buffers(case.device_chunks))
-        batches = [
-            timed("resolve_chunk_batch", lambda: resolve_chunk_batch(
-                group, slots.slots, buffers, firsts, counts, store=store, layout=region.layout,
-                chunk_offset=region.byte_offset))
-            for group, region, (firsts, counts) in zip(mover.paged_groups, mover.layout.full_plan.regions, rows)
-        ]
-        timed("table_upload_and_launches", lambda: transfer_chunk_batches(batches))
+        batches = timed("resolve_chunk_batch", lambda: [
+            resolve_chunk_batch(slots.slots, buffers, group_rows, store=store, chunk_offset=byte_offset)
+            for _, byte_offset, group_rows in rows
+        ])
+        timed("address_upload_and_launches", lambda: transfer_chunk_batches(batches))
         timed("issue_total", lambda: None)
         steps["issue_total"][-1] = (time.perf_counter() - begin) * 1e6
         timed("synchronize", _synchronize)
-    groups = len(mover.paged_groups)
-    result = {}
-    for label, values in steps.items():
-        per_call = [sum(values[i * (len(values) // calls) : (i + 1) * (len(values) // calls)]) for i in range(calls)]
-        result[label] = round(statistics.median(per_call), 1)
-    result["layer_groups"] = groups
+    result = {label: round(statistics.median(values), 1) for label, values in steps.items()}
+    result["layer_groups"] = len(mover.paged_groups)
     return result
 
 
@@ -283,6 +289,7 @@ def measure_request(device: torch.device, tokens: int = 16384, chunk_size: int =
                 "device_vs_copy_kernel": copy_kernel / kernel if kernel else None,
                 "mapped_vs_pinned_copy": stats["copy_pinned"]["median_us"] / stats["ours_mapped"]["median_us"],
                 "staged_vs_pinned_copy": stats["copy_pinned"]["median_us"] / stats["ours_staged"]["median_us"],
+                "pinned_chunks_vs_pinned_copy": stats["copy_pinned"]["median_us"] / stats["copy_pinned_chunks"]["median_us"],
                 "old_device_vs_copy": stats["copy_d2d"]["median_us"] / stats["old_device"]["median_us"],
                 "old_host_vs_pinned_copy": stats["copy_pinned"]["median_us"] / stats["old_host"]["median_us"],
                 "device_speedup_vs_old": stats["old_device"]["median_us"] / stats["ours_device"]["median_us"],

@@ -36,6 +36,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -421,6 +422,67 @@ def print_table(rows: list[Row]) -> None:
               f"{f'{r.launches_bundled}/{r.launches_exploded}':>11}")
 
 
+def memory_object_reads(objects: int, rounds: int) -> dict:
+    """Host time to reach the bytes of `objects` LMCache tensor memory objects, as the connector does per
+    batched call: its ``tensor`` property (three views per object) vs ``raw_tensor`` (what
+    `MultiGroupGPUConnector._memory_bytes` reads), each followed by `chunk_buffers`. Real
+    `TensorMemoryObj`s sliced from one buffer like LMCache's allocator does; cases interleaved."""
+    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+    from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
+    from lmcache_ascend.kernels import chunk_buffers
+
+    shape = torch.Size((1, 1, 256, 22710))  # the DSv4-like chunk of _bench_request.py (5.8 MB)
+    size = shape.numel()
+    aligned = -(-size // 4096) * 4096
+    pool = torch.empty(objects * aligned, dtype=torch.uint8)
+    memory_objs = [
+        TensorMemoryObj(pool[i * aligned : i * aligned + size],
+                        MemoryObjMetadata(shape=shape, dtype=torch.uint8, address=i * aligned, phy_size=aligned,
+                                          ref_count=1, fmt=MemoryFormat.KV_2LTD), None)
+        for i in range(objects)
+    ]
+    connector = MultiGroupGPUConnector(256)
+
+    def via_tensor():
+        chunks = []
+        for memory_obj in memory_objs:
+            tensor = memory_obj.tensor
+            if not tensor.is_contiguous():
+                raise AssertionError("not contiguous")
+            chunks.append(tensor.reshape(-1).view(torch.uint8))
+        return chunk_buffers(chunks)
+
+    def via_raw():
+        return chunk_buffers([connector._memory_bytes(memory_obj, 0, 256, size) for memory_obj in memory_objs])
+
+    assert np.array_equal(via_tensor().addresses, via_raw().addresses)
+    cases = {"tensor_property": via_tensor, "raw_tensor": via_raw}
+    samples = {label: [] for label in cases}
+    for round_index in range(rounds):
+        for label in (list(cases) if round_index % 2 == 0 else list(cases)[::-1]):
+            begin = time.perf_counter()
+            cases[label]()
+            samples[label].append((time.perf_counter() - begin) * 1e6)
+    result = {"objects": objects, "rounds": rounds}
+    for label, values in samples.items():
+        ordered = sorted(values)
+        result[label] = {"median_us": round(statistics.median(ordered), 1), "p25_us": round(ordered[len(ordered) // 4], 1),
+                         "p75_us": round(ordered[(3 * len(ordered)) // 4], 1)}
+    result["ratio_tensor_over_raw"] = round(result["tensor_property"]["median_us"] / result["raw_tensor"]["median_us"], 2)
+    return result
+
+
+def _git_commit() -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -434,7 +496,22 @@ def main() -> None:
                         help="tokens of the whole-request benchmark (CUDA; 0 skips it)")
     parser.add_argument("--request-rounds", type=int, default=15)
     parser.add_argument("--skip-chunks", action="store_true", help="only the whole-request benchmark")
+    parser.add_argument("--memory-objects", type=int, default=0,
+                        help="only time reading N LMCache memory objects' bytes, tensor property vs raw_tensor "
+                             "(needs LMCache; any device)")
     args = parser.parse_args()
+    if args.memory_objects:
+        result = memory_object_reads(args.memory_objects, 201)
+        print(f"{'case':<18}{'median us':>11}{'p25':>9}{'p75':>9}   ({args.memory_objects} memory objects, 201 rounds)")
+        for label in ("tensor_property", "raw_tensor"):
+            entry = result[label]
+            print(f"{label:<18}{entry['median_us']:>11}{entry['p25_us']:>9}{entry['p75_us']:>9}")
+        print(f"tensor_property / raw_tensor: {result['ratio_tensor_over_raw']}x")
+        out = Path(args.out) if args.out else REPO / "results" / "bench_memory_objects.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({**result, "torch": torch.__version__, "commit": _git_commit()}, indent=2))
+        print(f"wrote {out}")
+        return
     device = torch.device(args.device)
     on_cuda = device.type == "cuda"
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else ([256, 1024, 4096, 16384] if on_cuda else [256, 1024])
@@ -444,6 +521,7 @@ def main() -> None:
         "torch": torch.__version__,
         "backend": "triton" if on_cuda else "torch-reference",
         "payload_note": "GB/s count KV payload bytes once (read = written); copy = torch d2d copy of the same bytes",
+        "commit": os.environ.get("BENCH_COMMIT") or _git_commit(),
     }
     if on_cuda:
         import triton

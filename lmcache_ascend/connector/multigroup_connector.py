@@ -145,17 +145,31 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
             return mover.upload({0: kwargs["slot_mapping"]}, cached_tokens)
         raise LayoutError("neither 'slot_mappings_by_group' nor 'slot_mapping' was given")
 
-    def _memory_bytes(self, memory_obj: Any, start: int, end: int) -> torch.Tensor:
-        tensor = memory_obj.tensor
-        if tensor is None:
-            raise LayoutError("the memory object has no tensor")
-        if not tensor.is_contiguous():
-            raise LayoutError(f"memory object tensor of shape {tuple(tensor.shape)} is not contiguous")
-        chunk = tensor.reshape(-1).view(torch.uint8)
-        total = self.layout.plan(end - start).total_bytes
-        if chunk.numel() < total:
+    def _memory_bytes(self, memory_obj: Any, start: int, end: int, total: int) -> torch.Tensor:
+        """The memory object's bytes as a flat uint8 tensor holding at least `total` bytes.
+
+        LMCache's tensor memory objects keep their bytes in a flat uint8 ``raw_tensor``: taken as
+        is (their ``tensor`` builds three views per call, and a request has tens of objects),
+        bounded by the object's logical size; other objects through ``tensor``.
+        """
+        raw = getattr(memory_obj, "raw_tensor", None)
+        if isinstance(raw, torch.Tensor) and raw.dtype is torch.uint8 and raw.dim() == 1 and raw.is_contiguous():
+            chunk = raw
+            size = raw.numel()
+            get_size = getattr(memory_obj, "get_size", None)
+            if get_size is not None:
+                size = min(size, int(get_size()))
+        else:
+            tensor = memory_obj.tensor
+            if tensor is None:
+                raise LayoutError("the memory object has no tensor")
+            if not tensor.is_contiguous():
+                raise LayoutError(f"memory object tensor of shape {tuple(tensor.shape)} is not contiguous")
+            chunk = tensor.reshape(-1).view(torch.uint8)
+            size = chunk.numel()
+        if size < total:
             raise LayoutError(
-                f"memory object of {chunk.numel()} bytes cannot hold tokens [{start}, {end}) "
+                f"memory object of {size} bytes cannot hold tokens [{start}, {end}) "
                 f"({total} bytes); was it allocated by the lmcache-metadata-chunk-bytes shape?"
             )
         return chunk
@@ -169,11 +183,11 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
 
     def _move_one(self, memory_obj: Any, start: int, end: int, slots: DeviceSlots, *, store: bool) -> None:
         mover = self._require_registered()
-        chunk = self._memory_bytes(memory_obj, start, end)
+        total = self.layout.plan(end - start).total_bytes
+        chunk = self._memory_bytes(memory_obj, start, end, total)
         if mover.device.type == "cpu" or chunk.device == mover.device:
             self.launches += mover.move(chunk, start, end, slots, store=store)
             return
-        total = self.layout.plan(end - start).total_bytes
         staged = mover.staging_buffer(1)[0][:total]
         if store:
             self.launches += mover.move(staged, start, end, slots, store=True)
@@ -184,6 +198,8 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
 
     def _move_many(self, memory_objs: Any, starts: Sequence[int], ends: Sequence[int], kwargs: dict[str, Any],
                    *, store: bool) -> None:
+        """Every memory object checked (size, placement) before any byte moves; then the full chunks
+        in one batched move (one launch per layer group), a partial one on its own; one synchronization."""
         mover = self._require_registered()
         starts, ends = list(starts), list(ends)
         if not (len(starts) == len(ends) == len(memory_objs)):
@@ -191,17 +207,22 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
                 f"{len(memory_objs)} memory objects, {len(starts)} starts and {len(ends)} ends; they must match"
             )
         slots = self._device_slots(kwargs, store)
+        chunk_size = self.chunk_size
+        full_total = self.layout.full_plan.total_bytes
+        full_chunks, full_starts, partial = [], [], []
+        for memory_obj, start, end in zip(memory_objs, starts, ends):
+            if end - start == chunk_size:
+                full_chunks.append(self._memory_bytes(memory_obj, start, end, full_total))
+                full_starts.append(start)
+            else:  # a partial chunk has a plan of its own (and is checked there, before anything moves)
+                partial.append((memory_obj, start, end))
+        for memory_obj, start, end in partial:
+            self._memory_bytes(memory_obj, start, end, self.layout.plan(end - start).total_bytes)
         self._count_tokens(starts, ends, store)
-        full = [index for index, (start, end) in enumerate(zip(starts, ends)) if end - start == self.chunk_size]
-        full_set = set(full)
-        for index, memory_obj in enumerate(memory_objs):
-            if index not in full_set:  # a partial chunk has a plan of its own
-                self._move_one(memory_obj, starts[index], ends[index], slots, store=store)
-        if full:
-            chunks = [self._memory_bytes(memory_objs[i], starts[i], ends[i]) for i in full]
-            self.launches += mover.move_chunks(
-                chunks, [starts[i] for i in full], slots, store=store, host_path=self.host_path
-            )
+        for memory_obj, start, end in partial:
+            self._move_one(memory_obj, start, end, slots, store=store)
+        if full_chunks:
+            self.launches += mover.move_chunks(full_chunks, full_starts, slots, store=store, host_path=self.host_path)
         self._synchronize()
 
     def _synchronize(self) -> None:

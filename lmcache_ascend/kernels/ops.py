@@ -162,7 +162,7 @@ def transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, backend: st
         return launched
     launched = 0
     for batch in batches:
-        if batch.num_chunks and batch.counts.any():
+        if batch.num_chunks and batch.rows.max_region_bytes:
             reference_transfer_chunks(batch)
             launched += 1
     launch_counter.torch += launched

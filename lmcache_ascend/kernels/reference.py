@@ -95,16 +95,18 @@ def reference_transfer(transfer: ResolvedTransfer) -> None:
 
 def reference_transfer_chunks(batch: ResolvedChunkBatch) -> None:
     """Run a validated multi-chunk transfer chunk by chunk (the reference's definition of it)."""
-    for index, chunk in enumerate(batch.keep_alive):
+    rows = batch.rows
+    for index in range(batch.num_chunks):
+        chunk = batch.buffers.chunk(index)
         if not batch.group.on_group_device(chunk):
             raise TransferError(
                 f"chunks[{index}] is on {chunk.device}: the torch reference moves chunks on the caches' device "
                 f"({batch.group.device}) only"
             )
         slots = tuple(
-            PlaneSlots(batch.slots, int(start), int(count), region_rows=rows)
-            for start, count, rows in zip(batch.starts[index], batch.counts[index], batch.layout.region_rows)
+            PlaneSlots(batch.slots, int(start), int(count), region_rows=region_rows)
+            for start, count, region_rows in zip(rows.starts[index], rows.counts[index], rows.layout.region_rows)
         )
         reference_transfer(
-            ResolvedTransfer(batch.group, slots, chunk, batch.chunk_offset, batch.layout, batch.store)
+            ResolvedTransfer(batch.group, slots, chunk, batch.chunk_offset, rows.layout, batch.store)
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ __all__ = [
     "MAX_PLANES",
     "ChunkBuffers",
     "ChunkLayout",
+    "ChunkRows",
     "PagedGeometry",
     "PagedGroup",
     "PagedPlane",
@@ -31,6 +33,8 @@ __all__ = [
     "align_up",
     "chunk_buffers",
     "chunk_layout",
+    "chunk_rows",
+    "pool_chunk_buffers",
     "resolve_transfer",
     "resolve_chunk_batch",
     "strided_chunk_layout",
@@ -562,55 +566,183 @@ def resolve_transfer(
 
 @dataclass(frozen=True)
 class ChunkBuffers:
-    """Many chunk buffers, checked once (`chunk_buffers`) and then addressed by integer.
+    """Many chunk buffers, checked once (`chunk_buffers`, `pool_chunk_buffers`) and then addressed by integer.
 
-    `addresses[c]` is chunk c's first byte; every chunk holds at least `min_bytes`.
-    `mapped_host`: the chunks are CUDA pinned host memory (reached through unified
-    addressing); else they share one device.
+    `addresses[c]` is chunk c's first byte and `sizes[c]` its bytes; every chunk holds
+    at least `min_bytes`. `mapped_host`: the chunks are CUDA pinned host memory
+    (reached through unified addressing); else they share one device. Either one
+    tensor per chunk (`tensors`), or chunks at `pool_offsets` of one flat `pool`.
     """
 
     tensors: tuple[torch.Tensor, ...] = field(repr=False)
     addresses: np.ndarray  # int64 [chunks]
+    sizes: np.ndarray  # int64 [chunks]
     min_bytes: int
     mapped_host: bool
+    address_gcd: int  # gcd of every address (0 for none): the widest element width divides it
+    pool: torch.Tensor | None = field(default=None, repr=False)
+    pool_offsets: np.ndarray | None = None
 
     def __len__(self) -> int:
-        return len(self.tensors)
+        return len(self.addresses)
+
+    @property
+    def keep_alive(self) -> tuple:
+        """The tensors behind `addresses`."""
+        return self.tensors if self.pool is None else (self.pool,)
+
+    def chunk(self, index: int) -> torch.Tensor:
+        """Chunk `index` as a flat uint8 tensor."""
+        if self.pool is None:
+            return self.tensors[index]
+        offset = int(self.pool_offsets[index])
+        return self.pool[offset : offset + int(self.sizes[index])]
 
 
-def chunk_buffers(chunks: Sequence[torch.Tensor]) -> ChunkBuffers:
-    """Check flat uint8 chunk buffers once: contiguous, one placement (one device, or pinned host)."""
+def _address_gcd(addresses: np.ndarray) -> int:
+    return int(np.gcd.reduce(addresses)) if len(addresses) else 0
+
+
+def _chunk_problem(index: int, chunk: object, first: torch.Tensor, mapped_host: bool) -> str | None:
+    """What is wrong with `chunk` (chunks[index]) for a batch led by `first`, or None."""
+    if not isinstance(chunk, torch.Tensor) or chunk.dtype is not torch.uint8 or chunk.dim() != 1 or not chunk.is_contiguous():
+        return (
+            f"chunks[{index}] = {getattr(chunk, 'dtype', type(chunk).__name__)} "
+            f"{tuple(getattr(chunk, 'shape', ()))}: allowed: a contiguous flat uint8 tensor"
+        )
+    if (chunk.is_cuda, chunk.get_device()) != (first.is_cuda, first.get_device()) or (
+        mapped_host and not chunk.is_pinned()
+    ):
+        return (
+            f"chunks[{index}] is on {chunk.device} (pinned: {chunk.is_cpu and chunk.is_pinned()}) but chunks[0] "
+            f"is on {first.device} (pinned: {mapped_host}); all chunks of a batch must lie alike"
+        )
+    return None
+
+
+_dtype_of = attrgetter("dtype")
+_device_of = attrgetter("device")
+
+
+def chunk_buffers(chunks: Sequence[torch.Tensor], *, mapped: bool = True) -> ChunkBuffers:
+    """Check flat uint8 chunk buffers once: contiguous, one placement (one device, or pinned host).
+
+    `mapped=False`: host chunks that kernels will not reach (they are copied, e.g. through
+    staging) need not be pinned, and are not marked `mapped_host`.
+
+    A request has tens of chunks, checked on every call: each property is read for all
+    chunks at once (C-level maps, no per-chunk Python frame); only a failing batch is
+    walked chunk by chunk, to name the first bad one.
+    """
     chunks = tuple(chunks)
-    addresses = np.empty(len(chunks), dtype=np.int64)
+    count = len(chunks)
     if not chunks:
-        return ChunkBuffers(chunks, addresses, 0, False)
+        empty = np.empty(0, dtype=np.int64)
+        return ChunkBuffers(chunks, empty, empty, 0, False, 0)
     first = chunks[0]
     if not isinstance(first, torch.Tensor):
         raise TransferError(f"chunks[0] is a {type(first).__name__}; allowed: a flat uint8 torch.Tensor")
-    placement = _device_signature(first)
-    mapped_host = first.is_cpu and first.is_pinned()
-    min_bytes = None
-    for index, chunk in enumerate(chunks):
-        # Per chunk only cheap attribute reads (a batch has tens of chunks, checked per call).
-        if (
-            not isinstance(chunk, torch.Tensor)
-            or chunk.dtype is not torch.uint8
-            or chunk.dim() != 1
-            or (chunk.numel() > 1 and chunk.stride(0) != 1)
-        ):
-            raise TransferError(
-                f"chunks[{index}] = {getattr(chunk, 'dtype', type(chunk).__name__)} "
-                f"{tuple(getattr(chunk, 'shape', ()))}: allowed: a contiguous flat uint8 tensor"
-            )
-        if (chunk.is_cpu, chunk.is_cuda, chunk.get_device()) != placement or (mapped_host and not chunk.is_pinned()):
-            raise TransferError(
-                f"chunks[{index}] is on {chunk.device} (pinned: {chunk.is_cpu and chunk.is_pinned()}) but chunks[0] "
-                f"is on {first.device} (pinned: {mapped_host}); all chunks of a batch must lie alike"
-            )
-        size = chunk.numel()
-        min_bytes = size if min_bytes is None or size < min_bytes else min_bytes
-        addresses[index] = chunk.data_ptr()
-    return ChunkBuffers(chunks, addresses, min_bytes, mapped_host)
+    mapped_host = mapped and first.is_cpu and first.is_pinned()
+    Tensor = torch.Tensor
+    try:
+        # (stride (1,): 1-D and contiguous at once; a 1- or 0-byte chunk takes the walk below)
+        alike = (
+            set(map(_dtype_of, chunks)) == {torch.uint8}
+            and set(map(Tensor.stride, chunks)) == {(1,)}
+            and len(set(map(_device_of, chunks))) == 1
+            and (not mapped_host or all(map(Tensor.is_pinned, chunks)))
+        )
+    except (TypeError, AttributeError):  # something that is not a tensor
+        alike = False
+    if not alike:
+        for index, chunk in enumerate(chunks):
+            problem = _chunk_problem(index, chunk, first, mapped_host)
+            if problem is not None:
+                raise TransferError(problem)
+    addresses = np.fromiter(map(Tensor.data_ptr, chunks), dtype=np.int64, count=count)
+    sizes = np.fromiter(map(Tensor.numel, chunks), dtype=np.int64, count=count)
+    return ChunkBuffers(chunks, addresses, sizes, int(sizes.min()), mapped_host, _address_gcd(addresses))
+
+
+def pool_chunk_buffers(pool: torch.Tensor, offsets: np.ndarray, chunk_bytes: int) -> ChunkBuffers:
+    """Chunks of `chunk_bytes` at byte `offsets` of one flat uint8 `pool` (a staging buffer), checked at once."""
+    if (
+        not isinstance(pool, torch.Tensor)
+        or pool.dtype is not torch.uint8
+        or pool.dim() != 1
+        or not pool.is_contiguous()
+    ):
+        raise TransferError(
+            f"pool = {getattr(pool, 'dtype', type(pool).__name__)} {tuple(getattr(pool, 'shape', ()))}: "
+            "allowed: a contiguous flat uint8 tensor"
+        )
+    offsets = np.asarray(offsets, dtype=np.int64)
+    _non_negative_int("chunk_bytes", chunk_bytes)
+    if offsets.ndim != 1:
+        raise TransferError(f"offsets have shape {offsets.shape}; allowed: 1-D")
+    if len(offsets) and (int(offsets.min()) < 0 or int(offsets.max()) + chunk_bytes > pool.numel()):
+        raise TransferError(
+            f"chunks of {chunk_bytes} bytes at offsets {int(offsets.min())}..{int(offsets.max())} do not fit the "
+            f"pool of {pool.numel()} bytes"
+        )
+    addresses = offsets + pool.data_ptr()
+    sizes = np.full(len(offsets), chunk_bytes, dtype=np.int64)
+    mapped_host = pool.is_cpu and pool.is_pinned()
+    return ChunkBuffers((), addresses, sizes, chunk_bytes if len(offsets) else 0, mapped_host,
+                        _address_gcd(addresses), pool=pool, pool_offsets=offsets)
+
+
+@dataclass(frozen=True, eq=False)
+class ChunkRows:
+    """Which slots each plane of each chunk moves, for one group and chunk layout: validated once (`chunk_rows`).
+
+    Plane p of chunk c moves `counts[c, p]` rows whose slots are
+    `slots[starts[c, p] : starts[c, p] + counts[c, p]]`, into / out of the first
+    rows of its region. The arrays are read-only: callers keep and reuse a
+    `ChunkRows` for every call with the same rows (requests of one length), and
+    backends cache what they derive from it (device tables) in `backend_cache`.
+    """
+
+    group: PagedGroup
+    layout: ChunkLayout
+    starts: np.ndarray  # int64 [chunks, planes]
+    counts: np.ndarray  # int64 [chunks, planes]
+    slots_needed: int  # the slot tensor must hold at least this many entries
+    max_region_bytes: int  # the most bytes one (chunk, layer, plane) region moves
+    backend_cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.starts)
+
+
+def chunk_rows(group: PagedGroup, layout: ChunkLayout, starts: np.ndarray, counts: np.ndarray) -> ChunkRows:
+    """Check per-chunk rows of a multi-chunk launch against `group` and `layout`; raise TransferError naming them."""
+    if not isinstance(group, PagedGroup):
+        raise TransferError(f"group is a {type(group).__name__}; allowed: PagedGroup")
+    _check_layout(group, (), layout)
+    starts = np.array(starts, dtype=np.int64)  # copies: the caller's arrays may change, these may not
+    counts = np.array(counts, dtype=np.int64)
+    if starts.ndim != 2 or starts.shape != counts.shape or starts.shape[1] != group.plane_count:
+        raise TransferError(
+            f"starts {starts.shape} / counts {counts.shape}: allowed: (chunks, planes) with planes = "
+            f"{group.plane_count}"
+        )
+    if (starts < 0).any() or (counts < 0).any():
+        raise TransferError("starts and counts must be >= 0")
+    region_rows = np.asarray(layout.region_rows, dtype=np.int64)
+    over = counts > region_rows[None, :]
+    if over.any():
+        chunk, plane = np.argwhere(over)[0]
+        raise TransferError(
+            f"chunk {chunk} plane {plane}: count={counts[chunk, plane]} > layout region_rows={region_rows[plane]}"
+        )
+    starts.flags.writeable = False
+    counts.flags.writeable = False
+    row_bytes = np.asarray([plane.row_bytes for plane in group.planes], dtype=np.int64)
+    slots_needed = int((starts + counts).max()) if starts.size else 0
+    max_region_bytes = int((counts * row_bytes[None, :]).max()) if counts.size else 0
+    return ChunkRows(group, layout, starts, counts, slots_needed, max_region_bytes)
 
 
 @dataclass(frozen=True)
@@ -618,47 +750,45 @@ class ResolvedChunkBatch:
     """A validated multi-chunk launch: many chunks of one layout, moved by one launch per group.
 
     Chunk c's part for this group starts `chunk_offset` bytes into the buffer at
-    `addresses[c]` (device memory, or host memory the device maps: CUDA pinned
-    memory); plane p of chunk c moves `counts[c, p]` rows whose slots are
-    `slots[starts[c, p] : starts[c, p] + counts[c, p]]`. `keep_alive` holds the
-    tensors behind `addresses` until the launch is issued.
+    `buffers.addresses[c]` (device memory, or host memory the device maps: CUDA
+    pinned memory); `rows` says which slots each plane of each chunk moves.
     """
 
     group: PagedGroup
     slots: torch.Tensor
-    addresses: np.ndarray  # int64 [chunks]
-    starts: np.ndarray  # int64 [chunks, planes]
-    counts: np.ndarray  # int64 [chunks, planes]
+    buffers: ChunkBuffers
+    rows: ChunkRows
     chunk_offset: int
-    layout: ChunkLayout
     store: bool
-    keep_alive: tuple = field(default=(), repr=False, compare=False)
+
+    @property
+    def layout(self) -> ChunkLayout:
+        return self.rows.layout
 
     @property
     def num_chunks(self) -> int:
-        return len(self.addresses)
+        return len(self.buffers)
 
 
 def resolve_chunk_batch(
-    group: PagedGroup,
     slots: torch.Tensor,
     chunks: ChunkBuffers | Sequence[torch.Tensor],
-    starts: np.ndarray,
-    counts: np.ndarray,
+    rows: ChunkRows,
     *,
     store: bool,
-    layout: ChunkLayout,
     chunk_offset: int = 0,
 ) -> ResolvedChunkBatch:
-    """Check a multi-chunk launch against the contract; raise TransferError naming the bad input.
+    """Check a multi-chunk launch of `rows.group` against the contract; raise TransferError naming the bad input.
 
     `chunks`: `chunk_buffers` of the chunks (checked once for every group of a call), or
     the flat uint8 tensors themselves; on the group's device or, with CUDA caches, in
     pinned host memory the kernel reaches through unified addressing. One slot tensor
-    serves every plane and chunk (`starts` index into it).
+    serves every plane and chunk (`rows.starts` index into it). Per call only scalars
+    are compared: `rows` was checked when it was made.
     """
-    if not isinstance(group, PagedGroup):
-        raise TransferError(f"group is a {type(group).__name__}; allowed: PagedGroup")
+    if not isinstance(rows, ChunkRows):
+        raise TransferError(f"rows is a {type(rows).__name__}; allowed: ChunkRows (see chunk_rows)")
+    group = rows.group
     if not isinstance(store, bool):
         raise TransferError(f"store={store!r} is not allowed; allowed: True (paged -> chunk) or False")
     if not isinstance(chunks, ChunkBuffers):
@@ -667,34 +797,24 @@ def resolve_chunk_batch(
         raise TransferError(f"slots={getattr(slots, 'shape', slots)!r}: allowed: a contiguous 1-D int64 tensor")
     if not group.on_group_device(slots):
         raise TransferError(f"slots are on {slots.device} but the caches are on {group.device}")
-    starts = np.asarray(starts, dtype=np.int64)
-    counts = np.asarray(counts, dtype=np.int64)
-    shape = (len(chunks), group.plane_count)
-    if starts.shape != shape or counts.shape != shape:
-        raise TransferError(f"starts {starts.shape} / counts {counts.shape}: allowed: (chunks, planes) = {shape}")
+    if len(chunks) != rows.num_chunks:
+        raise TransferError(
+            f"{len(chunks)} chunks but rows for {rows.num_chunks} chunks (chunks, planes) = {rows.starts.shape}; "
+            "they must match"
+        )
     _non_negative_int("chunk_offset", chunk_offset)
-    _check_layout(group, (), layout)
     if len(chunks):
-        if (starts < 0).any() or (counts < 0).any():
-            raise TransferError("starts and counts must be >= 0")
-        beyond = starts + counts > slots.numel()
-        if beyond.any():
+        if rows.slots_needed > slots.numel():
+            beyond = rows.starts + rows.counts > slots.numel()
             chunk, plane = np.argwhere(beyond)[0]
             raise TransferError(
-                f"chunk {chunk} plane {plane}: start={starts[chunk, plane]} + count={counts[chunk, plane]} exceeds "
-                f"the {slots.numel()} slots"
+                f"chunk {chunk} plane {plane}: start={rows.starts[chunk, plane]} + count={rows.counts[chunk, plane]} "
+                f"exceeds the {slots.numel()} slots"
             )
-        region_rows = np.asarray(layout.region_rows, dtype=np.int64)
-        over = counts > region_rows[None, :]
-        if over.any():
-            chunk, plane = np.argwhere(over)[0]
-            raise TransferError(
-                f"chunk {chunk} plane {plane}: count={counts[chunk, plane]} > layout region_rows={region_rows[plane]}"
-            )
-        if chunks.min_bytes < chunk_offset + layout.total_bytes:
+        if chunks.min_bytes < chunk_offset + rows.layout.total_bytes:
             raise TransferError(
                 f"a chunk holds {chunks.min_bytes} bytes but chunk_offset={chunk_offset} + the group's "
-                f"{layout.total_bytes} bytes do not fit"
+                f"{rows.layout.total_bytes} bytes do not fit"
             )
         if chunks.mapped_host:
             if group.device.type != "cuda":
@@ -702,12 +822,10 @@ def resolve_chunk_batch(
                     f"the chunks are pinned host memory but the caches are on {group.device}; allowed: host "
                     "chunks with CUDA caches only (unified addressing)"
                 )
-        elif not group.on_group_device(chunks.tensors[0]):
+        elif not group.on_group_device(chunks.keep_alive[0]):
             raise TransferError(
-                f"the chunks are on {chunks.tensors[0].device} but the caches are on {group.device}; allowed: the "
-                "caches' device, or pinned host memory with CUDA caches"
+                f"the chunks are on {chunks.keep_alive[0].device} but the caches are on {group.device}; allowed: "
+                "the caches' device, or pinned host memory with CUDA caches"
             )
-    return ResolvedChunkBatch(
-        group=group, slots=slots, addresses=chunks.addresses, starts=starts, counts=counts,
-        chunk_offset=chunk_offset, layout=layout, store=store, keep_alive=chunks.tensors,
-    )
+    return ResolvedChunkBatch(group=group, slots=slots, buffers=chunks, rows=rows, chunk_offset=chunk_offset,
+                              store=store)

@@ -36,7 +36,9 @@ import triton.language as tl
 
 from lmcache_ascend.kernels.spec import (
     MAX_PLANES,
+    ChunkBuffers,
     ChunkLayout,
+    ChunkRows,
     PagedGroup,
     ResolvedChunkBatch,
     ResolvedTransfer,
@@ -260,17 +262,20 @@ def _paged_chunk_kernel(
                     region_offset, STORE, TILE, BYTES_PER_PROGRAM)
 
 
-# Multi-chunk launch: the per-chunk values travel in a device table of
-# [chunks, 1 + 2 * planes] int64 rows: the chunk buffer's address minus the data
-# anchor's (bytes), then per plane its row count, then per plane its slot offset
-# (elements from the slot anchor).
+# Multi-chunk launch: the per-chunk values travel in two device tables beside the
+# group's geometry table: the chunk addresses (int64 [chunks]: each chunk buffer's
+# address minus the data anchor's, bytes), uploaded per call and shared by every
+# layer group of the call, and the rows (int64 [chunks, 2 * PLANES]: per plane its
+# row count, then per plane its slot offset in elements from the slot anchor),
+# uploaded once per `ChunkRows` (requests of one length share them).
 @triton.jit(do_not_specialize=("data_anchor_address", "layer_stride"))
 def _paged_chunks_kernel(
     data_anchor,  # a device tensor every data address is relative to
     data_anchor_address,
     slot_anchor,  # int64*: the one slot tensor of the batch
     table,  # the group's geometry table (as for `_paged_chunk_kernel`)
-    chunk_table,  # int64 [chunks, 1 + 2 * PLANES]
+    address_table,  # int64 [chunks]
+    rows_table,  # int64 [chunks, 2 * PLANES]
     layer_stride,
     PLANES: tl.constexpr,
     STORE: tl.constexpr,
@@ -279,17 +284,18 @@ def _paged_chunks_kernel(
 ):
     program = tl.program_id(0)
     layer_plane = tl.program_id(1)
-    chunk_entry = chunk_table + tl.program_id(2).to(tl.int64) * (1 + 2 * PLANES)
+    chunk = tl.program_id(2).to(tl.int64)
+    rows_entry = rows_table + chunk * (2 * PLANES)
     layer = layer_plane // PLANES
     plane = layer_plane - layer * PLANES
-    count = tl.load(chunk_entry + 1 + plane)
+    count = tl.load(rows_entry + plane)
     entry = table + layer_plane.to(tl.int64) * 5
     row_bytes = tl.load(entry + 4)
     first_byte = program.to(tl.int64) * BYTES_PER_PROGRAM
     if first_byte < count * row_bytes:
-        slot_ptr = slot_anchor + tl.load(chunk_entry + 1 + PLANES + plane)
+        slot_ptr = slot_anchor + tl.load(rows_entry + PLANES + plane)
         region_entry = table + tl.num_programs(1).to(tl.int64) * 5 + plane * 3
-        region_offset = tl.load(region_entry) + layer.to(tl.int64) * layer_stride + tl.load(chunk_entry)
+        region_offset = tl.load(region_entry) + layer.to(tl.int64) * layer_stride + tl.load(address_table + chunk)
         _move_plane(data_anchor, data_anchor_address, slot_ptr, first_byte, count, entry, row_bytes, region_entry,
                     region_offset, STORE, TILE, BYTES_PER_PROGRAM)
 
@@ -446,68 +452,143 @@ def triton_transfer(transfer: ResolvedTransfer, *, tile: int = VECTORS_PER_TILE,
             num_warps, transfer.group.device)
 
 
+def _upload(values: np.ndarray, device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`values` on `device` without holding the host up: through pinned memory on CUDA (the caching
+    host allocator keeps the pinned block until the copy has run); into `out` where given."""
+    staged = torch.from_numpy(values)
+    if device.type == "cuda":
+        staged = staged.pin_memory()
+        if out is None:
+            return staged.to(device, non_blocking=True)
+        out.copy_(staged, non_blocking=True)
+        return out
+    if out is None:
+        return staged.to(device)
+    out.copy_(staged)
+    return out
+
+
+# Device copies of staging pools' chunk offsets, by (device, offsets): the waves of
+# requests of one shape use the same few.
+_pool_offsets_tables: dict[tuple, torch.Tensor] = {}
+
+
+def _pool_offsets_table(offsets: np.ndarray, device: torch.device) -> torch.Tensor:
+    key = (device, offsets.tobytes())
+    table = _pool_offsets_tables.get(key)
+    if table is None:
+        if len(_pool_offsets_tables) >= _MAX_CACHED_TABLES:
+            _pool_offsets_tables.clear()
+        table = _pool_offsets_tables[key] = _upload(np.array(offsets, dtype=np.int64), device)
+    return table
+
+
+@dataclass(frozen=True)
+class _ChunksLaunch:
+    """What a multi-chunk launch of one `ChunkRows` needs besides the per-call addresses: made once."""
+
+    device_table: _DeviceTable
+    rows_table: torch.Tensor
+    rows_address: int
+    grid_x: int
+    layer_planes: int
+    planes: int
+    layer_stride: int
+    layer_stride_type: str
+
+
+def _chunks_launch(rows: ChunkRows, chunk_offset: int, alignment: int, bytes_per_program: int) -> _ChunksLaunch:
+    """Per (rows, chunk offset, address alignment mod 16): tables uploaded once, grid and constants worked out once."""
+    key = ("triton.launch", chunk_offset, alignment % 16, bytes_per_program)
+    cached = rows.backend_cache.get(key)
+    if cached is not None:
+        return cached
+    group = rows.group
+    geometry = _group_geometry(group)
+    rows_table = rows.backend_cache.get("triton.rows")
+    if rows_table is None:
+        values = np.ascontiguousarray(np.concatenate([rows.counts, rows.starts], axis=1), dtype=np.int64)
+        rows_table = rows.backend_cache["triton.rows"] = _upload(values.reshape(-1), group.device)
+    layer_stride = rows.layout.layer_stride
+    cached = _ChunksLaunch(
+        device_table=_device_table(group, rows.layout, chunk_offset, alignment),
+        rows_table=rows_table,
+        rows_address=rows_table.data_ptr(),
+        grid_x=-(-rows.max_region_bytes // bytes_per_program),
+        layer_planes=geometry.layer_planes,
+        planes=len(geometry.row_bytes),
+        layer_stride=layer_stride,
+        layer_stride_type=_integer_type(layer_stride),
+    )
+    rows.backend_cache[key] = cached
+    return cached
+
+
 def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, tile: int = VECTORS_PER_TILE,
                                   bytes_per_program: int = BYTES_PER_PROGRAM, num_warps: int = NUM_WARPS) -> int:
     """Run validated multi-chunk transfers (one per layer group), ONE launch each; returns launches.
 
-    The per-chunk values of every batch go up together: one host-to-device copy
-    (through pinned memory on CUDA) of one table, whose device copy also anchors
-    every data address (chunk buffers may lie in other allocations or in mapped
-    host memory: they are reached by their distance from it).
+    Per call at most one host-to-device copy: the chunk addresses of every distinct
+    set of chunk buffers (layer groups of one call share theirs), relative to the
+    copy's own device tensor, which anchors every data address (chunk buffers may
+    lie in other allocations or in mapped host memory: they are reached by their
+    distance from it); chunks of one pool (`pool_chunk_buffers`) are anchored on the
+    pool and upload nothing. Tables, grids and compiled kernels are looked up, not rebuilt.
     """
     _check_tile(tile, bytes_per_program)
-    batches = [batch for batch in batches if batch.num_chunks]
+    batches = [batch for batch in batches if batch.num_chunks and batch.rows.max_region_bytes]
     if not batches:
         return 0
     device = batches[0].group.device
-    sizes = [batch.num_chunks * (1 + 2 * batch.group.plane_count) for batch in batches]
-    tables = torch.empty(sum(sizes), dtype=torch.int64, device=device)
-    anchor = tables.data_ptr()
-    host = np.empty(sum(sizes), dtype=np.int64)
-    launches = []
-    offset = 0
-    for batch, size in zip(batches, sizes):
-        planes = batch.group.plane_count
-        table = host[offset : offset + size].reshape(batch.num_chunks, 1 + 2 * planes)
-        table[:, 0] = batch.addresses - anchor
-        table[:, 1 : 1 + planes] = batch.counts
-        table[:, 1 + planes :] = batch.starts
-        launches.append((batch, offset, size))
-        offset += size
-    staged = torch.from_numpy(host)
-    if device.type == "cuda":
-        # The caching host allocator keeps the pinned block until the copy has run.
-        tables.copy_(staged.pin_memory(), non_blocking=True)
+    distinct: dict[int, tuple[ChunkBuffers, int]] = {}
+    cursor = 0
+    for batch in batches:
+        if id(batch.buffers) not in distinct:
+            distinct[id(batch.buffers)] = (batch.buffers, cursor)
+            cursor += len(batch.buffers)
+    pool = batches[0].buffers.pool if len(distinct) == 1 else None
+    if pool is not None:
+        # Chunks of one pool (staging waves): the pool anchors them and their distances are
+        # its offsets, whose device copy is looked up (no upload, and nothing on the copy
+        # engine that the next wave's copies would queue behind).
+        anchor_tensor, anchor = pool, pool.data_ptr()
+        addresses = _pool_offsets_table(batches[0].buffers.pool_offsets, device)
     else:
-        tables.copy_(staged)
+        addresses = torch.empty(cursor, dtype=torch.int64, device=device)
+        anchor_tensor, anchor = addresses, addresses.data_ptr()
+        if len(distinct) == 1:
+            host = batches[0].buffers.addresses - anchor
+        else:
+            host = np.concatenate([buffers.addresses for buffers, _ in distinct.values()]) - anchor
+        _upload(host, device, out=addresses)
+    addresses_address = addresses.data_ptr()
     launched = 0
-    for batch, offset, size in launches:
-        group = batch.group
-        geometry = _group_geometry(group)
-        planes = len(geometry.row_bytes)
-        max_region_bytes = int((batch.counts * np.asarray(geometry.row_bytes, dtype=np.int64)[None, :]).max())
-        if max_region_bytes == 0:
-            continue
+    for batch in batches:
+        buffers, offset = distinct[id(batch.buffers)]
         # Widths must divide every chunk's distance from the anchor: the gcd of them all stands for it.
-        alignment = int(np.gcd.reduce(batch.addresses, initial=anchor))
-        device_table = _device_table(group, batch.layout, batch.chunk_offset, alignment)
-        grid = (-(-max_region_bytes // bytes_per_program), geometry.layer_planes, batch.num_chunks)
-        layer_stride = batch.layout.layer_stride
+        launch = _chunks_launch(batch.rows, batch.chunk_offset, math.gcd(buffers.address_gcd, anchor),
+                                bytes_per_program)
         slot_address = batch.slots.data_ptr()
-        chunk_table = tables[offset : offset + size]
-        arguments = (tables, anchor, batch.slots, device_table.table, chunk_table, layer_stride)
+        address_table = addresses_address + 8 * offset
+        # (A view only where it starts further in: the raw launch passes the address alone.)
+        address_view = addresses if offset == 0 else addresses[offset:]
+        arguments = (anchor_tensor, anchor, batch.slots, launch.device_table.table, address_view, launch.rows_table,
+                     launch.layer_stride)
         signature = (
             "chunks",
+            anchor_tensor.dtype,
             anchor % 16 == 0,
             slot_address % 16 == 0,
-            device_table.table_aligned,
-            (anchor + 8 * offset) % 16 == 0,
+            launch.device_table.table_aligned,
+            address_table % 16 == 0,
+            launch.rows_address % 16 == 0,
             _integer_type(anchor),
-            _integer_type(layer_stride),
+            launch.layer_stride_type,
         )
-        pointers = {0: anchor, 2: slot_address, 3: device_table.address, 4: anchor + 8 * offset}
-        _launch(_paged_chunks_kernel, grid, arguments, pointers, signature,
-                (planes, batch.store, tile, bytes_per_program), num_warps, device)
+        pointers = {0: anchor, 2: slot_address, 3: launch.device_table.address, 4: address_table,
+                    5: launch.rows_address}
+        _launch(_paged_chunks_kernel, (launch.grid_x, launch.layer_planes, batch.num_chunks), arguments, pointers,
+                signature, (launch.planes, batch.store, tile, bytes_per_program), num_warps, device)
         launched += 1
     return launched
 

@@ -21,11 +21,15 @@ import numpy as np
 import torch
 
 from lmcache_ascend.kernels import (
+    ChunkBuffers,
+    ChunkRows,
     PagedGroup,
-    align_up,
-    chunk_buffers,
     PagedPlane,
     PlaneSlots,
+    align_up,
+    chunk_buffers,
+    chunk_rows,
+    pool_chunk_buffers,
     resolve_chunk_batch,
     transfer_chunk_batches,
     transfer_group,
@@ -36,7 +40,7 @@ from lmcache_ascend.multigroup.slots import StepBlockIds
 from lmcache_ascend.multigroup.specs import KVGroupSpec, cached_row_count, chunk_row_window
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID
 
-__all__ = ["DEFAULT_HOST_PATH", "HOST_PATHS", "STAGING_BYTES", "ChunkMover", "DeviceSlots"]
+__all__ = ["DEFAULT_HOST_PATH", "HOST_PATHS", "STAGING_BYTES", "ChunkMover", "DeviceSlots", "staging_waves"]
 
 # How host chunks are reached: "mapped" (the kernel reads / writes CUDA pinned
 # memory through unified addressing; elsewhere staging is used) or "staging" (a
@@ -48,6 +52,25 @@ DEFAULT_HOST_PATH = "staging"
 # Device staging for host chunks: at most this many bytes (at least one chunk).
 STAGING_BYTES = 256 * 2**20
 _STAGING_ALIGNMENT = 256
+# Chunks in the first staging wave: the copies start once its kernels (store) or its
+# copies (load) are issued, so it is small; each later wave doubles, up to half the
+# staging buffer (the host issues wave k+1 while wave k is copied).
+FIRST_WAVE_CHUNKS = 2
+# Bounded caches of per-request-shape values (chunk rows by chunk bounds and slot layout).
+_MAX_CACHED_ROWS = 64
+
+
+def staging_waves(chunks: int, capacity: int, first: int = FIRST_WAVE_CHUNKS) -> list[tuple[int, int]]:
+    """[begin, end) chunk ranges of the staging waves: `first` chunks, then doubling, at most `capacity` each."""
+    if capacity < 1 or first < 1:
+        raise LayoutError(f"capacity={capacity} and first={first} must be >= 1")
+    waves = []
+    begin, size = 0, min(first, capacity)
+    while begin < chunks:
+        end = min(begin + size, chunks)
+        waves.append((begin, end))
+        begin, size = end, min(2 * size, capacity)
+    return waves
 
 
 def _device_module(device: torch.device):
@@ -231,6 +254,7 @@ class ChunkMover:
         self._staging: torch.Tensor | None = None
         self._copy_stream = None
         self._windows: dict[tuple[bytes, bytes], tuple] = {}
+        self._rows: dict[tuple, tuple] = {}
 
     @property
     def device(self) -> torch.device:
@@ -321,9 +345,28 @@ class ChunkMover:
             launches += 1
         return launches
 
+    def batch_rows(self, slots: DeviceSlots, starts: Sequence[int]) -> tuple[tuple[PagedGroup, int, ChunkRows], ...]:
+        """Per layer group that moves a row: (paged group, its byte offset in a chunk, the `ChunkRows` of the
+        full chunks starting at `starts`), checked once and remembered for the chunk starts and slot layout
+        of recent calls (requests of one length share them)."""
+        key = (tuple(starts), tuple(slots.offsets.items()), tuple(slots.lengths.items()))
+        cached = self._rows.get(key)
+        if cached is None:
+            starts = np.asarray(key[0], dtype=np.int64)
+            rows = self.plane_rows(slots, starts, starts + self.layout.chunk_size)
+            cached = tuple(
+                (paged_group, region.byte_offset, chunk_rows(paged_group, region.layout, firsts, counts))
+                for paged_group, region, (firsts, counts) in zip(self.paged_groups, self.layout.full_plan.regions, rows)
+                if counts.any()
+            )
+            if len(self._rows) >= _MAX_CACHED_ROWS:
+                self._rows.clear()
+            self._rows[key] = cached
+        return cached
+
     def move_batch(
         self,
-        chunks: Sequence[torch.Tensor],
+        chunks: Sequence[torch.Tensor] | ChunkBuffers,
         starts: Sequence[int],
         slots: DeviceSlots | Mapping[int, object],
         *,
@@ -331,45 +374,38 @@ class ChunkMover:
     ) -> int:
         """Move full chunks (each `chunk_size` tokens from its start), one launch per layer group; returns launches.
 
-        `chunks` are flat uint8 buffers on the caches' device (or CUDA pinned host memory).
+        `chunks` are flat uint8 buffers on the caches' device (or CUDA pinned host memory), or
+        `ChunkBuffers` already checked. Per call: the chunks are checked once for every layer
+        group; rows, tables and launch constants are looked up.
         """
-        if not chunks:
+        if not len(chunks):
             return 0
         slots = self._device_slots(slots)
-        size = self.layout.chunk_size
-        plan = self.layout.full_plan
-        starts_array = np.asarray(starts, dtype=np.int64)
-        rows = self.plane_rows(slots, starts_array, starts_array + size)
-        buffers = chunk_buffers(chunks)  # checked once for every layer group
+        buffers = chunks if isinstance(chunks, ChunkBuffers) else chunk_buffers(chunks)
         batches = [
-            resolve_chunk_batch(
-                paged_group, slots.slots, buffers, firsts, counts, store=store, layout=region.layout,
-                chunk_offset=region.byte_offset,
-            )
-            for paged_group, region, (firsts, counts) in zip(self.paged_groups, plan.regions, rows)
-            if counts.any()
+            resolve_chunk_batch(slots.slots, buffers, rows, store=store, chunk_offset=byte_offset)
+            for _, byte_offset, rows in self.batch_rows(slots, starts)
         ]
         return transfer_chunk_batches(batches, backend=self.backend)
 
     def staging_buffer(self, chunks: int) -> tuple[torch.Tensor, int]:
-        """(device staging buffer, byte stride of a chunk in it) for up to `chunks` full chunks
-        (fewer where `STAGING_BYTES` is reached; one at least). Allocated once, grown on demand."""
+        """(device staging buffer, bytes per chunk in it) for up to `chunks` full chunks (fewer where
+        `STAGING_BYTES` is reached; one at least). Allocated once, grown on demand."""
         stride = align_up(self.layout.full_plan.total_bytes, _STAGING_ALIGNMENT)
         wanted = stride * max(1, min(chunks, STAGING_BYTES // stride))
         if self._staging is None or self._staging.numel() < wanted:
+            self._staging = None  # the old buffer goes first: both may not fit
             self._staging = torch.empty(wanted, dtype=torch.uint8, device=self.device)
         return self._staging, stride
 
     def reachable(self, chunks: Sequence[torch.Tensor], host_path: str) -> bool:
         """Whether the kernels can address every chunk where it lies."""
         device = self.device
-        if device.type == "cpu" or all(chunk.device == device for chunk in chunks):
+        if device.type == "cpu":
             return True
-        return (
-            host_path == "mapped"
-            and device.type == "cuda"
-            and all(chunk.is_cpu and chunk.is_pinned() for chunk in chunks)
-        )
+        if host_path == "mapped" and device.type == "cuda":
+            return all(chunk.is_cuda or (chunk.is_cpu and chunk.is_pinned()) for chunk in chunks)
+        return all(chunk.device == device for chunk in chunks)
 
     def move_chunks(
         self,
@@ -389,65 +425,133 @@ class ChunkMover:
         """
         if host_path not in HOST_PATHS:
             raise LayoutError(f"host_path={host_path!r} is not allowed; allowed: {', '.join(HOST_PATHS)}")
-        if self.reachable(chunks, host_path):
+        if not len(chunks):
+            return 0
+        if chunks[0].is_cuda or self.reachable(chunks, host_path):
+            # (chunks on the device: `chunk_buffers` checks that they all are, and on which one)
             return self.move_batch(chunks, starts, slots, store=store)
         return self._move_staged(list(chunks), list(starts), self._device_slots(slots), store=store)
 
     def _move_staged(self, chunks: list[torch.Tensor], starts: list[int], slots: DeviceSlots, *, store: bool) -> int:
-        """Host chunks through the staging buffer in waves; each wave's copies run on a copy
-        stream beside the next wave's kernels (the buffer's two halves alternate)."""
+        """Host chunks through the staging buffer in waves (`staging_waves`: a small first wave, then
+        doubling), alternating between the buffer's halves; each wave's copies run on a copy stream
+        beside the next wave's kernels. Chunks lying back to back in one host allocation are copied as
+        one span (on a store only where every byte of the span is the chunks' own)."""
         total = self.layout.full_plan.total_bytes
+        host = chunk_buffers(chunks, mapped=False)  # checked once for the request; only copied
+        if host.min_bytes < total:
+            index = int(np.argmin(host.sizes))
+            raise LayoutError(f"chunk {index} holds {host.min_bytes} bytes; a full chunk needs {total}")
         staging, stride = self.staging_buffer(len(chunks))
-        capacity = staging.numel() // stride
         module = _device_module(self.device)
-        launches = 0
-        if module is None or capacity < 2:
-            for first in range(0, len(chunks), capacity):
-                wave = range(first, min(first + capacity, len(chunks)))
-                views = [staging[i * stride : i * stride + total] for i in range(len(wave))]
-                if not store:
-                    for view, index in zip(views, wave):
-                        view.copy_(chunks[index][:total], non_blocking=True)
-                launches += self.move_batch(views, [starts[i] for i in wave], slots, store=store)
-                if store:
-                    for view, index in zip(views, wave):
-                        chunks[index][:total].copy_(view, non_blocking=True)
-            return launches
-        if self._copy_stream is None:
+        halves = 2 if module is not None and staging.numel() >= 2 * stride else 1
+        half_bytes = (staging.numel() // halves) // _STAGING_ALIGNMENT * _STAGING_ALIGNMENT
+        capacity = max(1, half_bytes // stride)
+        joined = _joined_neighbours(host, total, stride, store)
+        if module is not None and self._copy_stream is None:
             self._copy_stream = module.Stream(device=self.device)
-        compute = module.current_stream(self.device)
+        compute = module.current_stream(self.device) if module is not None else None
         copy = self._copy_stream
-        half = capacity // 2
-        released = [None, None]  # per half: the event after which it may be rewritten
-        for wave_index, first in enumerate(range(0, len(chunks), half)):
-            part = wave_index % 2
-            wave = range(first, min(first + half, len(chunks)))
-            base = part * half
-            views = [staging[(base + i) * stride : (base + i) * stride + total] for i in range(len(wave))]
-            wave_starts = [starts[i] for i in wave]
+        released: list = [None] * halves  # per half: the event after which it may be rewritten
+        launches = 0
+        for wave_index, (begin, end) in enumerate(staging_waves(len(chunks), capacity)):
+            part = wave_index % halves
+            spans, offsets = _staging_spans(host.addresses, joined, begin, end, total, part * half_bytes)
+            buffers = pool_chunk_buffers(staging, offsets, total)
+            wave_starts = starts[begin:end]
+            if module is None:  # no streams: in order on the host
+                if not store:
+                    _copy_spans(chunks, host, spans, total, staging, to_staging=True)
+                launches += self.move_batch(buffers, wave_starts, slots, store=store)
+                if store:
+                    _copy_spans(chunks, host, spans, total, staging, to_staging=False)
+                continue
             if store:
                 if released[part] is not None:
                     compute.wait_event(released[part])  # the half's last copies out are done
-                launches += self.move_batch(views, wave_starts, slots, store=True)
+                launches += self.move_batch(buffers, wave_starts, slots, store=True)
                 written = module.Event()
                 written.record(compute)
                 copy.wait_event(written)
                 with module.stream(copy):
-                    for view, index in zip(views, wave):
-                        chunks[index][:total].copy_(view, non_blocking=True)
+                    _copy_spans(chunks, host, spans, total, staging, to_staging=False)
                 released[part] = module.Event()
                 released[part].record(copy)
             else:
                 if released[part] is not None:
                     copy.wait_event(released[part])  # the half's last kernels have read it
                 with module.stream(copy):
-                    for view, index in zip(views, wave):
-                        view.copy_(chunks[index][:total], non_blocking=True)
+                    _copy_spans(chunks, host, spans, total, staging, to_staging=True)
                 loaded = module.Event()
                 loaded.record(copy)
                 compute.wait_event(loaded)
-                launches += self.move_batch(views, wave_starts, slots, store=False)
+                launches += self.move_batch(buffers, wave_starts, slots, store=False)
                 released[part] = module.Event()
                 released[part].record(compute)
-        compute.wait_stream(copy)
+        if module is not None:
+            compute.wait_stream(copy)
         return launches
+
+
+def _joined_neighbours(host: ChunkBuffers, total: int, stride: int, store: bool) -> np.ndarray:
+    """joined[i]: chunk i + 1 starts where one copy of chunk i's span can reach it (bool [chunks - 1]).
+
+    Chunk i + 1 must begin at most `stride` bytes after chunk i (so a span fits the staging
+    waves' byte budget) and not inside chunk i's `total` bytes. A store writes the whole span
+    back, so there the bytes between must be chunk i's own (its tensor reaches them); a load
+    only reads them into scratch staging. (`_copy_spans` copies a span at once only where it
+    lies in one host allocation.)
+    """
+    if len(host) < 2:
+        return np.zeros(0, dtype=bool)
+    gaps = np.diff(host.addresses)
+    joined = (gaps >= total) & (gaps <= stride)
+    if store:
+        joined &= gaps <= host.sizes[:-1]
+    return joined
+
+
+def _staging_spans(addresses: np.ndarray, joined: np.ndarray, begin: int, end: int, total: int,
+                   base: int) -> tuple[list[tuple[int, int, int]], np.ndarray]:
+    """The copies of chunks [begin, end): spans (first chunk, last chunk + 1, staging offset) of chunks
+    joined back to back, packed from `base` in the staging buffer, and each chunk's staging offset
+    (a chunk keeps its distance from its span's first chunk)."""
+    cuts = [begin, *(begin + 1 + np.flatnonzero(~joined[begin : end - 1])).tolist(), end]
+    spans = []
+    offsets = np.empty(end - begin, dtype=np.int64)
+    cursor = base
+    for first, stop in zip(cuts[:-1], cuts[1:]):
+        offsets[first - begin : stop - begin] = cursor + (addresses[first:stop] - addresses[first])
+        spans.append((first, stop, cursor))
+        cursor = align_up(cursor + int(addresses[stop - 1] - addresses[first]) + total, _STAGING_ALIGNMENT)
+    return spans, offsets
+
+
+def _copy_spans(chunks: list[torch.Tensor], host: ChunkBuffers, spans, total: int, staging: torch.Tensor, *,
+                to_staging: bool) -> None:
+    """One copy per span between the host chunks and the staging buffer (on the current stream).
+
+    A span is copied at once only where it lies inside its first chunk's allocation (one
+    host pool); else chunk by chunk, each to its place in the span's staging range.
+    """
+    for first, stop, offset in spans:
+        chunk = chunks[first]
+        size = int(host.addresses[stop - 1] - host.addresses[first]) + total
+        pieces = None
+        if stop - first > 1:
+            storage = chunk.untyped_storage()
+            if int(host.addresses[stop - 1]) + total <= storage.data_ptr() + storage.nbytes():
+                whole = torch.empty(0, dtype=torch.uint8).set_(storage, chunk.storage_offset(), (size,), (1,))
+                pieces = ((whole, offset, size),)
+        if pieces is None:
+            pieces = tuple(
+                (chunks[index] if chunks[index].numel() == total else chunks[index][:total],
+                 offset + int(host.addresses[index] - host.addresses[first]), total)
+                for index in range(first, stop)
+            )
+        for span, at, length in pieces:
+            staged = staging[at : at + length]
+            if to_staging:
+                staged.copy_(span, non_blocking=True)
+            else:
+                span.copy_(staged, non_blocking=True)

@@ -23,6 +23,7 @@ from lmcache_ascend.kernels import (
     PagedPlane,
     PlaneSlots,
     TransferError,
+    chunk_rows,
     launch_counter,
     resolve_chunk_batch,
     transfer_chunk_batches,
@@ -65,7 +66,7 @@ def _run(device: str, backend: str, store: bool, chunk_offset: int = 32):
         group, slots, starts, counts, layout, caches = _case(device)
         chunks = _poisoned_chunks(layout, len(starts), device, chunk_offset)
         if batched:
-            batch = resolve_chunk_batch(group, slots, chunks, starts, counts, store=store, layout=layout,
+            batch = resolve_chunk_batch(slots, chunks, chunk_rows(group, layout, starts, counts), store=store,
                                         chunk_offset=chunk_offset)
             launch_counter.reset()
             assert transfer_chunk_batches([batch], backend=backend) == 1
@@ -100,7 +101,7 @@ def test_a_batch_moves_bytes_at_all():
     group, slots, starts, counts, layout, _ = _case("cpu")
     chunks = _poisoned_chunks(layout, len(starts), "cpu", 0)
     before = [c.clone() for c in chunks]
-    transfer_chunk_batches([resolve_chunk_batch(group, slots, chunks, starts, counts, store=True, layout=layout)],
+    transfer_chunk_batches([resolve_chunk_batch(slots, chunks, chunk_rows(group, layout, starts, counts), store=True)],
                            backend="torch")
     assert sum(not torch.equal(a, b) for a, b in zip(before, chunks)) >= 3
 
@@ -108,18 +109,57 @@ def test_a_batch_moves_bytes_at_all():
 def test_batch_inputs_are_refused_naming_them():
     group, slots, starts, counts, layout, _ = _case("cpu")
     chunks = _poisoned_chunks(layout, len(starts), "cpu", 0)
+    rows = chunk_rows(group, layout, starts, counts)
     with pytest.raises(TransferError, match="exceeds the 40 slots"):
         bad = starts.copy()
         bad[2, 1] = 39
-        resolve_chunk_batch(group, slots, chunks, bad, counts, store=True, layout=layout)
+        resolve_chunk_batch(slots, chunks, chunk_rows(group, layout, bad, counts), store=True)
+    with pytest.raises(TransferError, match="chunk 0 plane 0: start=0 \\+ count=4 exceeds the 3 slots"):
+        resolve_chunk_batch(slots[:3], chunks, rows, store=True)
     with pytest.raises(TransferError, match="region_rows"):
         bad = counts.copy()
         bad[0, 0] = 5
-        resolve_chunk_batch(group, slots, chunks, starts, bad, store=True, layout=layout)
+        chunk_rows(group, layout, starts, bad)
+    with pytest.raises(TransferError, match="must be >= 0"):
+        chunk_rows(group, layout, -starts, counts)
     with pytest.raises(TransferError, match="do not fit"):
-        resolve_chunk_batch(group, slots, [c[:10] for c in chunks], starts, counts, store=True, layout=layout)
+        resolve_chunk_batch(slots, [c[:10] for c in chunks], rows, store=True)
+    with pytest.raises(TransferError, match="2 chunks but rows for 5 chunks"):
+        resolve_chunk_batch(slots, chunks[:2], rows, store=True)
     with pytest.raises(TransferError, match=r"\(chunks, planes\)"):
-        resolve_chunk_batch(group, slots, chunks[:2], starts, counts, store=True, layout=layout)
+        chunk_rows(group, layout, starts[:, :1], counts[:, :1])
+    with pytest.raises(TransferError, match="allowed: ChunkRows"):
+        resolve_chunk_batch(slots, chunks, (starts, counts), store=True)
+    with pytest.raises(TransferError, match=r"chunks\[1\] = torch.int16"):
+        resolve_chunk_batch(slots, [chunks[0], chunks[1][:-1].view(torch.int16)], chunk_rows(group, layout, starts[:2], counts[:2]),
+                            store=True)
+    # Rows are kept and reused: the caller's arrays may change afterwards, the rows may not.
+    before = rows.starts.copy()
+    starts[0, 0] = 17
+    assert np.array_equal(rows.starts, before)
+    with pytest.raises(ValueError):
+        rows.starts[0, 0] = 1
+
+
+def test_chunks_of_a_pool_move_like_separate_chunks(backend: str = "torch"):
+    """`pool_chunk_buffers` (staging) addresses chunks by offset: same bytes as separate tensors."""
+    from lmcache_ascend.kernels import pool_chunk_buffers
+
+    group, slots, starts, counts, layout, _ = _case("cpu")
+    rows = chunk_rows(group, layout, starts, counts)
+    stride = layout.total_bytes + 40
+    pool = torch.full((len(starts) * stride + 8,), 0xA5, dtype=torch.uint8)
+    separate = [torch.full((layout.total_bytes,), 0xA5, dtype=torch.uint8) for _ in range(len(starts))]
+    offsets = np.arange(len(starts), dtype=np.int64) * stride + 8
+    transfer_chunk_batches([resolve_chunk_batch(slots, pool_chunk_buffers(pool, offsets, layout.total_bytes), rows,
+                                                store=True)], backend=backend)
+    transfer_chunk_batches([resolve_chunk_batch(slots, separate, rows, store=True)], backend="torch")
+    for index, chunk in enumerate(separate):
+        assert torch.equal(pool[8 + index * stride : 8 + index * stride + layout.total_bytes], chunk)
+    assert int((pool[:8] != 0xA5).sum()) == 0  # nothing outside the chunks
+    assert sum(not bool((chunk == 0xA5).all()) for chunk in separate) >= 3
+    with pytest.raises(TransferError, match="do not fit the pool"):
+        pool_chunk_buffers(pool, offsets + stride, layout.total_bytes)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -135,6 +175,8 @@ def test_triton_batch_equals_single_chunk_calls_interpreted():
         "for store in (True, False):\n"
         "    for offset in (0, 32, 40):\n"
         "        _assert_same(_run('cpu', 'triton', store, offset))\n"
+        "from tests.kernels.test_chunk_batch import test_chunks_of_a_pool_move_like_separate_chunks as pool\n"
+        "pool('triton')\n"
         "print('ok')\n"
     )
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))

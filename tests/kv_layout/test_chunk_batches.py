@@ -53,17 +53,18 @@ def _set_caches(kv_caches, saved):
         plane.view(torch.uint8).copy_(value)
 
 
-def _round_trip(device: str, host: bool, host_path: str):
-    mover, kv_caches, slots, starts = _mover(device)
+def _round_trip(device: str, host: bool, host_path: str, pad: int = 0, mover_parts=None):
+    mover, kv_caches, slots, starts = mover_parts or _mover(device)
     total = mover.layout.full_plan.total_bytes
     pinned = host and device == "cuda"
     place = "cpu" if host else device
+    spacing = total + pad  # pad: bytes between chunks that belong to none of them
 
     def chunks(poison):
-        pool = torch.full((len(starts) * total,), poison, dtype=torch.uint8, device=place)
+        pool = torch.full((len(starts) * spacing,), poison, dtype=torch.uint8, device=place)
         if pinned:
             pool = pool.pin_memory()
-        return pool, [pool[i * total : (i + 1) * total] for i in range(len(starts))]
+        return pool, [pool[i * spacing : i * spacing + total] for i in range(len(starts))]
 
     # The reference: one `move` per chunk, on device copies of the poisoned chunks, under two
     # poisons: the bytes where they agree are the ones rows fill.
@@ -84,6 +85,10 @@ def _round_trip(device: str, host: bool, host_path: str):
         torch.cuda.synchronize()
     if host and host_path == "staging":  # bytes no row fills are unspecified through staging
         assert torch.equal(batched_pool.cpu()[filled], references[0][filled])
+        gaps = torch.ones(len(starts) * spacing, dtype=torch.bool)
+        for index in range(len(starts)):
+            gaps[index * spacing : index * spacing + total] = False
+        assert bool((batched_pool.cpu()[gaps] == 0xA5).all())  # bytes of no chunk are never written
     else:
         assert torch.equal(batched_pool.cpu(), references[0])
     original = _cache_bytes(kv_caches)
@@ -105,6 +110,33 @@ def _round_trip(device: str, host: bool, host_path: str):
 def test_batched_chunks_equal_single_chunks_on_cpu():
     launches, layer_groups = _round_trip("cpu", host=False, host_path="mapped")
     assert launches == layer_groups  # one launch per layer group for all 4 chunks
+
+
+@pytest.mark.parametrize("pad", [0, 24, 100_000])
+@pytest.mark.parametrize("capacity_chunks", [1, 2, 8])
+def test_staging_waves_and_spans_equal_single_chunks_on_cpu(pad, capacity_chunks, monkeypatch):
+    """The staged path run on the CPU (no streams; same waves, spans and copies): chunks back to back
+    (one copy per span), with bytes of no chunk between them (never written), or far apart."""
+    parts = _mover("cpu")
+    mover = parts[0]
+    monkeypatch.setattr(transfer, "STAGING_BYTES", capacity_chunks * (mover.layout.full_plan.total_bytes + 256))
+    monkeypatch.setattr(mover, "reachable", lambda chunks, host_path: False)
+    copies = []
+    real_copy = transfer._copy_spans
+    monkeypatch.setattr(transfer, "_copy_spans", lambda *a, **k: (copies.append(len(a[2])), real_copy(*a, **k))[1])
+    launches, layer_groups = _round_trip("cpu", host=True, host_path="staging", pad=pad, mover_parts=parts)
+    waves = len(transfer.staging_waves(4, capacity_chunks))
+    assert launches == waves * layer_groups
+    # store copies: one per span (chunks back to back) or per chunk (padding between is not theirs)
+    assert sum(copies[:waves]) == (waves if pad == 0 else 4)
+
+
+def test_staging_waves_start_small_and_double():
+    assert transfer.staging_waves(64, 23) == [(0, 2), (2, 6), (6, 14), (14, 30), (30, 53), (53, 64)]
+    assert transfer.staging_waves(4, 1) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert transfer.staging_waves(0, 4) == []
+    with pytest.raises(ValueError, match="capacity=0"):
+        transfer.staging_waves(4, 0)
 
 
 def test_unknown_host_path_is_refused():
