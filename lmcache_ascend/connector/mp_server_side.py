@@ -61,6 +61,7 @@ __all__ = [
     "store",
     "submit_retrieve",
     "submit_store",
+    "with_protocol_annotations",
 ]
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,20 @@ def per_group_protocol(definitions: dict, request_type: Any, layout_hints_type: 
         payload[position] = block_ids
         changed[request_type[name]] = dataclasses.replace(definition, payload_classes=payload)
     return changed
+
+
+def with_protocol_annotations(method: Any, payload_classes: list, response_class: Any) -> Any:
+    """`method` (a wrapped handler) annotated with its request's payload and response classes, in order."""
+    import inspect
+
+    parameters = [p.name for p in inspect.signature(method).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]  # after self
+    if len(parameters) != len(payload_classes):
+        raise TypeError(
+            f"{method.__qualname__} takes {parameters}; the protocol sends {len(payload_classes)} payloads"
+        )
+    method.__annotations__ = {**dict(zip(parameters, payload_classes)), "return": response_class}
+    return method
 
 
 # ---------------------------------------------------------------- server: layer groups

@@ -79,7 +79,7 @@ def _start(patched: bool, log: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     args = ["--host", "127.0.0.1", "--port", str(port), "--l1-size-gb", "1", "--eviction-policy", "LRU",
             "--disable-observability"]
-    env = dict(os.environ)
+    env = dict(os.environ, LMCACHE_LOG_LEVEL="INFO")  # readiness is read from the server's INFO log
     if patched:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         command = [sys.executable, "-c", _LAUNCH_PATCHED, *args]

@@ -99,16 +99,37 @@ def _retrieve(wrapped, instance, args, kwargs):
     return retrieve(wrapped, instance, args, kwargs)
 
 
+_ENGINE_WRAPPERS = {
+    "MPCacheEngine.register_kv_cache": (_register, "REGISTER_KV_CACHE"),
+    "MPCacheEngine.store": (_store, "STORE"),
+    "MPCacheEngine.retrieve": (_retrieve, "RETRIEVE"),
+}
+
+
+def _build_engine(ctx: PatchContext) -> dict[str, object]:
+    """The wrappers, annotated with the live protocol's classes: LMCache's message queue checks
+    each handler's annotations against them when the server adds its handlers."""
+    from lmcache.v1.multiprocess.protocol import RequestType, get_payload_classes, get_response_class
+
+    from lmcache_ascend.connector.mp_server_side import with_protocol_annotations
+    from lmcache_ascend.patches.model import split_attribute_path, wrapped_member
+
+    values = {}
+    for path, (wrapper, request) in _ENGINE_WRAPPERS.items():
+        request_type = RequestType[request]
+        value = wrapped_member(ctx.owner(path), split_attribute_path(path)[1], ctx.original(path), wrapper)
+        values[path] = with_protocol_annotations(
+            value, get_payload_classes(request_type), get_response_class(request_type)
+        )
+    return values
+
+
 ENGINE = Patch(
     name="lmcache-mp-server-per-group",
     target="lmcache.v1.multiprocess.server",
-    attributes=("MPCacheEngine.register_kv_cache", "MPCacheEngine.store", "MPCacheEngine.retrieve"),
+    attributes=tuple(_ENGINE_WRAPPERS),
     kind=PatchKind.WRAP,
-    wrappers={
-        "MPCacheEngine.register_kv_cache": _register,
-        "MPCacheEngine.store": _store,
-        "MPCacheEngine.retrieve": _retrieve,
-    },
+    build=_build_engine,
     requires=_REQUIRES,
     guard=UpstreamGuard(unfixed_if_source_contains=("gpu_block_ids: list[int],",)),
     tested_fingerprints={  # LMCache 0.4.5
