@@ -42,6 +42,7 @@ from lmcache_ascend.multigroup.mp_server import (
     check_request_format,
     chunk_block_ids,
     plan_from_hints,
+    retrieve_batches,
     server_answer,
     server_format_from_answer,
     skip_blocks,
@@ -51,6 +52,8 @@ from lmcache_ascend.multigroup.mp_wire import FLAT, PER_GROUP, WireFormatMismatc
 __all__ = [
     "GROUP_HINTS",
     "GROUP_PLAN",
+    "batch_block_ids",
+    "move_chunks",
     "SERVER_FORMAT",
     "per_group_protocol",
     "register_kv_cache",
@@ -216,7 +219,7 @@ def _object_keys(engine: Any, server: Any, key: Any) -> list:
     return server.ipc_key_to_object_keys(key, hashes)
 
 
-def _move_chunks(context: Any, owners: tuple[int, ...], ids_by_group: list, buffers_of, direction: int,
+def move_chunks(context: Any, owners: tuple[int, ...], ids_by_group: list, buffers_of, direction: int,
                  skip_tokens: int, block_sizes: tuple[int, ...]) -> None:
     """One transfer per layer group over consecutive chunks; `ids_by_group[g]`: group g's ids for them."""
     from lmcache_ascend.ops import multi_layer_block_kv_transfer
@@ -235,9 +238,15 @@ def _move_chunks(context: Any, owners: tuple[int, ...], ids_by_group: list, buff
         )
 
 
-def _store_per_group(engine, found, *, key, instance_id, gpu_block_ids, event_ipc_handle):
+def batch_block_ids(chunks: list[list[list[int]]]) -> list:
+    """Per KV-cache group, one int64 tensor of its ids over consecutive chunks (chunk_block_ids' output)."""
     import torch
 
+    return [torch.tensor([b for chunk in chunks for b in chunk[group]], dtype=torch.long)
+            for group in range(len(chunks[0]))]
+
+
+def _store_per_group(engine, found, *, key, instance_id, gpu_block_ids, event_ipc_handle):
     server = sys.modules[type(engine).__module__]
     torch_dev = server.torch_dev
     plan, owners = found
@@ -255,8 +264,7 @@ def _store_per_group(engine, found, *, key, instance_id, gpu_block_ids, event_ip
             for index, obj_key in enumerate(obj_keys):
                 if obj_key not in reserved:
                     continue
-                ids = [torch.tensor(group_ids, dtype=torch.long) for group_ids in chunks[index]]
-                _move_chunks(context, owners, ids, lambda lg: [context.get_tmp_chunk_gpu_buffer(lg)], 1, 0,
+                move_chunks(context, owners, batch_block_ids(chunks[index:index + 1]), lambda lg: [context.get_tmp_chunk_gpu_buffer(lg)], 1, 0,
                              plan.block_sizes)
                 server.lmcache_memcpy_async_d2h(context.get_tmp_gpu_buffer_flat(chunk_idx=0), reserved[obj_key])
         except Exception:
@@ -269,8 +277,6 @@ def _store_per_group(engine, found, *, key, instance_id, gpu_block_ids, event_ip
 
 
 def _retrieve_per_group(engine, found, *, key, instance_id, gpu_block_ids, event_ipc_handle, skip_first_n_tokens=0):
-    import torch
-
     server = sys.modules[type(engine).__module__]
     torch_dev = server.torch_dev
     plan, owners = found
@@ -278,7 +284,6 @@ def _retrieve_per_group(engine, found, *, key, instance_id, gpu_block_ids, event
     chunk_size = engine.chunk_size
     obj_keys = _object_keys(engine, server, key)
     chunks = chunk_block_ids(gpu_block_ids, plan.blocks_per_chunk(chunk_size), len(obj_keys))
-    batch = context.max_batch_size
     with torch_dev.device(context.device), torch_dev.stream(context.stream):
         server.check_interprocess_event_support()
         event = torch_dev.Event(interprocess=True)
@@ -290,18 +295,12 @@ def _retrieve_per_group(engine, found, *, key, instance_id, gpu_block_ids, event
                     logger.error("per-group retrieve: %d of %d chunk(s) found", len(memory_objs or ()), len(obj_keys))
                     return event.ipc_handle(), False
                 prefetched = obj_keys[: len(memory_objs)]
-                for first in range(0, len(memory_objs), batch):
-                    objs = memory_objs[first:first + batch]
-                    start_token = first * chunk_size
-                    skip = max(0, min(skip_first_n_tokens - start_token, chunk_size * len(objs)))
-                    if skip >= chunk_size * len(objs):
-                        continue  # the whole batch lies in the engine's own prefix cache
-                    for slot, obj in enumerate(objs):
+                for first, count, skip in retrieve_batches(len(memory_objs), context.max_batch_size, chunk_size,
+                                                           skip_first_n_tokens):
+                    for slot, obj in enumerate(memory_objs[first:first + count]):
                         server.lmcache_memcpy_async_h2d(obj, context.get_tmp_gpu_buffer_flat(chunk_idx=slot))
-                    ids = [torch.tensor([b for chunk in chunks[first:first + len(objs)] for b in chunk[group]],
-                                        dtype=torch.long) for group in range(plan.num_groups)]
-                    _move_chunks(context, owners, ids,
-                                 lambda lg, n=len(objs): context.get_tmp_chunk_gpu_buffer_batched(n, lg), 0, skip,
+                    move_chunks(context, owners, batch_block_ids(chunks[first:first + count]),
+                                 lambda lg, n=count: context.get_tmp_chunk_gpu_buffer_batched(n, lg), 0, skip,
                                  plan.block_sizes)
             succeeded = True
         except Exception:

@@ -34,6 +34,7 @@ __all__ = [
     "client_hints",
     "layer_kv_groups",
     "plan_from_hints",
+    "retrieve_batches",
     "server_answer",
     "server_format_from_answer",
     "skip_blocks",
@@ -192,3 +193,23 @@ def skip_blocks(skip_tokens: int, block_size: int) -> int:
     if skip_tokens < 0 or block_size <= 0:
         raise ValueError(f"skip_tokens={skip_tokens}, block_size={block_size}; allowed: skip >= 0, block size > 0")
     return skip_tokens // block_size
+
+
+def retrieve_batches(num_chunks: int, batch: int, chunk_size: int, skip_first_n_tokens: int) -> list[tuple[int, int, int]]:
+    """(first chunk, chunks, tokens to skip in them) per batch of at most `batch` chunks.
+
+    The first `skip_first_n_tokens` tokens are already in the engine's own prefix
+    cache; a batch lying wholly inside them is left out (upstream's rule).
+    """
+    if batch < 1 or chunk_size < 1 or num_chunks < 0 or skip_first_n_tokens < 0:
+        raise ValueError(
+            f"num_chunks={num_chunks}, batch={batch}, chunk_size={chunk_size}, skip_first_n_tokens="
+            f"{skip_first_n_tokens}; allowed: batch and chunk size >= 1, the others >= 0"
+        )
+    batches = []
+    for first in range(0, num_chunks, batch):
+        count = min(batch, num_chunks - first)
+        skip = max(0, skip_first_n_tokens - first * chunk_size)
+        if skip < count * chunk_size:
+            batches.append((first, count, skip))
+    return batches
