@@ -490,6 +490,11 @@ class Registry:
         for record in list(self._records.values()):
             if record.patch.name not in self._hooked:
                 continue
+            with self._lock:  # as apply_now: a version the patch is not for is not even imported
+                skip, _ = _version_gate(record.patch)
+                if skip is not None and record.state is State.PENDING:
+                    record.settle(skip)
+                    continue
             try:
                 importlib.import_module(record.patch.target)
             except Exception as error:

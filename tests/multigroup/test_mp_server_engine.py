@@ -37,9 +37,16 @@ def accepted():
             for name, method in (("REGISTER_KV_CACHE", "register_kv_cache"), ("STORE", "store"),
                                  ("RETRIEVE", "retrieve"))}
 
-names = ("lmcache-mp-server-protocol", "lmcache-mp-server-layer-groups", "lmcache-mp-server-per-group")
-report = {"states": {n: registry.record(n).state.value for n in names}, "patched": accepted()}
-registry.revert("lmcache-mp-server-per-group")
+from lmcache_ascend.patches.lmcache.mp_server_per_group import ENGINE
+# The catalogue's patch requires cupy-cuda13x, which the stub does not install: the same patch
+# without that requirement, in a registry of its own.
+engine_registry = registry.Registry([ENGINE.replace(requires={"lmcache": ENGINE.requires["lmcache"]})])
+names = ("lmcache-mp-server-protocol", "lmcache-mp-server-layer-groups")
+report = {"states": {n: registry.record(n).state.value for n in names}}
+report["states"][ENGINE.name] = engine_registry.apply_now(ENGINE.name).value
+report["catalogue_engine"] = registry.record(ENGINE.name).reason
+report["patched"] = accepted()
+engine_registry.revert(ENGINE.name)
 report["engine_reverted"] = accepted()
 print("REPORT" + json.dumps(report))
 """
@@ -53,6 +60,7 @@ def test_patched_handlers_match_the_patched_protocol():
     assert lines, result.stdout[-2000:] + result.stderr[-3000:]
     report = json.loads(lines[-1][len("REPORT"):])
     assert set(report["states"].values()) == {"applied"}, report
+    assert report["catalogue_engine"] == "cupy-cuda13x is not installed"
     assert report["patched"] == {"REGISTER_KV_CACHE": True, "STORE": True, "RETRIEVE": True}
     # Control: upstream's handlers against the per-group protocol are refused by the server.
     assert report["engine_reverted"] == {"REGISTER_KV_CACHE": False, "STORE": False, "RETRIEVE": False}
