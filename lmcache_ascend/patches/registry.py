@@ -490,9 +490,9 @@ class Registry:
         for record in list(self._records.values()):
             if record.patch.name not in self._hooked:
                 continue
-            with self._lock:  # as apply_now: a version the patch is not for is not even imported
+            with self._lock:  # a target needing an absent distribution is not imported (its import would fail)
                 skip, _ = _version_gate(record.patch)
-                if skip is not None and record.state is State.PENDING:
+                if skip is not None and skip.distribution_missing and record.state is State.PENDING:
                     record.settle(skip)
                     continue
             try:
