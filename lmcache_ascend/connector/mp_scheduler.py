@@ -21,6 +21,8 @@ from typing import Any
 
 from lmcache_ascend.compat.versions import installed_version
 from lmcache_ascend.multigroup.mp_wire import (
+    FLAT,
+    NEGOTIATED,
     block_ids_wire_format,
     encode_block_ids,
     group_block_slices,
@@ -54,7 +56,12 @@ def mp_group_state(kv_cache_config: Any, vllm_block_size: int, load_store_op_cls
     else:
         server = f"vLLM {installed_version('vllm')} bundled adapter ({op_module})"
     versions = (("connector", f"lmcache-ascend on vLLM {installed_version('vllm')}"), ("server protocol", server))
-    return MPGroupState(sizes, int(vllm_block_size), block_ids_wire_format(load_store_op_cls), versions)
+    wire_format = block_ids_wire_format(load_store_op_cls)
+    if wire_format == FLAT and op_module.startswith("lmcache."):
+        # LMCache 0.4.x's worker adapter: it learns its server's format at registration and
+        # encodes per-group ids for it (patch lmcache-mp-client-wire-format).
+        wire_format = NEGOTIATED
+    return MPGroupState(sizes, int(vllm_block_size), wire_format, versions)
 
 
 def _flat_group_ids(block_ids: Any) -> list[int]:

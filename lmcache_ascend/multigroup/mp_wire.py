@@ -8,6 +8,11 @@ message carries ``list[list[int]]`` indexed by group (vLLM #42437 / LMCache
 take one group: a single-group model sends it the flat list exactly as
 before, a multi-group model is refused with both versions named, before any
 transfer, rather than sending a list the server would slice as one group.
+
+LMCache 0.4.x's worker adapter learns its server's format when it registers
+(`lmcache_ascend.multigroup.mp_server`): there the scheduler hands the worker
+per-group slices of a multi-group model (`NEGOTIATED`) and the worker encodes
+them for the server's answer (`encode_for_server`).
 """
 
 from __future__ import annotations
@@ -18,16 +23,21 @@ from lmcache_ascend.multigroup.slicing import group_block_range, prefix_bound_in
 
 __all__ = [
     "FLAT",
+    "NEGOTIATED",
     "PER_GROUP",
     "WireFormatMismatch",
     "block_ids_wire_format",
     "encode_block_ids",
+    "encode_for_server",
     "group_block_slices",
     "tracked_prefix_bound",
 ]
 
 PER_GROUP = "list[list[int]]"
 FLAT = "list[int]"
+# Flat-annotated ops of a worker adapter that learns the server's format at registration:
+# a single-group model's ids travel flat, a multi-group model's per group, encoded by the worker.
+NEGOTIATED = "negotiated at registration"
 
 
 class WireFormatMismatch(RuntimeError):
@@ -103,10 +113,12 @@ def encode_block_ids(
     """
     if wire_format == PER_GROUP:
         return slices
-    if wire_format != FLAT:
-        raise ValueError(f"wire_format={wire_format!r}; allowed: {PER_GROUP!r} or {FLAT!r}")
+    if wire_format not in (FLAT, NEGOTIATED):
+        raise ValueError(f"wire_format={wire_format!r}; allowed: {PER_GROUP!r}, {FLAT!r} or {NEGOTIATED!r}")
     if len(slices) == 1:
         return slices[0]
+    if wire_format == NEGOTIATED:
+        return slices
     sides = ", ".join(f"{side} {version or 'unknown'}" for side, version in versions.items())
     raise WireFormatMismatch(
         f"LMCache MP wire format mismatch ({sides}): the connector sends block ids of "
@@ -114,3 +126,16 @@ def encode_block_ids(
         "(one group); refusing the request instead of a mis-sliced transfer. Use an LMCache "
         "MP server that takes per-group block ids, or run the model with one KV-cache group."
     )
+
+
+def encode_for_server(
+    block_ids: list[int] | list[list[int]], server_format: str, versions: Mapping[str, str | None]
+) -> list[int] | list[list[int]]:
+    """A `NEGOTIATED` op's block ids in the format its server answered the registration with.
+
+    Flat ids (a single-group model) travel as they are; per-group ids go to a
+    per-group server as they are and are refused by a flat one.
+    """
+    if all(not isinstance(ids, list) for ids in block_ids):
+        return block_ids
+    return encode_block_ids(list(block_ids), server_format, versions)

@@ -189,6 +189,36 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         flags=("LMCACHE_ASCEND_BLEND_HOLES",),
         enabled_by="LMCACHE_ASCEND_BLEND_HOLES",
     ),
+    CatalogueEntry(
+        name="vllm-lmcache-mp-register-group-hints",
+        module="lmcache_ascend.patches.vllm.lmcache_mp_register_hints",
+        target="vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector",
+        requires={"vllm": ">=0.18.0,<0.19", "lmcache": ">=0.4.5,<0.5"},
+    ),
+    CatalogueEntry(
+        name="lmcache-mp-client-wire-format",
+        module="lmcache_ascend.patches.lmcache.mp_server_client",
+        target="lmcache.integration.vllm.vllm_multi_process_adapter",
+        requires={"lmcache": ">=0.4.5,<0.5"},
+    ),
+    CatalogueEntry(
+        name="lmcache-mp-server-protocol",
+        module="lmcache_ascend.patches.lmcache.mp_server_per_group",
+        target="lmcache.v1.multiprocess.protocol",
+        requires={"lmcache": ">=0.4.5,<0.5"},
+    ),
+    CatalogueEntry(
+        name="lmcache-mp-server-layer-groups",
+        module="lmcache_ascend.patches.lmcache.mp_server_per_group",
+        target="lmcache.v1.kv_layer_groups",
+        requires={"lmcache": ">=0.4.5,<0.5"},
+    ),
+    CatalogueEntry(
+        name="lmcache-mp-server-per-group",
+        module="lmcache_ascend.patches.lmcache.mp_server_per_group",
+        target="lmcache.v1.multiprocess.server",
+        requires={"lmcache": ">=0.4.5,<0.5", "cupy-cuda13x": ">=13"},
+    ),
 )
 
 # The declaration modules, in order.

@@ -625,6 +625,11 @@ class Registry:
         for record in list(self._records.values()):
             if record.entry.name not in self._hooked:
                 continue
+            with self._lock:  # a target needing an absent distribution is not imported (its import would fail)
+                skip, _ = _version_gate(record.entry)
+                if skip is not None and skip.distribution_missing and record.state is State.PENDING:
+                    record.settle(skip)
+                    continue
             target = record.entry.target
             try:
                 importlib.import_module(target)

@@ -86,8 +86,6 @@ def _alloc(conn, request, tables):
 
 def _dsv4_tracker(counts):
     """A patched DSv4 connector with one request allocated `counts` blocks per group."""
-    if block_ids_wire_format(MODULE.LoadStoreOp) == FLAT:
-        pytest.skip("this stack's MP server protocol is flat; see the mismatch test")
     conn = _connector(DSV4_SIZES)
     tables = _tables(counts)
     return conn, tables, _alloc(conn, _request(), tables)
@@ -169,14 +167,15 @@ def test_store_waits_for_a_missing_group(patched):
 
 
 def test_cached_request_appends_per_group(patched):
-    if block_ids_wire_format(MODULE.LoadStoreOp) == FLAT:
-        pytest.skip("flat MP server protocol")
     conn = _connector((8, 4))
     request = _request(64)
     tracker = _alloc(conn, request, ([1, 2], [11, 12, 13, 14]))
     tracker.num_scheduled_tokens = 16
     conn.scheduler_adapter.num_blocks_per_chunk = lambda: 4
-    cached = SimpleNamespace(req_ids=["r0"], resumed_req_ids=set(), new_block_ids=[([3, 4], [15, 16, 17, 18])])
+    cached = SimpleNamespace(
+        req_ids=["r0"], resumed_req_ids=set(), new_block_ids=[([3, 4], [15, 16, 17, 18])],
+        num_computed_tokens=[16],  # vLLM 0.18 adds this (not num_scheduled_tokens) to the tracker
+    )
     out = SimpleNamespace(scheduled_cached_reqs=cached, num_scheduled_tokens={"r0": 16})
     metadata = MODULE.LMCacheMPConnectorMetadata()
     conn._process_cached_requests(out, metadata)
@@ -233,10 +232,10 @@ class _LoadStoreOp045:
 
 
 def test_multi_group_to_flat_server_fails_naming_both_versions(patched, monkeypatch):
-    flat_op = MODULE.LoadStoreOp
-    if block_ids_wire_format(flat_op) != FLAT:  # stack A's real 0.4.5 class is flat already
-        flat_op = _LoadStoreOp045
-        monkeypatch.setattr(MODULE, "LoadStoreOp", flat_op)
+    # A flat op of an adapter that cannot negotiate (LMCache 0.4.5's own adapter learns the
+    # server's format at registration: tests/multigroup/test_mp_server_client.py).
+    flat_op = _LoadStoreOp045
+    monkeypatch.setattr(MODULE, "LoadStoreOp", flat_op)
     conn = _connector((8, 4))
     tracker = _alloc(conn, _request(64), ([1, 2, 3, 4], list(range(11, 19))))
     tracker.num_scheduled_tokens = 32
@@ -244,5 +243,3 @@ def test_multi_group_to_flat_server_fails_naming_both_versions(patched, monkeypa
         MODULE.LMCacheMPRequestMetadata.GetStoreMetadata(tracker, 4, 4)
     message = str(error.value)
     assert f"vLLM {installed_version('vllm')}" in message and "2 KV-cache groups" in message
-    if flat_op is MODULE.LoadStoreOp and flat_op.__module__.startswith("lmcache."):
-        assert f"LMCache {installed_version('lmcache')}" in message
