@@ -625,9 +625,9 @@ class Registry:
         for record in list(self._records.values()):
             if record.entry.name not in self._hooked:
                 continue
-            with self._lock:  # a target needing an absent distribution is not imported (its import would fail)
+            with self._lock:  # as apply_now: a target the versions rule out is not imported (it may not even import)
                 skip, _ = _version_gate(record.entry)
-                if skip is not None and skip.distribution_missing and record.state is State.PENDING:
+                if skip is not None and record.state is State.PENDING:
                     record.settle(skip)
                     continue
             target = record.entry.target
