@@ -9,33 +9,10 @@ and flat ids pass through untouched. Glue: `lmcache_ascend.connector.mp_server_s
 
 from __future__ import annotations
 
+from lmcache_ascend.connector import mp_server_side as glue  # standard library and lmcache_ascend only
 from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 _ADAPTER = "LMCacheMPWorkerAdapter"
-
-
-def _send(wrapped, instance, args, kwargs):
-    from lmcache_ascend.connector.mp_server_side import send_request
-
-    return send_request(wrapped, instance, args, kwargs)
-
-
-def _register(wrapped, instance, args, kwargs):
-    from lmcache_ascend.connector.mp_server_side import send_register_request
-
-    return send_register_request(wrapped, instance, args, kwargs)
-
-
-def _store(wrapped, instance, args, kwargs):
-    from lmcache_ascend.connector.mp_server_side import submit_store
-
-    return submit_store(wrapped, instance, args, kwargs)
-
-
-def _retrieve(wrapped, instance, args, kwargs):
-    from lmcache_ascend.connector.mp_server_side import submit_retrieve
-
-    return submit_retrieve(wrapped, instance, args, kwargs)
 
 
 PATCH = Patch(
@@ -49,10 +26,10 @@ PATCH = Patch(
     ),
     kind=PatchKind.WRAP,
     wrappers={
-        "send_lmcache_request": _send,
-        f"{_ADAPTER}._send_register_kv_caches_request": _register,
-        f"{_ADAPTER}.submit_store_request": _store,
-        f"{_ADAPTER}.submit_retrieve_request": _retrieve,
+        "send_lmcache_request": glue.send_request,
+        f"{_ADAPTER}._send_register_kv_caches_request": glue.send_register_request,
+        f"{_ADAPTER}.submit_store_request": glue.submit_store,
+        f"{_ADAPTER}.submit_retrieve_request": glue.submit_retrieve,
     },
     requires={"lmcache": ">=0.4.5,<0.5"},
     guard=UpstreamGuard(unfixed_if_source_contains=("    block_ids: list[int]\n",)),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import types
 
+from lmcache_ascend.connector import mp_server_side as glue  # standard library and lmcache_ascend only
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
 
 _REQUIRES = {"lmcache": ">=0.4.5,<0.5"}
@@ -29,9 +30,7 @@ def _build_protocol(ctx: PatchContext) -> dict[str, object]:
     from lmcache.v1.gpu_connector.utils import LayoutHints
     from lmcache.v1.multiprocess.protocols.base import RequestType
 
-    from lmcache_ascend.connector.mp_server_side import per_group_protocol
-
-    return {"_PROTOCOL_DEFINITIONS": per_group_protocol(ctx.original("_PROTOCOL_DEFINITIONS"), RequestType, LayoutHints)}
+    return {"_PROTOCOL_DEFINITIONS": glue.per_group_protocol(ctx.original("_PROTOCOL_DEFINITIONS"), RequestType, LayoutHints)}
 
 
 def _store_takes_flat_ids(module: types.ModuleType) -> bool | None:
@@ -59,18 +58,12 @@ PROTOCOL = Patch(
 )
 
 
-def _layer_groups(wrapped, instance, args, kwargs):
-    from lmcache_ascend.connector.mp_server_side import split_layer_groups
-
-    return split_layer_groups(wrapped, instance, args, kwargs)
-
-
 LAYER_GROUPS = Patch(
     name="lmcache-mp-server-layer-groups",
     target="lmcache.v1.kv_layer_groups",
     attributes=("KVLayerGroupsManager.__init__",),
     kind=PatchKind.WRAP,
-    wrappers={"KVLayerGroupsManager.__init__": _layer_groups},
+    wrappers={"KVLayerGroupsManager.__init__": glue.split_layer_groups},
     requires=_REQUIRES,
     guard=UpstreamGuard(unfixed_if_source_contains=("LayerGroupIdentity = tuple[int, int, int, int, torch.dtype]",)),
     tested_fingerprints={"KVLayerGroupsManager.__init__": ("3cef4ce77962",)},  # LMCache 0.4.5
@@ -81,28 +74,10 @@ LAYER_GROUPS = Patch(
 )
 
 
-def _register(wrapped, instance, args, kwargs):
-    from lmcache_ascend.connector.mp_server_side import register_kv_cache
-
-    return register_kv_cache(wrapped, instance, args, kwargs)
-
-
-def _store(wrapped, instance, args, kwargs):
-    from lmcache_ascend.connector.mp_server_side import store
-
-    return store(wrapped, instance, args, kwargs)
-
-
-def _retrieve(wrapped, instance, args, kwargs):
-    from lmcache_ascend.connector.mp_server_side import retrieve
-
-    return retrieve(wrapped, instance, args, kwargs)
-
-
 _ENGINE_WRAPPERS = {
-    "MPCacheEngine.register_kv_cache": (_register, "REGISTER_KV_CACHE"),
-    "MPCacheEngine.store": (_store, "STORE"),
-    "MPCacheEngine.retrieve": (_retrieve, "RETRIEVE"),
+    "MPCacheEngine.register_kv_cache": (glue.register_kv_cache, "REGISTER_KV_CACHE"),
+    "MPCacheEngine.store": (glue.store, "STORE"),
+    "MPCacheEngine.retrieve": (glue.retrieve, "RETRIEVE"),
 }
 
 
@@ -111,14 +86,13 @@ def _build_engine(ctx: PatchContext) -> dict[str, object]:
     each handler's annotations against them when the server adds its handlers."""
     from lmcache.v1.multiprocess.protocol import RequestType, get_payload_classes, get_response_class
 
-    from lmcache_ascend.connector.mp_server_side import with_protocol_annotations
     from lmcache_ascend.patches.model import split_attribute_path, wrapped_member
 
     values = {}
     for path, (wrapper, request) in _ENGINE_WRAPPERS.items():
         request_type = RequestType[request]
         value = wrapped_member(ctx.owner(path), split_attribute_path(path)[1], ctx.original(path), wrapper)
-        values[path] = with_protocol_annotations(
+        values[path] = glue.with_protocol_annotations(
             value, get_payload_classes(request_type), get_response_class(request_type)
         )
     return values
