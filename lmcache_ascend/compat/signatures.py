@@ -55,6 +55,71 @@ def call_arguments(wrapped: Callable, args: tuple, kwargs: dict) -> "inspect.Bou
     return bound
 
 
+def call_argument(wrapped: Callable, args: tuple, kwargs: dict, name: str) -> object:
+    """The value parameter `name` has in the call ``wrapped(*args, **kwargs)`` (its default if
+    not passed), read where the call put it without binding the whole signature: wrappers
+    that need one or two arguments call this on every scheduler step."""
+    return _parameter(wrapped, name).read(args, kwargs)
+
+
+def with_argument(wrapped: Callable, args: tuple, kwargs: dict, name: str, value: object) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of the call ``wrapped(*args, **kwargs)`` with parameter `name` set to
+    `value`, where the call passed it (positionally or by keyword; by keyword if not at all)."""
+    return _parameter(wrapped, name).replaced(args, kwargs, value)
+
+
+class _Parameter:
+    """Where one parameter of a function arrives in a call: its position among the
+    positional arguments (None: keyword only), whether a keyword may carry it, its default."""
+
+    __slots__ = ("function", "name", "position", "by_keyword", "default")
+
+    def __init__(self, function: Callable, bound: bool, name: str) -> None:
+        parameters = list(inspect.signature(function).parameters.values())[1 if bound else 0 :]
+        found = next((p for p in parameters if p.name == name), None)
+        if found is None:
+            raise TypeError(
+                f"{getattr(function, '__qualname__', function)!r} has no parameter {name!r}; "
+                f"its parameters: {[p.name for p in parameters]}"
+            )
+        self.function, self.name, self.default = function, name, found.default
+        self.by_keyword = found.kind is not inspect.Parameter.POSITIONAL_ONLY
+        self.position = None
+        if found.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            self.position = parameters.index(found)
+        # Parameters before it are all positional ones (a `*args` ends them), so the
+        # position counts the same in every call.
+
+    def read(self, args: tuple, kwargs: dict) -> object:
+        if self.position is not None and len(args) > self.position:
+            return args[self.position]
+        if self.by_keyword and self.name in kwargs:
+            return kwargs[self.name]
+        if self.default is inspect.Parameter.empty:
+            raise TypeError(f"{getattr(self.function, '__qualname__', self.function)}() missing argument {self.name!r}")
+        return self.default
+
+    def replaced(self, args: tuple, kwargs: dict, value: object) -> tuple[tuple, dict]:
+        position = self.position
+        if position is not None and len(args) > position:
+            return args[:position] + (value,) + args[position + 1 :], kwargs
+        if not self.by_keyword:
+            raise TypeError(f"{self.name!r} is positional-only and the call passes too few arguments to set it")
+        return args, {**kwargs, self.name: value}
+
+
+_PARAMETERS: dict[tuple[Callable, bool, str], _Parameter] = {}
+
+
+def _parameter(wrapped: Callable, name: str) -> _Parameter:
+    function = getattr(wrapped, "__func__", wrapped)
+    key = (function, function is not wrapped, name)
+    parameter = _PARAMETERS.get(key)
+    if parameter is None:
+        parameter = _PARAMETERS[key] = _Parameter(function, function is not wrapped, name)
+    return parameter
+
+
 class PlainBinding:
     """`call_arguments` of a signature without ``*args``, ``**kwargs`` or positional-only
     parameters: what ``inspect.BoundArguments`` gives after ``apply_defaults`` (``arguments``

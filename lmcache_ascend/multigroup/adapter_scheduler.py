@@ -17,14 +17,17 @@ from lmcache_ascend.multigroup.slicing import prefix_bound_in_vllm_blocks
 
 __all__ = ["connector_layout", "roll_back_trackers"]
 
+_NOT_SET = object()
+
 
 def connector_layout(connector):
     """Layout of LMCache's scheduler-side `connector` (computed once); None for single-group models.
 
     Raises naming the setting when multi-group mode can't work with the connector's config.
     """
-    if CONNECTOR_LAYOUT.is_set(connector):
-        return CONNECTOR_LAYOUT.get(connector)
+    layout = CONNECTOR_LAYOUT.get(connector, _NOT_SET)
+    if layout is not _NOT_SET:
+        return layout
     parent = getattr(connector, "_parent", None)
     layout = layout_for_connector(
         getattr(parent, "_kv_cache_config", None), connector._block_size, getattr(connector, "config", None)

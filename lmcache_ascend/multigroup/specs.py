@@ -101,7 +101,8 @@ class KVGroupSpec:
 
     def num_blocks(self, num_tokens: int) -> int:
         """Paged blocks that hold the rows of the first `num_tokens` tokens."""
-        return -(-self.num_rows(num_tokens) // self.rows_per_block)
+        # ceil(ceil(T / c) / (b / c)) rows per block is ceil(T / b): c divides b (checked above).
+        return -(-num_tokens // self.block_size)
 
 
 def sliding_tail_first_row(chunk_first_row, chunk_end_row, window_rows: int, block_rows: int):

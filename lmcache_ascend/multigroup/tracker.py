@@ -20,6 +20,9 @@ __all__ = ["NULL_BLOCK_ID", "GroupBlockTracker", "normalize_group_block_ids"]
 # vLLM's BlockPool reserves block 0 as the null block.
 NULL_BLOCK_ID = 0
 
+_NO_BLOCK_IDS = np.empty(0, dtype=np.int64)
+_NO_BLOCK_IDS.flags.writeable = False
+
 
 def normalize_group_block_ids(
     block_ids: Sequence[Sequence[int] | None] | None, num_groups: int, what: str
@@ -55,34 +58,66 @@ def normalize_group_block_ids(
 class GroupBlockTracker:
     """Block IDs per KV-cache group of one request (list per group, in order)."""
 
-    __slots__ = ("block_ids_by_group", "_id_arrays", "_id_array_counts")
+    __slots__ = ("block_ids_by_group", "_joined", "_joined_groups", "_joined_counts")
 
     def __init__(self, block_ids_by_group: list[list[int]]) -> None:
         self.block_ids_by_group = block_ids_by_group
-        self._drop_id_arrays()
+        self._forget_joined()
 
-    def _drop_id_arrays(self) -> None:
-        # Per group, an int64 copy of the first `_id_array_counts[g]` block ids, grown as
-        # blocks are appended (a step then converts only its new blocks); valid while
-        # blocks are only appended, dropped when the table is replaced.
-        self._id_arrays = [np.empty(0, dtype=np.int64) for _ in self.block_ids_by_group]
-        self._id_array_counts = [0] * len(self.block_ids_by_group)
+    def _forget_joined(self) -> None:
+        # The last `joined_block_ids` answer and what it holds: its groups' first blocks,
+        # `_joined_counts` of each, one group after the other. Blocks are only appended
+        # (or the table replaced, which forgets it), so the next call converts only the
+        # blocks beyond these and copies the rest from it.
+        self._joined: np.ndarray = _NO_BLOCK_IDS
+        self._joined_groups: tuple[int, ...] = ()
+        self._joined_counts: tuple[int, ...] = ()
 
-    def block_id_array(self, group: int, count: int) -> np.ndarray:
-        """The first `count` block ids of `group` as int64 (a view: copy before keeping it)."""
-        ids = self.block_ids_by_group[group]
-        if count > len(ids):
-            raise ValueError(f"KV-cache group {group}: {count} blocks asked, {len(ids)} tracked")
-        held = self._id_array_counts[group]
-        if held < count:
-            array = self._id_arrays[group]
-            if count > len(array):
-                grown = np.empty(max(count, 2 * len(array)), dtype=np.int64)
-                grown[:held] = array[:held]
-                self._id_arrays[group] = array = grown
-            array[held:count] = ids[held:count]
-            self._id_array_counts[group] = count
-        return self._id_arrays[group][:count]
+    def joined_block_ids(self, groups: tuple[int, ...], counts: tuple[int, ...]) -> np.ndarray:
+        """The first ``counts[i]`` block ids of group ``groups[i]``, for each i in order, in ONE
+        int64 array that owns its memory and is read-only (it is also what the next call builds on).
+        Each count must be at most the group's tracked blocks (`step_block_ids` checks).
+
+        A scheduler step ships this array; each id is converted from vLLM's Python ints
+        once per request, with one conversion per call for all groups.
+        """
+        tables = self.block_ids_by_group
+        if self._joined_groups == groups:
+            held = self._joined_counts
+            if held == counts:
+                return self._joined
+        else:
+            held = (0,) * len(groups)
+        # The ids beyond what the last answer held, of all groups, in one conversion.
+        new_ids: list[int] = []
+        kept = []
+        for group, count, had in zip(groups, counts, held):
+            keep = had if had < count else count
+            kept.append(keep)
+            if count > keep:
+                new_ids += tables[group][keep:count]
+        converted = np.array(new_ids, dtype=np.int64)
+        if not any(kept):
+            joined = converted
+        else:
+            previous = self._joined
+            pieces, old_cursor, new_cursor = [], 0, 0
+            for count, had, keep in zip(counts, held, kept):
+                if keep:
+                    pieces.append(previous[old_cursor : old_cursor + keep])
+                if count > keep:
+                    pieces.append(converted[new_cursor : new_cursor + count - keep])
+                old_cursor += had
+                new_cursor += count - keep
+            joined = np.concatenate(pieces)
+        if len(joined) != sum(counts):
+            raise ValueError(
+                f"counts {counts} of groups {groups} exceed the tracked blocks {self.num_blocks_by_group()}; "
+                "each count may be at most its group's tracked blocks"
+            )
+        joined.flags.writeable = False
+        self._joined, self._joined_groups, self._joined_counts = joined, groups, counts
+        return joined
 
     @classmethod
     def for_new_request(
@@ -117,7 +152,7 @@ class GroupBlockTracker:
         """A preempted request resumed: its old blocks are gone, the new table replaces them."""
         groups = normalize_group_block_ids(block_ids, self.num_groups, "resumed request block_ids")
         self.block_ids_by_group = [list(ids) for ids in groups]
-        self._drop_id_arrays()
+        self._forget_joined()
 
     def num_blocks_by_group(self) -> tuple[int, ...]:
         return tuple(map(len, self.block_ids_by_group))

@@ -271,9 +271,29 @@ def test_step_block_ids_ship_compact_numpy_ids_and_resolve_per_direction():
     assert store[2] == list(range(56, 88))
     assert _store_rows(step, 2, store[2]) == [-1] * 8 + list(range(64, 72)) + [-1] * 8 + list(range(80, 88))
     assert load[2] == [-1] * 8 + list(range(64, 88))
-    # The tracker's own ids are untouched by shipping (a copy travels).
-    step.block_ids[0] = 99
-    assert tracker.block_ids_by_group[0] == [1, 2, 9] and tracker.block_id_array(0, 1).tolist() == [1]
+    # What ships is read-only (the tracker builds the next step's array on it) and the tracker's ids stay.
+    with pytest.raises(ValueError, match="read-only"):
+        step.block_ids[0] = 99
+    assert tracker.block_ids_by_group[0] == [1, 2, 9] and step.block_ids.tolist() == [1, 2, 7, 8, 9, 10]
+
+
+def test_joined_block_ids_convert_only_new_blocks_and_follow_every_table_change():
+    tracker = GroupBlockTracker.for_new_request(([1, 2], [3, 4, 5], [6]), 3)
+    first = tracker.joined_block_ids((0, 1), (2, 2))
+    assert first.tolist() == [1, 2, 3, 4] and first.base is None and not first.flags.writeable
+    assert tracker.joined_block_ids((0, 1), (2, 2)) is first  # nothing new: the same array
+    tracker.append_new_blocks(([7], [8], []))
+    grown = tracker.joined_block_ids((0, 1), (3, 4))
+    assert grown.tolist() == [1, 2, 7, 3, 4, 5, 8] and grown.base is None
+    assert first.tolist() == [1, 2, 3, 4]  # the earlier step's array is left as it was
+    # Fewer blocks than last time (a rolled-back request), other groups, then a new table.
+    assert tracker.joined_block_ids((0, 1), (1, 2)).tolist() == [1, 3, 4]
+    assert tracker.joined_block_ids((1, 2), (3, 1)).tolist() == [3, 4, 5, 6]
+    tracker.reset_after_preemption(([20, 21, 22], [23, 24, 25, 26], [27]))
+    assert tracker.joined_block_ids((1, 2), (3, 1)).tolist() == [23, 24, 25, 27]
+    assert tracker.joined_block_ids((0, 1, 2), (0, 0, 0)).tolist() == []
+    with pytest.raises(ValueError, match=r"counts \(4, 1\) of groups \(0, 2\) exceed the tracked blocks \(3, 4, 1\)"):
+        tracker.joined_block_ids((0, 2), (4, 1))
 
 
 def test_step_block_ids_attachment_reads_the_documented_attribute():

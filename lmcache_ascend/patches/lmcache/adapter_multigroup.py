@@ -12,29 +12,46 @@ untouched upstream path (nothing is attached, results are byte-identical).
 from __future__ import annotations
 
 import contextvars
+import types
 
-from lmcache_ascend.compat.signatures import call_arguments
+from lmcache_ascend.compat.signatures import call_argument, with_argument
+from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, STEP_BLOCK_IDS
 from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 # The layout of the connector whose build_connector_meta is running; the
 # tracker/ReqMeta hooks are static methods with no connector at hand.
 _ACTIVE_LAYOUT: contextvars.ContextVar = contextvars.ContextVar("lmcache_ascend_active_layout", default=None)
 
+# The multi-group logic (numpy), imported on the first wrapped call rather than with this
+# declaration; kept here after that, since an import statement costs microseconds per step.
+_logic: types.SimpleNamespace | None = None
+
+
+def _load_logic() -> types.SimpleNamespace:
+    global _logic
+    from lmcache_ascend.multigroup import adapter_scheduler, slots, tracker
+
+    _logic = types.SimpleNamespace(
+        connector_layout=adapter_scheduler.connector_layout,
+        roll_back_trackers=adapter_scheduler.roll_back_trackers,
+        new_block_tracker=tracker.GroupBlockTracker.for_new_request,
+        step_block_ids=slots.step_block_ids,
+    )
+    return _logic
+
 
 def init_connector_state_wrapper(wrapped, instance, args, kwargs):
-    from lmcache_ascend.multigroup.adapter_scheduler import connector_layout
-
+    logic = _logic or _load_logic()
     wrapped(*args, **kwargs)
-    connector_layout(instance)  # fail at connector start, naming the setting
+    logic.connector_layout(instance)  # fail at connector start, naming the setting
 
 
 def build_connector_meta_wrapper(wrapped, instance, args, kwargs):
-    from lmcache_ascend.multigroup.adapter_scheduler import connector_layout, roll_back_trackers
-
-    layout = connector_layout(instance)
+    logic = _logic or _load_logic()
+    layout = logic.connector_layout(instance)
     if layout is None:
         return wrapped(*args, **kwargs)
-    roll_back_trackers(instance, call_arguments(wrapped, args, kwargs).arguments["scheduler_output"], layout)
+    logic.roll_back_trackers(instance, call_argument(wrapped, args, kwargs, "scheduler_output"), layout)
     token = _ACTIVE_LAYOUT.set(layout)
     try:
         return wrapped(*args, **kwargs)
@@ -46,51 +63,41 @@ def from_new_request_wrapper(wrapped, instance, args, kwargs):
     tracker = wrapped(*args, **kwargs)
     layout = _ACTIVE_LAYOUT.get()
     if layout is not None:
-        from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER
-        from lmcache_ascend.multigroup.tracker import GroupBlockTracker
-
-        new_request = call_arguments(wrapped, args, kwargs).arguments["new_request"]
-        BLOCK_TRACKER.set(tracker, GroupBlockTracker.for_new_request(new_request.block_ids, layout.num_groups))
+        new_request = call_argument(wrapped, args, kwargs, "new_request")
+        BLOCK_TRACKER.set(tracker, (_logic or _load_logic()).new_block_tracker(new_request.block_ids, layout.num_groups))
     return tracker
 
 
 def update_wrapper(wrapped, instance, args, kwargs):
-    from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER
-
     wrapped(*args, **kwargs)
     groups = BLOCK_TRACKER.get(instance)
     if groups is None:
         return
-    call = call_arguments(wrapped, args, kwargs).arguments
-    new_block_ids, preempted = call["new_block_ids"], call.get("preempted", False)
-    if preempted:
+    new_block_ids = call_argument(wrapped, args, kwargs, "new_block_ids")
+    if call_argument(wrapped, args, kwargs, "preempted"):
         groups.reset_after_preemption(new_block_ids)
     elif new_block_ids is not None:
         groups.append_new_blocks(new_block_ids)
 
 
 def from_request_tracker_wrapper(wrapped, instance, args, kwargs):
-    from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, STEP_BLOCK_IDS
-    from lmcache_ascend.multigroup.slots import step_block_ids
-
     layout = _ACTIVE_LAYOUT.get()
     if layout is None:  # single-group model: upstream's path, nothing read
         return wrapped(*args, **kwargs)
-    call = call_arguments(wrapped, args, kwargs)
-    tracker = call.arguments["tracker"]
+    tracker = call_argument(wrapped, args, kwargs, "tracker")
     groups = BLOCK_TRACKER.get(tracker)
     if groups is None:
         return wrapped(*args, **kwargs)
     # Upstream sizes its single slot mapping from one block table: hand it one
     # transferred group's table and block size (fixed per layout) so its
     # bookkeeping (token count checks, slot_mapping length = token count) holds.
-    chunk_size = call.arguments["lmcache_chunk_size"]
+    chunk_size = call_argument(wrapped, args, kwargs, "lmcache_chunk_size")
     table_group = layout.upstream_table_group(chunk_size)
-    call.arguments["block_size"] = layout.groups[table_group].block_size
+    args, kwargs = with_argument(wrapped, args, kwargs, "block_size", layout.groups[table_group].block_size)
     group_zero_ids = tracker.allocated_block_ids
     tracker.allocated_block_ids = groups.block_ids_by_group[table_group]
     try:
-        req_meta = wrapped(*call.args, **call.kwargs)
+        req_meta = wrapped(*args, **kwargs)
     finally:
         tracker.allocated_block_ids = group_zero_ids
     if req_meta is None:  # nothing to store or load this step (decode)
@@ -99,8 +106,9 @@ def from_request_tracker_wrapper(wrapped, instance, args, kwargs):
     if slot_mapping.untyped_storage().nbytes() > slot_mapping.numel() * slot_mapping.element_size():
         # A view of a larger table would be pickled whole to every worker.
         req_meta.slot_mapping = slot_mapping.clone()
-    load_spec = call.arguments["load_spec"]
+    load_spec = call_argument(wrapped, args, kwargs, "load_spec")
     vllm_cached = load_spec.vllm_cached_tokens if load_spec is not None and load_spec.can_load else 0
+    step_block_ids = (_logic or _load_logic()).step_block_ids
     STEP_BLOCK_IDS.set(req_meta, step_block_ids(layout, groups, len(req_meta.token_ids), chunk_size, vllm_cached))
     return req_meta
 
