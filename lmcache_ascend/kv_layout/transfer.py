@@ -92,25 +92,36 @@ def _to_device(host: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor
 
 
-def _expand_block_ids(packed, params_shape: tuple[int, int], rows_total: int, xp, arange):
-    """Slots of every row from `packed` = [five rows of per-group parameters, block ids...].
+def _expand_block_ids(block_ids, groups: Sequence[tuple[int, int, int, int, int, int]], out, xp, arange) -> None:
+    """Write every group's slots into `out` from `block_ids`: one formulation for numpy arrays
+    (`xp` numpy, a CPU device) and torch tensors (`xp` torch, a device), `arange` from the caller.
 
-    Written once for numpy arrays (`xp` numpy, CPU) and torch tensors (`xp` torch, a device):
-    the same operators and ``xp.searchsorted(..., side="right")``; `arange` from the caller.
-    Parameters per group: first output row, rows, first block id, rows per block, cached rows.
+    Per group (first output row, rows, first block, blocks, rows per block, cached rows): -1
+    over vLLM's cached prefix; from the first block past it, its whole blocks broadcast
+    against the row offsets of a block straight into `out`, ``block_id * rows_per_block +
+    offset``, and the rows of a last, partly used block; -1 for every row of vLLM's null block.
     """
-    size = params_shape[0] * params_shape[1]
-    first_row, num_rows, first_block, rows_per_block, cached_rows = packed[:size].reshape(params_shape)
-    block_ids = packed[size:]
-    row = arange(rows_total)
-    group = xp.searchsorted(first_row + num_rows, row, side="right")
-    local = row - first_row[group]
-    rows_per_block = rows_per_block[group]
-    block = local // rows_per_block
-    block_id = block_ids[first_block[group] + block]
-    slots = block_id * rows_per_block + (local - block * rows_per_block)
-    slots[(block_id == NULL_BLOCK_ID) | (local < cached_rows[group])] = -1
-    return slots
+    for first_row, num_rows, first_block, num_blocks, rows_per_block, cached_rows in groups:
+        ids = block_ids[first_block : first_block + num_blocks]
+        whole = num_rows // rows_per_block
+        computed = min(cached_rows // rows_per_block, whole)  # blocks wholly cached are not computed
+        rows = out[first_row + computed * rows_per_block : first_row + whole * rows_per_block].reshape(
+            whole - computed, rows_per_block
+        )
+        xp.add(ids[computed:whole, None] * rows_per_block, arange(rows_per_block), out=rows)
+        null = ids[computed:whole] == NULL_BLOCK_ID
+        if not isinstance(rows, np.ndarray):
+            rows.masked_fill_(null[:, None], -1)  # a device: no host sync on the mask
+        elif np.count_nonzero(null):  # the host: only the rows of null blocks
+            rows[null] = -1
+        rest = num_rows - whole * rows_per_block
+        if rest:
+            last = ids[whole]
+            out[first_row + whole * rows_per_block : first_row + num_rows] = xp.where(
+                last == NULL_BLOCK_ID, -1, last * rows_per_block + arange(rest)
+            )
+        if cached_rows:
+            out[first_row : first_row + cached_rows] = -1
 
 
 @dataclass(frozen=True)
@@ -136,23 +147,21 @@ class DeviceSlots:
     ) -> "DeviceSlots":
         """The slots of every transferred group of `step`, made on `device` from its block ids.
 
-        Uploads the block ids and five parameters per group (one copy), then expands
-        them there with a fixed number of ops for all groups (`_expand_block_ids`; on
-        a CPU device with numpy): row r of group g has slot ``block_id * rows_per_block +
-        r % rows_per_block`` with ``block_id = ids_g[r // rows_per_block]``; -1 on vLLM's
-        null block and on the rows of vLLM's cached prefix (`cached_row_count` of
-        `cached_tokens`; 0 for a store). `groups` are the registered groups: each
-        transferred group must be among them with the geometry the scheduler used.
+        Uploads the block ids (one copy), then expands them there group by group
+        (`_expand_block_ids`, a few ops per group; on a CPU device with numpy): row r of
+        group g has slot ``block_id * rows_per_block + r % rows_per_block`` with
+        ``block_id = ids_g[r // rows_per_block]``; -1 on vLLM's null block and on the rows
+        of vLLM's cached prefix (`cached_row_count` of `cached_tokens`; 0 for a store).
+        `groups` are the registered groups: each transferred group must be among them
+        with the geometry the scheduler used.
         """
         blocks_by_group = step.group_block_ids()
-        num_groups = len(blocks_by_group)
-        # Per group: first output row, rows, first block id, rows per block, cached rows.
-        params = np.zeros((5, max(num_groups, 1)), dtype=np.int64)
+        plan = []
         offsets: dict[int, int] = {}
         lengths: dict[int, int] = {}
         rows_total = 0
         blocks_total = 0
-        for column, (group, ids) in enumerate(blocks_by_group.items()):
+        for group, ids in blocks_by_group.items():
             spec = groups.get(group)
             if spec is None:
                 raise LayoutError(
@@ -168,25 +177,24 @@ class DeviceSlots:
                     f"caches have {spec}; block size, compress ratio and sliding window must agree"
                 )
             num_rows = spec.num_rows(step.num_tokens)
-            params[:, column] = (
-                rows_total, num_rows, blocks_total, spec.rows_per_block, cached_row_count(spec, cached_tokens, num_rows)
-            )
+            plan.append((rows_total, num_rows, blocks_total, len(ids), spec.rows_per_block,
+                         cached_row_count(spec, cached_tokens, num_rows)))
             offsets[group], lengths[group] = rows_total, num_rows
             rows_total += num_rows
             blocks_total += len(ids)
         if rows_total == 0:
             # One entry at least: an empty tensor may have no address for the kernels to anchor on.
             return cls(_to_device(np.full(1, -1, dtype=np.int64), device), offsets, lengths)
-        packed = np.concatenate((params.reshape(-1), step.block_ids.astype(np.int64, copy=False)))
+        block_ids = step.block_ids
         if device.type == "cpu":
-            # numpy on the host: torch's CPU ops start their thread pool per op, which costs more
-            # than the expansion itself on a busy host (measured 20-40x on the session box).
-            slots = _expand_block_ids(packed, params.shape, rows_total, np, np.arange)
+            # numpy on the host: a torch CPU op costs more to start than these small ones take.
+            slots = np.empty(rows_total, dtype=np.int64)
+            _expand_block_ids(block_ids.astype(np.int64, copy=False), plan, slots, np,
+                              lambda n: np.arange(n, dtype=np.int64))
             return cls(torch.from_numpy(slots), offsets, lengths)
-        on_device = _to_device(packed, device)
-        slots = _expand_block_ids(
-            on_device, params.shape, rows_total, torch, lambda n: torch.arange(n, dtype=torch.int64, device=on_device.device)
-        )
+        on_device = _to_device(np.array(block_ids, dtype=np.int64), device)  # one host-to-device copy
+        slots = torch.empty(rows_total, dtype=torch.int64, device=device)
+        _expand_block_ids(on_device, plan, slots, torch, lambda n: torch.arange(n, dtype=torch.int64, device=device))
         return cls(slots, offsets, lengths)
 
     @classmethod

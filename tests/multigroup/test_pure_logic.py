@@ -206,14 +206,13 @@ def _layout(*groups: KVGroupSpec) -> MultiGroupLayout:
     return layout_from_groups(groups, 4, StateGroupPolicy())
 
 
-def _expand_with_numpy_and_torch(packed, params_shape, rows_total, xp, arange):
+def _expand_with_numpy_and_torch(block_ids, groups, out, xp, arange):
     """The CPU expansion (numpy), checked equal to the same expansion in torch (a device's path)."""
-    slots = _REAL_EXPAND(packed, params_shape, rows_total, xp, arange)
-    with_torch = _REAL_EXPAND(
-        torch.from_numpy(packed.copy()), params_shape, rows_total, torch, lambda n: torch.arange(n, dtype=torch.int64)
-    )
-    assert with_torch.dtype == torch.int64 and with_torch.tolist() == slots.tolist()
-    return slots
+    out[:] = -7  # poisoned: every row must be written
+    with_torch = torch.full((len(out),), -7, dtype=torch.int64)
+    _REAL_EXPAND(block_ids, groups, out, xp, arange)
+    _REAL_EXPAND(torch.from_numpy(block_ids.copy()), groups, with_torch, torch, lambda n: torch.arange(n, dtype=torch.int64))
+    assert with_torch.tolist() == out.tolist() and -7 not in out.tolist()
 
 
 def _resolved(step: StepBlockIds, cached_tokens: int = 0) -> dict[int, list[int]]:
