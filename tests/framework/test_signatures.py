@@ -1,0 +1,78 @@
+"""`compat.signatures.call_argument` / `with_argument`: one argument read or set where the call put it."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from lmcache_ascend.compat.signatures import call_argument, call_arguments, with_argument
+
+
+def plain(tracker, block_size, chunk=256, *, load_spec=None):
+    return (tracker, block_size, chunk, load_spec)
+
+
+def positional_only(first, /, second=2):
+    return (first, second)
+
+
+def with_star_args(first, *rest, last=9):
+    return (first, rest, last)
+
+
+class Owner:
+    def method(self, scheduler_output, extra=None):
+        return (self, scheduler_output, extra)
+
+
+CALLS = [
+    (("t", 16), {}),
+    (("t",), {"block_size": 16}),
+    ((), {"tracker": "t", "block_size": 16, "chunk": 64, "load_spec": "L"}),
+    (("t", 16, 128), {"load_spec": None}),
+]
+
+
+@pytest.mark.parametrize("args, kwargs", CALLS)
+def test_reads_agree_with_a_full_binding_for_every_parameter(args, kwargs):
+    bound = call_arguments(plain, args, kwargs).arguments
+    for name in ("tracker", "block_size", "chunk", "load_spec"):
+        assert call_argument(plain, args, kwargs, name) == bound[name]
+
+
+@pytest.mark.parametrize("args, kwargs", CALLS)
+def test_a_set_argument_reaches_the_call_and_leaves_the_others(args, kwargs):
+    given = dict(kwargs)
+    new_args, new_kwargs = with_argument(plain, args, kwargs, "block_size", 99)
+    assert plain(*new_args, **new_kwargs) == (*plain(*args, **kwargs)[:1], 99, *plain(*args, **kwargs)[2:])
+    unset_args, unset_kwargs = with_argument(plain, args, kwargs, "load_spec", "new")
+    assert plain(*unset_args, **unset_kwargs)[3] == "new"
+    assert kwargs == given  # the caller's dict is not changed (a tuple cannot be)
+
+
+def test_bound_methods_skip_their_first_parameter():
+    owner = Owner()
+    bound = types.MethodType(Owner.method, owner)
+    assert call_argument(bound, ("out",), {}, "scheduler_output") == "out"
+    assert call_argument(bound, (), {"scheduler_output": "kw"}, "scheduler_output") == "kw"
+    assert call_argument(bound, ("out",), {}, "extra") is None
+    args, kwargs = with_argument(bound, ("out", "x"), {}, "extra", "y")
+    assert bound(*args, **kwargs) == (owner, "out", "y")
+
+
+def test_positional_only_and_star_args():
+    assert call_argument(positional_only, (1,), {}, "first") == 1
+    assert call_argument(positional_only, (1,), {"second": 5}, "second") == 5
+    with pytest.raises(TypeError, match="positional-only"):
+        with_argument(positional_only, (), {}, "first", 3)
+    # A parameter after *args is keyword-only: never read from the positional arguments.
+    assert call_argument(with_star_args, (1, 2, 3), {}, "last") == 9
+    assert call_argument(with_star_args, (1, 2, 3), {"last": 4}, "last") == 4
+
+
+def test_unknown_parameter_and_missing_argument_are_refused_naming_them():
+    with pytest.raises(TypeError, match=r"has no parameter 'block_sise'; its parameters: \['tracker', 'block_size'"):
+        call_argument(plain, ("t", 16), {}, "block_sise")
+    with pytest.raises(TypeError, match="plain\\(\\) missing argument 'block_size'"):
+        call_argument(plain, ("t",), {}, "block_size")
