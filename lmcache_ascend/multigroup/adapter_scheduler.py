@@ -53,8 +53,11 @@ def roll_back_trackers(connector, scheduler_output, layout) -> None:
     for req_id in getattr(scheduler_output.scheduled_cached_reqs, "req_ids", ()):
         tracker = connector._request_trackers.get(req_id)
         request = connector._unfinished_requests.get(req_id)
-        groups = BLOCK_TRACKER.get(tracker) if tracker is not None else None
-        if groups is None or request is None or request.num_computed_tokens >= len(tracker.token_ids):
+        # Most steps roll nothing back: the token count decides before the attachment is read.
+        if tracker is None or request is None or request.num_computed_tokens >= len(tracker.token_ids):
+            continue
+        groups = BLOCK_TRACKER.get(tracker)
+        if groups is None:
             continue
         counts = groups.num_blocks_by_group()
         covered_blocks = prefix_bound_in_vllm_blocks(

@@ -127,17 +127,19 @@ def step_block_ids(
     if chunk_size <= 0:
         raise ValueError(f"chunk_size={chunk_size} must be a positive integer (LMCache chunk_size)")
     indices = layout.transferred_group_indices
-    counts = tuple(layout.groups[index].num_blocks(num_tokens) for index in indices)
-    for index, needed in zip(indices, counts):
+    counts = []
+    for index in indices:
+        group = layout.groups[index]
+        needed = group.num_blocks(num_tokens)
         tracked = len(tracker.block_ids_by_group[index])
         if needed > tracked:
-            group = layout.groups[index]
             raise ValueError(
                 f"KV-cache group {index} ({group.spec_class_name}): {num_tokens} tokens need {needed} blocks "
                 f"of {group.block_size} tokens but only {tracked} are tracked"
             )
+        counts.append(needed)
     # One read-only array that owns its ids: pickled alone, never a view of a larger one.
-    block_ids = tracker.joined_block_ids(indices, counts)
+    block_ids = tracker.joined_block_ids(indices, tuple(counts))
     primary = primary_group_index(tracker.num_blocks_by_group(), layout.block_sizes, indices)
     return StepBlockIds(
         groups=layout.groups,
