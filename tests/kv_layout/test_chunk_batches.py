@@ -131,15 +131,15 @@ def test_staging_waves_and_spans_equal_single_chunks_on_cpu(pad, capacity_chunks
     real_copy = transfer._copy_spans
     monkeypatch.setattr(transfer, "_copy_spans", lambda *a, **k: (copies.append(len(a[2])), real_copy(*a, **k))[1])
     launches, layer_groups = _round_trip("cpu", host=True, host_path="staging", pad=pad, mover_parts=parts)
-    waves = len(transfer.staging_waves(4, capacity_chunks, transfer.FIRST_STORE_WAVE_CHUNKS))
-    assert launches == waves * layer_groups  # (the store's)
+    waves = len(transfer.staging_waves(4, capacity_chunks))
+    assert launches == waves * layer_groups
     # store copies: one per span (chunks back to back) or per chunk (padding between is not theirs)
     assert sum(copies[:waves]) == (waves if pad == 0 else 4)
 
 
 def test_staging_waves_start_small_and_double():
-    assert transfer.staging_waves(64, 23) == [(0, 2), (2, 6), (6, 14), (14, 30), (30, 53), (53, 64)]
-    assert transfer.staging_waves(64, 23, first=4) == [(0, 4), (4, 12), (12, 28), (28, 51), (51, 64)]
+    assert transfer.staging_waves(64, 23) == [(0, 4), (4, 12), (12, 28), (28, 51), (51, 64)]
+    assert transfer.staging_waves(64, 23, first=2) == [(0, 2), (2, 6), (6, 14), (14, 30), (30, 53), (53, 64)]
     assert transfer.staging_waves(4, 1) == [(0, 1), (1, 2), (2, 3), (3, 4)]
     assert transfer.staging_waves(0, 4) == []
     with pytest.raises(ValueError, match="capacity=0"):
