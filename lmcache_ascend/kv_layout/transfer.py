@@ -468,23 +468,18 @@ class ChunkMover:
         half_bytes = (staging.numel() // halves) // _STAGING_ALIGNMENT * _STAGING_ALIGNMENT
         capacity = max(1, half_bytes // stride)
         joined = _joined_neighbours(host, total, stride, store)
-        waves = staging_waves(len(chunks), capacity)
-
-        def wave_plan(index: int):
-            begin, end = waves[index]
-            spans, offsets = _staging_spans(host.addresses, joined, begin, end, total, (index % halves) * half_bytes)
-            return spans, pool_chunk_buffers(staging, offsets, total), starts[begin:end]
-
+        staged = _StagedWaves(chunks, starts, host, total, staging, halves, half_bytes, joined,
+                              staging_waves(len(chunks), capacity))
         if module is None:  # no streams: in order on the host
             resolved = self._resolved_slots(slots)
             launches = 0
-            for index in range(len(waves)):
-                spans, buffers, wave_starts = wave_plan(index)
+            for index in range(len(staged.waves)):
+                spans, buffers, wave_starts = staged.plan(index)
                 if not store:
-                    _copy_spans(chunks, host, spans, total, staging, to_staging=True)
+                    staged.copy(spans, to_staging=True)
                 launches += self.move_batch(buffers, wave_starts, resolved, store=store)
                 if store:
-                    _copy_spans(chunks, host, spans, total, staging, to_staging=False)
+                    staged.copy(spans, to_staging=False)
             return launches
         if self._copy_stream is None:
             self._copy_stream = module.Stream(device=self.device)
@@ -492,65 +487,90 @@ class ChunkMover:
         copy = self._copy_stream
         if self._staging_released is not None:
             copy.wait_event(self._staging_released)  # the last staged call's kernels are done with the buffer
-        launches = self._staged_store(waves, wave_plan, chunks, host, total, staging, halves, module, compute,
-                                      copy, self._resolved_slots(slots)) if store else \
-            self._staged_load(waves, wave_plan, chunks, host, total, staging, halves, module, compute, copy, slots)
+        if store:
+            launches = self._staged_store(staged, self._resolved_slots(slots), module, compute, copy)
+        else:
+            launches = self._staged_load(staged, slots, module, compute, copy)
         compute.wait_stream(copy)
         self._staging_released = module.Event()
         self._staging_released.record(compute)
         return launches
 
-    def _staged_store(self, waves, wave_plan, chunks, host, total, staging, halves, module, compute, copy,
-                      slots: DeviceSlots) -> int:
-        released: list = [None] * halves  # per half: the event after which it may be rewritten
+    def _staged_store(self, staged: "_StagedWaves", slots: DeviceSlots, module, compute, copy) -> int:
+        """Each wave's launches, then its copies out once its kernels are done; a half is rewritten
+        only after its last copies out."""
+        released: list = [None] * staged.halves  # per half: the event after which it may be rewritten
         launches = 0
-        for index in range(len(waves)):
-            spans, buffers, wave_starts = wave_plan(index)
-            part = index % halves
+        for index in range(len(staged.waves)):
+            spans, buffers, wave_starts = staged.plan(index)
+            part = index % staged.halves
             if released[part] is not None:
-                compute.wait_event(released[part])  # the half's last copies out are done
+                compute.wait_event(released[part])
             launches += self.move_batch(buffers, wave_starts, slots, store=True)
             written = module.Event()
             written.record(compute)
             copy.wait_event(written)
             with module.stream(copy):
-                _copy_spans(chunks, host, spans, total, staging, to_staging=False)
+                staged.copy(spans, to_staging=False)
             released[part] = module.Event()
             released[part].record(copy)
         return launches
 
-    def _staged_load(self, waves, wave_plan, chunks, host, total, staging, halves, module, compute, copy,
-                     slots: SlotsSource) -> int:
+    def _staged_load(self, staged: "_StagedWaves", slots: SlotsSource, module, compute, copy) -> int:
+        """One wave per half copied in before the slots are resolved; then each wave's launches once its
+        copies are in, followed by the copies of the wave that reuses its half once its kernels are done."""
         plans: dict[int, tuple] = {}
         loaded: dict[int, object] = {}
-        released: list = [None] * halves  # per half: the event after which it may be rewritten
+        released: list = [None] * staged.halves  # per half: the event after which it may be rewritten
 
         def queue_copies(index: int) -> None:
-            plans[index] = plan = wave_plan(index)
-            part = index % halves
+            plans[index] = plan = staged.plan(index)
+            part = index % staged.halves
             if released[part] is not None:
-                copy.wait_event(released[part])  # the half's last kernels have read it
+                copy.wait_event(released[part])
             with module.stream(copy):
-                _copy_spans(chunks, host, plan[0], total, staging, to_staging=True)
+                staged.copy(plan[0], to_staging=True)
             loaded[index] = module.Event()
             loaded[index].record(copy)
 
-        # One wave per half queued before anything else: the copy engine runs while the host
-        # resolves the slots and issues the first launches.
-        for index in range(min(halves, len(waves))):
+        for index in range(min(staged.halves, len(staged.waves))):
             queue_copies(index)
         resolved = self._resolved_slots(slots)
         launches = 0
-        for index in range(len(waves)):
+        for index in range(len(staged.waves)):
             _, buffers, wave_starts = plans.pop(index)
             compute.wait_event(loaded.pop(index))
             launches += self.move_batch(buffers, wave_starts, resolved, store=False)
-            part = index % halves
-            released[part] = module.Event()
-            released[part].record(compute)
-            if index + halves < len(waves):
-                queue_copies(index + halves)
+            released[index % staged.halves] = module.Event()
+            released[index % staged.halves].record(compute)
+            if index + staged.halves < len(staged.waves):
+                queue_copies(index + staged.halves)
         return launches
+
+
+@dataclass(frozen=True)
+class _StagedWaves:
+    """One staged call's host chunks (checked), staging buffer and waves: what each wave copies where."""
+
+    chunks: list[torch.Tensor]
+    starts: list[int]
+    host: ChunkBuffers
+    total: int  # bytes of a full chunk
+    staging: torch.Tensor
+    halves: int  # wave k uses half k % halves
+    half_bytes: int
+    joined: np.ndarray  # see `_joined_neighbours`
+    waves: list[tuple[int, int]]
+
+    def plan(self, index: int) -> tuple[list[tuple[int, int, int]], ChunkBuffers, list[int]]:
+        """Wave `index`'s copies (spans), its chunks in the staging buffer and their starts."""
+        begin, end = self.waves[index]
+        spans, offsets = _staging_spans(self.host.addresses, self.joined, begin, end, self.total,
+                                        (index % self.halves) * self.half_bytes)
+        return spans, pool_chunk_buffers(self.staging, offsets, self.total), self.starts[begin:end]
+
+    def copy(self, spans, *, to_staging: bool) -> None:
+        _copy_spans(self.chunks, self.host, spans, self.total, self.staging, to_staging=to_staging)
 
 
 def _joined_neighbours(host: ChunkBuffers, total: int, stride: int, store: bool) -> np.ndarray:
