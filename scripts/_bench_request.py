@@ -112,8 +112,10 @@ class RequestCase:
 
     # ---- the paths -------------------------------------------------------------------
     def ours(self, chunks, store: bool, host_path: str = "mapped") -> int:
-        cached = 0
-        slots = self.mover.upload(self.group_slots.transferred_slot_mappings(), cached)
+        # The slots are made inside the call, when first needed (as the connector does).
+        def slots():
+            return self.mover.upload(self.group_slots.transferred_slot_mappings(), 0)
+
         launches = self.mover.move_chunks(chunks, self.starts, slots, store=store, host_path=host_path)
         _synchronize()
         return launches
@@ -249,6 +251,89 @@ def host_breakdown(case: "RequestCase", store: bool = True, calls: int = 20) -> 
     return result
 
 
+# Launch shapes the request-level tuning tries on every layer group (tile, bytes per program, warps).
+TUNE_SHAPES = ((512, 8192, 4), (256, 4096, 4), (128, 2048, 4), (256, 4096, 2), (1024, 16384, 8), (512, 16384, 4),
+               (256, 8192, 4), (1024, 16384, 4))
+
+
+def _kernel_times(fn, name: str = "paged_chunks", calls: int = 5) -> list[float]:
+    """Device microseconds of each `name` kernel one call of `fn` launches (in launch order), medians of `calls`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    per_call = []
+    for _ in range(calls):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+        kernels = sorted((event.time_range.start, event.device_time) for event in prof.events()
+                         if event.device_type == torch.autograd.DeviceType.CUDA and name in event.name)
+        per_call.append([duration for _, duration in kernels])
+    return [round(statistics.median(values), 2) for values in zip(*per_call)]
+
+
+def tune_request(case: "RequestCase") -> dict:
+    """Kernel time of each layer group's multi-chunk launch under each of `TUNE_SHAPES`, store and load,
+    and the fastest shape per layer group (by its largest region's bytes)."""
+    from lmcache_ascend.kernels import triton_transfer as tt
+
+    rows = case.mover.batch_rows(case.mover.upload(case.group_slots.transferred_slot_mappings()), case.starts)
+    region_bytes = [group_rows.max_region_bytes for _, _, group_rows in rows]
+    saved = tt.CHUNK_LAUNCH_SHAPES
+    times: dict[str, dict[str, list[float]]] = {}
+    try:
+        for tile, per_program, warps in TUNE_SHAPES:
+            shape = tt.LaunchShape(tile, per_program, warps)
+            # Every region takes this shape (the largest region of any group is below 2**40 bytes).
+            tt.CHUNK_LAUNCH_SHAPES = ((2**40, shape),)
+            for rows_cache in [group_rows.backend_cache for _, _, group_rows in rows]:
+                for key in [key for key in rows_cache if isinstance(key, tuple) and key[0] == "triton.launch"]:
+                    del rows_cache[key]
+            label = f"{tile}/{per_program}/{warps}"
+            times[label] = {direction: _kernel_times(lambda: case.ours(case.device_chunks, direction == "store"))
+                            for direction in ("store", "load")}
+    finally:
+        tt.CHUNK_LAUNCH_SHAPES = saved
+        for _, _, group_rows in rows:
+            for key in [key for key in group_rows.backend_cache if isinstance(key, tuple) and key[0] == "triton.launch"]:
+                del group_rows.backend_cache[key]
+    best = []
+    for index, region in enumerate(region_bytes):
+        totals = {label: sum(entry[d][index] for d in ("store", "load")) for label, entry in times.items()
+                  if all(len(entry[d]) > index for d in ("store", "load"))}
+        best.append({"layer_group": index, "max_region_bytes": region, "best": min(totals, key=totals.get),
+                     "store_load_us": totals})
+    return {"kernel_us": times, "best": best}
+
+
+def staged_timeline(case: "RequestCase", store: bool) -> dict:
+    """Where one staged request's time goes on the device: when its first copy starts after the call
+    begins, how long the copy engine is busy, its idle gaps between copies, and when the last work ends."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    case.ours(case.host_chunks, store, "staging")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function("staged_request"):
+            case.ours(case.host_chunks, store, "staging")
+    events = prof.events()
+    begin = min(event.time_range.start for event in events if event.name == "staged_request")
+    copies = sorted((event.time_range.start, event.time_range.end) for event in events
+                    if event.device_type == torch.autograd.DeviceType.CUDA and "memcpy" in event.name.lower()
+                    and event.time_range.end - event.time_range.start > 20)
+    kernels = sorted((event.time_range.start, event.time_range.end) for event in events
+                     if event.device_type == torch.autograd.DeviceType.CUDA and "paged_chunks" in event.name)
+    device_end = max((end for _, end in copies + kernels), default=begin)
+    gaps = [round(b[0] - a[1], 1) for a, b in zip(copies, copies[1:])]
+    return {
+        "first_copy_after_us": round(copies[0][0] - begin, 1) if copies else None,
+        "first_kernel_after_us": round(kernels[0][0] - begin, 1) if kernels else None,
+        "copies": len(copies),
+        "copy_busy_us": round(sum(end - start for start, end in copies), 1),
+        "copy_gaps_us": gaps,
+        "device_end_after_us": round(device_end - begin, 1),
+        "last_copy_end_after_us": round(copies[-1][1] - begin, 1) if copies else None,
+    }
+
+
 def _spread(samples):
     ordered = sorted(samples)
     return {"median_us": round(statistics.median(ordered), 1), "min_us": round(ordered[0], 1),
@@ -256,7 +341,8 @@ def _spread(samples):
             "p25_us": round(ordered[len(ordered) // 4], 1), "p75_us": round(ordered[(3 * len(ordered)) // 4], 1)}
 
 
-def measure_request(device: torch.device, tokens: int = 16384, chunk_size: int = 256, rounds: int = 15) -> dict:
+def measure_request(device: torch.device, tokens: int = 16384, chunk_size: int = 256, rounds: int = 15,
+                    tune: bool = False) -> dict:
     result = {"tokens": tokens, "chunk_size": chunk_size, "rounds": rounds, "layouts": {}}
     for name in LAYOUTS:
         case = RequestCase(name, tokens, chunk_size, device)
@@ -264,6 +350,16 @@ def measure_request(device: torch.device, tokens: int = 16384, chunk_size: int =
                  "layer_groups": len(case.chunk_layout.layer_groups), "check": case.check()}
         entry["host_breakdown_us"] = host_breakdown(case)
         print(f"  request {name} host breakdown (us per request): {entry['host_breakdown_us']}", flush=True)
+        # Diagnostics: a failure here is reported, and the timed comparison still runs.
+        try:
+            if tune:
+                entry["tuning"] = tune_request(case)
+                print(f"  request {name} tuning: {entry['tuning']}", flush=True)
+            entry["staged_timeline"] = {d: staged_timeline(case, d == "store") for d in ("store", "load")}
+            print(f"  request {name} staged timeline: {entry['staged_timeline']}", flush=True)
+        except Exception as error:  # noqa: BLE001
+            entry["diagnostics_error"] = repr(error)
+            print(f"  request {name} diagnostics failed: {error!r}", flush=True)
         for store in (True, False):
             cases = case.cases(store)
             launches = {}

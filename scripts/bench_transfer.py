@@ -496,6 +496,8 @@ def main() -> None:
                         help="tokens of the whole-request benchmark (CUDA; 0 skips it)")
     parser.add_argument("--request-rounds", type=int, default=15)
     parser.add_argument("--skip-chunks", action="store_true", help="only the whole-request benchmark")
+    parser.add_argument("--tune-request", action="store_true",
+                        help="also time each layer group's multi-chunk launch under a few launch shapes (CUDA)")
     parser.add_argument("--memory-objects", type=int, default=0,
                         help="only time reading N LMCache memory objects' bytes, tensor property vs raw_tensor "
                              "(needs LMCache; any device)")
@@ -542,7 +544,7 @@ def main() -> None:
     if on_cuda and args.request_tokens:
         from _bench_request import measure_request, print_request_table
 
-        result["request"] = measure_request(device, args.request_tokens, 256, args.request_rounds)
+        result["request"] = measure_request(device, args.request_tokens, 256, args.request_rounds, args.tune_request)
     rows = [] if args.skip_chunks else measure(device, tokens, calls, args.repeats)
     result["rows"] = [asdict(row) for row in rows]
     if rows:

@@ -199,14 +199,22 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
     def _move_many(self, memory_objs: Any, starts: Sequence[int], ends: Sequence[int], kwargs: dict[str, Any],
                    *, store: bool) -> None:
         """Every memory object checked (size, placement) before any byte moves; then the full chunks
-        in one batched move (one launch per layer group), a partial one on its own; one synchronization."""
+        in one batched move (one launch per layer group), a partial one on its own; one synchronization.
+
+        The slots are resolved when first needed: a staged load queues its first copies before."""
         mover = self._require_registered()
         starts, ends = list(starts), list(ends)
         if not (len(starts) == len(ends) == len(memory_objs)):
             raise LayoutError(
                 f"{len(memory_objs)} memory objects, {len(starts)} starts and {len(ends)} ends; they must match"
             )
-        slots = self._device_slots(kwargs, store)
+        resolved: list[DeviceSlots] = []
+
+        def slots() -> DeviceSlots:
+            if not resolved:
+                resolved.append(self._device_slots(kwargs, store))
+            return resolved[0]
+
         chunk_size = self.chunk_size
         full_total = self.layout.full_plan.total_bytes
         full_chunks, full_starts, partial = [], [], []
@@ -219,10 +227,13 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         for memory_obj, start, end in partial:
             self._memory_bytes(memory_obj, start, end, self.layout.plan(end - start).total_bytes)
         self._count_tokens(starts, ends, store)
-        for memory_obj, start, end in partial:
-            self._move_one(memory_obj, start, end, slots, store=store)
+        # (Full chunks first: their staged copies may start before the slots are resolved. The
+        # batched move leaves the staging buffer to the current stream, so a partial chunk's use of
+        # it comes after.)
         if full_chunks:
             self.launches += mover.move_chunks(full_chunks, full_starts, slots, store=store, host_path=self.host_path)
+        for memory_obj, start, end in partial:
+            self._move_one(memory_obj, start, end, slots(), store=store)
         self._synchronize()
 
     def _synchronize(self) -> None:

@@ -57,6 +57,34 @@ VECTORS_PER_TILE = 512
 BYTES_PER_PROGRAM = 8192
 NUM_WARPS = 4
 
+
+@dataclass(frozen=True)
+class LaunchShape:
+    """How a multi-chunk launch splits its regions: vectors per tile, bytes per program, warps."""
+
+    tile: int
+    bytes_per_program: int
+    num_warps: int
+
+
+DEFAULT_LAUNCH_SHAPE = LaunchShape(VECTORS_PER_TILE, BYTES_PER_PROGRAM, NUM_WARPS)
+# Multi-chunk launches pick their shape once per `ChunkRows` by the most bytes one region
+# moves: (up to this many region bytes, shape), the first that fits; larger regions take
+# DEFAULT_LAUNCH_SHAPE. A region smaller than a tile leaves most lanes masked, so small
+# regions get small programs. H100, scripts/bench_transfer.py --tune-request (DSv4-like
+# request, kernel us store + load): the 8192-byte indexer regions 43 with 128/2048/4 vs 72
+# with the default, the 1152-byte C128 regions 10.0 vs 12.4; 36864- and 147456-byte regions
+# and MLA's 294912 within 1% of the default under every shape tried.
+CHUNK_LAUNCH_SHAPES: tuple[tuple[int, LaunchShape], ...] = ((8192, LaunchShape(128, 2048, 4)),)
+
+
+def chunk_launch_shape(max_region_bytes: int) -> LaunchShape:
+    """The launch shape of a multi-chunk launch whose largest region moves `max_region_bytes`."""
+    for limit, shape in CHUNK_LAUNCH_SHAPES:
+        if max_region_bytes <= limit:
+            return shape
+    return DEFAULT_LAUNCH_SHAPE
+
 # The kernel reads one int64 device table, built and uploaded ONCE per (group,
 # chunk shape, chunk offset, chunk-buffer alignment) and cached on the group:
 #   [layers * planes] rows of 5: cache address, rows in the cache
@@ -152,16 +180,12 @@ def _move_region(
 
 
 @triton.jit
-def _move_plane(data_anchor, data_anchor_address, slot_ptr, first_byte, count, entry, row_bytes, region_entry,
-                region_offset, STORE: tl.constexpr, TILE: tl.constexpr, BYTES_PER_PROGRAM: tl.constexpr):
-    """One program's part of one (layer, plane) region: its geometry from the table, then the
-    widest element width the table allows (16 bytes as four int32)."""
-    width = tl.load(region_entry + 1)
-    row_pitch = tl.load(region_entry + 2)
-    cache_delta = tl.load(entry + 0) - data_anchor_address
-    cache_rows = tl.load(entry + 1)
-    block_stride = tl.load(entry + 2)
-    block_size = tl.load(entry + 3)
+def _move_plane(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
+                row_bytes, region_offset, width, row_pitch, STORE: tl.constexpr, TILE: tl.constexpr,
+                BYTES_PER_PROGRAM: tl.constexpr):
+    """One program's part of one (layer, plane) region with the widest element width the table
+    allows (16 bytes as four int32). The caller loads every scalar before its first branch, so a
+    program waits for one round of table loads, not one per branch."""
     if width == 16:
         _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
                      row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 4, TILE, BYTES_PER_PROGRAM)
@@ -248,18 +272,26 @@ def _paged_chunk_kernel(
     plane = layer_plane - layer * PLANES
     count = _pick(plane, count_0, count_1, count_2, count_3, count_4, count_5, count_6, count_7, count_8, count_9,
                   count_10, count_11, count_12, count_13, count_14, count_15, PLANES)
+    slot_offset = _pick(plane, slot_offset_0, slot_offset_1, slot_offset_2, slot_offset_3, slot_offset_4,
+                        slot_offset_5, slot_offset_6, slot_offset_7, slot_offset_8, slot_offset_9, slot_offset_10,
+                        slot_offset_11, slot_offset_12, slot_offset_13, slot_offset_14, slot_offset_15, PLANES)
     entry = table + layer_plane.to(tl.int64) * 5
+    region_entry = table + tl.num_programs(1).to(tl.int64) * 5 + plane * 3
+    # Every table value at once, before the first branch (one round of loads per program).
+    cache_address = tl.load(entry + 0)
+    cache_rows = tl.load(entry + 1)
+    block_stride = tl.load(entry + 2)
+    block_size = tl.load(entry + 3)
     row_bytes = tl.load(entry + 4)
+    region_start = tl.load(region_entry)
+    width = tl.load(region_entry + 1)
+    row_pitch = tl.load(region_entry + 2)
     first_byte = program.to(tl.int64) * BYTES_PER_PROGRAM
     if first_byte < count * row_bytes:
-        slot_offset = _pick(plane, slot_offset_0, slot_offset_1, slot_offset_2, slot_offset_3, slot_offset_4,
-                            slot_offset_5, slot_offset_6, slot_offset_7, slot_offset_8, slot_offset_9, slot_offset_10,
-                            slot_offset_11, slot_offset_12, slot_offset_13, slot_offset_14, slot_offset_15, PLANES)
-        slot_ptr = slot_anchor + slot_offset
-        region_entry = table + tl.num_programs(1).to(tl.int64) * 5 + plane * 3
-        region_offset = tl.load(region_entry) + layer.to(tl.int64) * layer_stride
-        _move_plane(data_anchor, data_anchor_address, slot_ptr, first_byte, count, entry, row_bytes, region_entry,
-                    region_offset, STORE, TILE, BYTES_PER_PROGRAM)
+        region_offset = region_start + layer.to(tl.int64) * layer_stride
+        _move_plane(data_anchor, slot_anchor + slot_offset, first_byte, count, cache_address - data_anchor_address,
+                    cache_rows, block_size, block_stride, row_bytes, region_offset, width, row_pitch, STORE, TILE,
+                    BYTES_PER_PROGRAM)
 
 
 # Multi-chunk launch: the per-chunk values travel in two device tables beside the
@@ -288,16 +320,27 @@ def _paged_chunks_kernel(
     rows_entry = rows_table + chunk * (2 * PLANES)
     layer = layer_plane // PLANES
     plane = layer_plane - layer * PLANES
-    count = tl.load(rows_entry + plane)
     entry = table + layer_plane.to(tl.int64) * 5
+    region_entry = table + tl.num_programs(1).to(tl.int64) * 5 + plane * 3
+    # Every table value at once, before the first branch: a program waits for one round of
+    # (independent, cached) loads, then its slots, then its data.
+    count = tl.load(rows_entry + plane)
+    slot_offset = tl.load(rows_entry + PLANES + plane)
+    chunk_address = tl.load(address_table + chunk)
+    cache_address = tl.load(entry + 0)
+    cache_rows = tl.load(entry + 1)
+    block_stride = tl.load(entry + 2)
+    block_size = tl.load(entry + 3)
     row_bytes = tl.load(entry + 4)
+    region_start = tl.load(region_entry)
+    width = tl.load(region_entry + 1)
+    row_pitch = tl.load(region_entry + 2)
     first_byte = program.to(tl.int64) * BYTES_PER_PROGRAM
     if first_byte < count * row_bytes:
-        slot_ptr = slot_anchor + tl.load(rows_entry + PLANES + plane)
-        region_entry = table + tl.num_programs(1).to(tl.int64) * 5 + plane * 3
-        region_offset = tl.load(region_entry) + layer.to(tl.int64) * layer_stride + tl.load(address_table + chunk)
-        _move_plane(data_anchor, data_anchor_address, slot_ptr, first_byte, count, entry, row_bytes, region_entry,
-                    region_offset, STORE, TILE, BYTES_PER_PROGRAM)
+        region_offset = region_start + layer.to(tl.int64) * layer_stride + chunk_address
+        _move_plane(data_anchor, slot_anchor + slot_offset, first_byte, count, cache_address - data_anchor_address,
+                    cache_rows, block_size, block_stride, row_bytes, region_offset, width, row_pitch, STORE, TILE,
+                    BYTES_PER_PROGRAM)
 
 
 @dataclass(frozen=True)
@@ -495,14 +538,19 @@ class _ChunksLaunch:
     planes: int
     layer_stride: int
     layer_stride_type: str
+    shape: LaunchShape
 
 
-def _chunks_launch(rows: ChunkRows, chunk_offset: int, alignment: int, bytes_per_program: int) -> _ChunksLaunch:
-    """Per (rows, chunk offset, address alignment mod 16): tables uploaded once, grid and constants worked out once."""
-    key = ("triton.launch", chunk_offset, alignment % 16, bytes_per_program)
+def _chunks_launch(rows: ChunkRows, chunk_offset: int, alignment: int, shape: LaunchShape | None) -> _ChunksLaunch:
+    """Per (rows, chunk offset, address alignment mod 16, shape): tables uploaded once, the launch shape
+    (`chunk_launch_shape` unless given), grid and constants worked out once."""
+    key = ("triton.launch", chunk_offset, alignment % 16, shape)
     cached = rows.backend_cache.get(key)
     if cached is not None:
         return cached
+    if shape is None:
+        shape = chunk_launch_shape(rows.max_region_bytes)
+        _check_tile(shape.tile, shape.bytes_per_program)
     group = rows.group
     geometry = _group_geometry(group)
     rows_table = rows.backend_cache.get("triton.rows")
@@ -514,18 +562,18 @@ def _chunks_launch(rows: ChunkRows, chunk_offset: int, alignment: int, bytes_per
         device_table=_device_table(group, rows.layout, chunk_offset, alignment),
         rows_table=rows_table,
         rows_address=rows_table.data_ptr(),
-        grid_x=-(-rows.max_region_bytes // bytes_per_program),
+        grid_x=-(-rows.max_region_bytes // shape.bytes_per_program),
         layer_planes=geometry.layer_planes,
         planes=len(geometry.row_bytes),
         layer_stride=layer_stride,
         layer_stride_type=_integer_type(layer_stride),
+        shape=shape,
     )
     rows.backend_cache[key] = cached
     return cached
 
 
-def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, tile: int = VECTORS_PER_TILE,
-                                  bytes_per_program: int = BYTES_PER_PROGRAM, num_warps: int = NUM_WARPS) -> int:
+def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, shape: LaunchShape | None = None) -> int:
     """Run validated multi-chunk transfers (one per layer group), ONE launch each; returns launches.
 
     Per call at most one host-to-device copy: the chunk addresses of every distinct
@@ -534,8 +582,11 @@ def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, tile
     lie in other allocations or in mapped host memory: they are reached by their
     distance from it); chunks of one pool (`pool_chunk_buffers`) are anchored on the
     pool and upload nothing. Tables, grids and compiled kernels are looked up, not rebuilt.
+    `shape`: one launch shape for every group (tuning); by default each group's is
+    `chunk_launch_shape` of its largest region, picked once per `ChunkRows`.
     """
-    _check_tile(tile, bytes_per_program)
+    if shape is not None:
+        _check_tile(shape.tile, shape.bytes_per_program)
     batches = [batch for batch in batches if batch.num_chunks and batch.rows.max_region_bytes]
     if not batches:
         return 0
@@ -566,8 +617,7 @@ def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, tile
     for batch in batches:
         buffers, offset = distinct[id(batch.buffers)]
         # Widths must divide every chunk's distance from the anchor: the gcd of them all stands for it.
-        launch = _chunks_launch(batch.rows, batch.chunk_offset, math.gcd(buffers.address_gcd, anchor),
-                                bytes_per_program)
+        launch = _chunks_launch(batch.rows, batch.chunk_offset, math.gcd(buffers.address_gcd, anchor), shape)
         slot_address = batch.slots.data_ptr()
         address_table = addresses_address + 8 * offset
         # (A view only where it starts further in: the raw launch passes the address alone.)
@@ -588,7 +638,8 @@ def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, tile
         pointers = {0: anchor, 2: slot_address, 3: launch.device_table.address, 4: address_table,
                     5: launch.rows_address}
         _launch(_paged_chunks_kernel, (launch.grid_x, launch.layer_planes, batch.num_chunks), arguments, pointers,
-                signature, (launch.planes, batch.store, tile, bytes_per_program), num_warps, device)
+                signature, (launch.planes, batch.store, launch.shape.tile, launch.shape.bytes_per_program),
+                launch.shape.num_warps, device)
         launched += 1
     return launched
 

@@ -15,7 +15,7 @@ Pure logic: torch, numpy and lmcache_ascend only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence, Union
 
 import numpy as np
 import torch
@@ -52,10 +52,13 @@ DEFAULT_HOST_PATH = "staging"
 # Device staging for host chunks: at most this many bytes (at least one chunk).
 STAGING_BYTES = 256 * 2**20
 _STAGING_ALIGNMENT = 256
-# Chunks in the first staging wave: the copies start once its kernels (store) or its
-# copies (load) are issued, so it is small; each later wave doubles, up to half the
-# staging buffer (the host issues wave k+1 while wave k is copied).
-FIRST_WAVE_CHUNKS = 2
+# Chunks in the first staging wave; each later wave doubles, up to half the staging buffer.
+# The copies are the bottleneck and the kernels take microseconds per chunk, so the first
+# wave is not the smallest: a store's first copies wait for its launches whatever its size,
+# and then outlast the host's issue of the next wave; a load's first two waves are queued
+# at once and keep the copy engine busy while the host resolves the slots and launches the
+# first wave (H100: with 2 chunks first, the copy engine waited for the host 150-500 us).
+FIRST_WAVE_CHUNKS = 4
 # Bounded caches of per-request-shape values (chunk rows by chunk bounds and slot layout).
 _MAX_CACHED_ROWS = 64
 
@@ -237,6 +240,11 @@ class DeviceSlots:
         return cls(_to_device(joined, device), offsets, lengths)
 
 
+# What `ChunkMover.move_chunks` takes as a call's slots: made already, group -> slot mapping
+# (uploaded there), or a function giving either (called once, when the slots are first needed).
+SlotsSource = Union[DeviceSlots, Mapping[int, object], Callable[[], Union[DeviceSlots, Mapping[int, object]]]]
+
+
 class ChunkMover:
     """Stores / loads chunks of one registered set of KV caches."""
 
@@ -261,6 +269,7 @@ class ChunkMover:
         )
         self._staging: torch.Tensor | None = None
         self._copy_stream = None
+        self._staging_released = None  # an event after the last staged call's work on the buffer
         self._windows: dict[tuple[bytes, bytes], tuple] = {}
         self._rows: dict[tuple, tuple] = {}
 
@@ -419,13 +428,17 @@ class ChunkMover:
         self,
         chunks: Sequence[torch.Tensor],
         starts: Sequence[int],
-        slots: DeviceSlots | Mapping[int, object],
+        slots: SlotsSource,
         *,
         store: bool,
         host_path: str = DEFAULT_HOST_PATH,
     ) -> int:
         """`move_batch` for full chunks wherever they lie: on the device or mapped host memory
         directly, else through the staging buffer. Issues work only: the caller synchronizes.
+
+        `slots` may also be a function giving them: it is called once, after every chunk is
+        checked and, on a staged load, after the first waves' copies are queued (the copy
+        engine starts while the host resolves the slots).
 
         Through staging a store copies whole chunks back, so bytes no row fills (region
         padding, skipped rows) are unspecified there, as the per-chunk staging always had it;
@@ -437,14 +450,21 @@ class ChunkMover:
             return 0
         if chunks[0].is_cuda or self.reachable(chunks, host_path):
             # (chunks on the device: `chunk_buffers` checks that they all are, and on which one)
-            return self.move_batch(chunks, starts, slots, store=store)
-        return self._move_staged(list(chunks), list(starts), self._device_slots(slots), store=store)
+            buffers = chunk_buffers(chunks)
+            return self.move_batch(buffers, starts, self._resolved_slots(slots), store=store)
+        return self._move_staged(list(chunks), list(starts), slots, store=store)
 
-    def _move_staged(self, chunks: list[torch.Tensor], starts: list[int], slots: DeviceSlots, *, store: bool) -> int:
+    def _resolved_slots(self, slots: SlotsSource) -> DeviceSlots:
+        return self._device_slots(slots() if callable(slots) else slots)
+
+    def _move_staged(self, chunks: list[torch.Tensor], starts: list[int], slots: SlotsSource, *, store: bool) -> int:
         """Host chunks through the staging buffer in waves (`staging_waves`: a small first wave, then
-        doubling), alternating between the buffer's halves; each wave's copies run on a copy stream
-        beside the next wave's kernels. Chunks lying back to back in one host allocation are copied as
-        one span (on a store only where every byte of the span is the chunks' own)."""
+        doubling), alternating between the buffer's halves, copies on a copy stream. A store's copies of
+        wave k follow its kernels, which run beside wave k - 1's copies; a load's copies run one wave
+        ahead: wave k + 1's copies are queued before wave k's launches (and the first waves' before the
+        slots are resolved), so the copy engine does not wait for the host. Chunks lying back to back
+        in one host allocation are copied as one span (on a store only where every byte of the span is
+        the chunks' own)."""
         total = self.layout.full_plan.total_bytes
         host = chunk_buffers(chunks, mapped=False)  # checked once for the request; only copied
         if host.min_bytes < total:
@@ -456,49 +476,109 @@ class ChunkMover:
         half_bytes = (staging.numel() // halves) // _STAGING_ALIGNMENT * _STAGING_ALIGNMENT
         capacity = max(1, half_bytes // stride)
         joined = _joined_neighbours(host, total, stride, store)
-        if module is not None and self._copy_stream is None:
-            self._copy_stream = module.Stream(device=self.device)
-        compute = module.current_stream(self.device) if module is not None else None
-        copy = self._copy_stream
-        released: list = [None] * halves  # per half: the event after which it may be rewritten
-        launches = 0
-        for wave_index, (begin, end) in enumerate(staging_waves(len(chunks), capacity)):
-            part = wave_index % halves
-            spans, offsets = _staging_spans(host.addresses, joined, begin, end, total, part * half_bytes)
-            buffers = pool_chunk_buffers(staging, offsets, total)
-            wave_starts = starts[begin:end]
-            if module is None:  # no streams: in order on the host
+        staged = _StagedWaves(chunks, starts, host, total, staging, halves, half_bytes, joined,
+                              staging_waves(len(chunks), capacity))
+        if module is None:  # no streams: in order on the host
+            resolved = self._resolved_slots(slots)
+            launches = 0
+            for index in range(len(staged.waves)):
+                spans, buffers, wave_starts = staged.plan(index)
                 if not store:
-                    _copy_spans(chunks, host, spans, total, staging, to_staging=True)
-                launches += self.move_batch(buffers, wave_starts, slots, store=store)
+                    staged.copy(spans, to_staging=True)
+                launches += self.move_batch(buffers, wave_starts, resolved, store=store)
                 if store:
-                    _copy_spans(chunks, host, spans, total, staging, to_staging=False)
-                continue
-            if store:
-                if released[part] is not None:
-                    compute.wait_event(released[part])  # the half's last copies out are done
-                launches += self.move_batch(buffers, wave_starts, slots, store=True)
-                written = module.Event()
-                written.record(compute)
-                copy.wait_event(written)
-                with module.stream(copy):
-                    _copy_spans(chunks, host, spans, total, staging, to_staging=False)
-                released[part] = module.Event()
-                released[part].record(copy)
-            else:
-                if released[part] is not None:
-                    copy.wait_event(released[part])  # the half's last kernels have read it
-                with module.stream(copy):
-                    _copy_spans(chunks, host, spans, total, staging, to_staging=True)
-                loaded = module.Event()
-                loaded.record(copy)
-                compute.wait_event(loaded)
-                launches += self.move_batch(buffers, wave_starts, slots, store=False)
-                released[part] = module.Event()
-                released[part].record(compute)
-        if module is not None:
-            compute.wait_stream(copy)
+                    staged.copy(spans, to_staging=False)
+            return launches
+        if self._copy_stream is None:
+            self._copy_stream = module.Stream(device=self.device)
+        compute = module.current_stream(self.device)
+        copy = self._copy_stream
+        if self._staging_released is not None:
+            copy.wait_event(self._staging_released)  # the last staged call's kernels are done with the buffer
+        if store:
+            launches = self._staged_store(staged, self._resolved_slots(slots), module, compute, copy)
+        else:
+            launches = self._staged_load(staged, slots, module, compute, copy)
+        compute.wait_stream(copy)
+        self._staging_released = module.Event()
+        self._staging_released.record(compute)
         return launches
+
+    def _staged_store(self, staged: "_StagedWaves", slots: DeviceSlots, module, compute, copy) -> int:
+        """Each wave's launches, then its copies out once its kernels are done; a half is rewritten
+        only after its last copies out."""
+        released: list = [None] * staged.halves  # per half: the event after which it may be rewritten
+        launches = 0
+        for index in range(len(staged.waves)):
+            spans, buffers, wave_starts = staged.plan(index)
+            part = index % staged.halves
+            if released[part] is not None:
+                compute.wait_event(released[part])
+            launches += self.move_batch(buffers, wave_starts, slots, store=True)
+            written = module.Event()
+            written.record(compute)
+            copy.wait_event(written)
+            with module.stream(copy):
+                staged.copy(spans, to_staging=False)
+            released[part] = module.Event()
+            released[part].record(copy)
+        return launches
+
+    def _staged_load(self, staged: "_StagedWaves", slots: SlotsSource, module, compute, copy) -> int:
+        """One wave per half copied in before the slots are resolved; then each wave's launches once its
+        copies are in, followed by the copies of the wave that reuses its half once its kernels are done."""
+        plans: dict[int, tuple] = {}
+        loaded: dict[int, object] = {}
+        released: list = [None] * staged.halves  # per half: the event after which it may be rewritten
+
+        def queue_copies(index: int) -> None:
+            plans[index] = plan = staged.plan(index)
+            part = index % staged.halves
+            if released[part] is not None:
+                copy.wait_event(released[part])
+            with module.stream(copy):
+                staged.copy(plan[0], to_staging=True)
+            loaded[index] = module.Event()
+            loaded[index].record(copy)
+
+        for index in range(min(staged.halves, len(staged.waves))):
+            queue_copies(index)
+        resolved = self._resolved_slots(slots)
+        launches = 0
+        for index in range(len(staged.waves)):
+            _, buffers, wave_starts = plans.pop(index)
+            compute.wait_event(loaded.pop(index))
+            launches += self.move_batch(buffers, wave_starts, resolved, store=False)
+            released[index % staged.halves] = module.Event()
+            released[index % staged.halves].record(compute)
+            if index + staged.halves < len(staged.waves):
+                queue_copies(index + staged.halves)
+        return launches
+
+
+@dataclass(frozen=True)
+class _StagedWaves:
+    """One staged call's host chunks (checked), staging buffer and waves: what each wave copies where."""
+
+    chunks: list[torch.Tensor]
+    starts: list[int]
+    host: ChunkBuffers
+    total: int  # bytes of a full chunk
+    staging: torch.Tensor
+    halves: int  # wave k uses half k % halves
+    half_bytes: int
+    joined: np.ndarray  # see `_joined_neighbours`
+    waves: list[tuple[int, int]]
+
+    def plan(self, index: int) -> tuple[list[tuple[int, int, int]], ChunkBuffers, list[int]]:
+        """Wave `index`'s copies (spans), its chunks in the staging buffer and their starts."""
+        begin, end = self.waves[index]
+        spans, offsets = _staging_spans(self.host.addresses, self.joined, begin, end, self.total,
+                                        (index % self.halves) * self.half_bytes)
+        return spans, pool_chunk_buffers(self.staging, offsets, self.total), self.starts[begin:end]
+
+    def copy(self, spans, *, to_staging: bool) -> None:
+        _copy_spans(self.chunks, self.host, spans, self.total, self.staging, to_staging=to_staging)
 
 
 def _joined_neighbours(host: ChunkBuffers, total: int, stride: int, store: bool) -> np.ndarray:

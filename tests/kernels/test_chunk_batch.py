@@ -162,10 +162,39 @@ def test_chunks_of_a_pool_move_like_separate_chunks(backend: str = "torch"):
         pool_chunk_buffers(pool, offsets + stride, layout.total_bytes)
 
 
+# Launch shapes every multi-chunk launch is checked under (each forced on every region): the
+# default, the small-region one, and one whose programs take several steps.
+_SHAPES = ((512, 8192, 4), (128, 2048, 4), (64, 4096, 2))
+
+
+def _run_shapes(device: str, store: bool, chunk_offset: int = 32):
+    from lmcache_ascend.kernels import triton_transfer as tt
+
+    saved = tt.CHUNK_LAUNCH_SHAPES
+    try:
+        for tile, per_program, warps in _SHAPES:
+            tt.CHUNK_LAUNCH_SHAPES = ((2**40, tt.LaunchShape(tile, per_program, warps)),)
+            _assert_same(_run(device, "triton", store, chunk_offset))
+    finally:
+        tt.CHUNK_LAUNCH_SHAPES = saved
+
+
+def test_launch_shape_is_picked_by_the_largest_region():
+    pytest.importorskip("triton")
+    from lmcache_ascend.kernels import triton_transfer as tt
+
+    small = tt.chunk_launch_shape(1152)
+    assert small.bytes_per_program < tt.DEFAULT_LAUNCH_SHAPE.bytes_per_program
+    assert tt.chunk_launch_shape(8192) == small
+    assert tt.chunk_launch_shape(8193) == tt.DEFAULT_LAUNCH_SHAPE
+    assert tt.chunk_launch_shape(294912) == tt.DEFAULT_LAUNCH_SHAPE
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("store", [True, False])
 def test_triton_batch_equals_single_chunk_calls_on_cuda(store):
     _assert_same(_run("cuda", "triton", store))
+    _run_shapes("cuda", store)
 
 
 def test_triton_batch_equals_single_chunk_calls_interpreted():
@@ -177,6 +206,9 @@ def test_triton_batch_equals_single_chunk_calls_interpreted():
         "        _assert_same(_run('cpu', 'triton', store, offset))\n"
         "from tests.kernels.test_chunk_batch import test_chunks_of_a_pool_move_like_separate_chunks as pool\n"
         "pool('triton')\n"
+        "from tests.kernels.test_chunk_batch import _run_shapes\n"
+        "for store in (True, False):\n"
+        "    _run_shapes('cpu', store, 40)\n"
         "print('ok')\n"
     )
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))

@@ -53,7 +53,9 @@ def _set_caches(kv_caches, saved):
         plane.view(torch.uint8).copy_(value)
 
 
-def _round_trip(device: str, host: bool, host_path: str, pad: int = 0, mover_parts=None):
+def _round_trip(device: str, host: bool, host_path: str, pad: int = 0, mover_parts=None, events=None):
+    """Store then load through `move_chunks` against `move` chunk by chunk; with `events` (a list) the
+    load's slots are given as a function, which appends "slots" to it when called."""
     mover, kv_caches, slots, starts = mover_parts or _mover(device)
     total = mover.layout.full_plan.total_bytes
     pinned = host and device == "cuda"
@@ -98,7 +100,11 @@ def _round_trip(device: str, host: bool, host_path: str, pad: int = 0, mover_par
         mover.move(chunk.to(device), start, start + CHUNK, mover.upload(slots, cached_tokens=CHUNK), store=False)
     expected = _cache_bytes(kv_caches)
     _set_caches(kv_caches, poisoned)
-    mover.move_chunks(batched, starts, mover.upload(slots, cached_tokens=CHUNK), store=False, host_path=host_path)
+    load_slots = mover.upload(slots, cached_tokens=CHUNK)
+    if events is not None:
+        resolved = load_slots
+        load_slots = lambda: (events.append("slots"), resolved)[1]  # noqa: E731
+    mover.move_chunks(batched, starts, load_slots, store=False, host_path=host_path)
     if device == "cuda":
         torch.cuda.synchronize()
     for got, want, before in zip(_cache_bytes(kv_caches), expected, poisoned):
@@ -132,7 +138,8 @@ def test_staging_waves_and_spans_equal_single_chunks_on_cpu(pad, capacity_chunks
 
 
 def test_staging_waves_start_small_and_double():
-    assert transfer.staging_waves(64, 23) == [(0, 2), (2, 6), (6, 14), (14, 30), (30, 53), (53, 64)]
+    assert transfer.staging_waves(64, 23) == [(0, 4), (4, 12), (12, 28), (28, 51), (51, 64)]
+    assert transfer.staging_waves(64, 23, first=2) == [(0, 2), (2, 6), (6, 14), (14, 30), (30, 53), (53, 64)]
     assert transfer.staging_waves(4, 1) == [(0, 1), (1, 2), (2, 3), (3, 4)]
     assert transfer.staging_waves(0, 4) == []
     with pytest.raises(ValueError, match="capacity=0"):
@@ -154,3 +161,22 @@ def test_batched_chunks_equal_single_chunks_on_cuda(host, host_path, monkeypatch
     launches, layer_groups = _round_trip("cuda", host, host_path)
     waves = 2 if (host and host_path == "staging") else 1
     assert launches == waves * layer_groups
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_staged_load_queues_first_copies_before_resolving_slots(monkeypatch):
+    """A staged load given its slots as a function queues one wave per staging half before calling it,
+    then the next wave's copies before each wave's launches; the bytes equal the single-chunk path."""
+    mover, *rest = _mover("cuda")
+    monkeypatch.setattr(transfer, "STAGING_BYTES", 2 * (mover.layout.full_plan.total_bytes + 256))  # 1 chunk a half
+    events: list[str] = []
+    real_copy = transfer._copy_spans
+    monkeypatch.setattr(transfer, "_copy_spans",
+                        lambda *a, **k: (events.append("copy_in" if k["to_staging"] else "copy_out"),
+                                         real_copy(*a, **k))[1])
+    real_move_batch = mover.move_batch
+    monkeypatch.setattr(mover, "move_batch",
+                        lambda *a, **k: (events.append("launch"), real_move_batch(*a, **k))[1])
+    _round_trip("cuda", host=True, host_path="staging", mover_parts=(mover, *rest), events=events)
+    load = events[events.index("copy_in"):]
+    assert load == ["copy_in", "copy_in", "slots", "launch", "copy_in", "launch", "copy_in", "launch", "launch"]
