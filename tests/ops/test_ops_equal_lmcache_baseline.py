@@ -45,9 +45,11 @@ def test_op_is_byte_exact_with_lmcache_torch_baseline(op):
         assert outcome != "mismatch", f"{case['meta']}: {detail}"
 
     check()
-    # Almost every case is compared (not both raising), and most of them really move bytes.
+    # Almost every case is compared (not both raising), and a good share really move bytes (a
+    # no-op op moves none). The paged ops' draws (empty requests, skipped prefixes, hole slots)
+    # move bytes in 43-57% of cases from one random run to the next: the bound sits below that.
     total = outcomes["equal"] + outcomes["both-raise"]
-    assert outcomes["equal"] >= 0.9 * total and outcomes["moved"] >= 0.5 * total, outcomes
+    assert outcomes["equal"] >= 0.9 * total and outcomes["moved"] >= 0.3 * total, outcomes
 
 
 @pytest.mark.subprocess
