@@ -95,9 +95,8 @@ def _to_device(host: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor
 
 
-def _expand_block_ids(block_ids, groups: Sequence[tuple[int, int, int, int, int, int]], out, xp, arange) -> None:
-    """Write every group's slots into `out` from `block_ids`: one formulation for numpy arrays
-    (`xp` numpy, a CPU device) and torch tensors (`xp` torch, a device), `arange` from the caller.
+def _expand_block_ids(block_ids: np.ndarray, groups: Sequence[tuple[int, int, int, int, int, int]], out: np.ndarray) -> None:
+    """Write every group's slots into `out` from `block_ids` (int64 numpy arrays).
 
     Per group (first output row, rows, first block, blocks, rows per block, cached rows): -1
     over vLLM's cached prefix; from the first block past it, its whole blocks broadcast
@@ -111,17 +110,15 @@ def _expand_block_ids(block_ids, groups: Sequence[tuple[int, int, int, int, int,
         rows = out[first_row + computed * rows_per_block : first_row + whole * rows_per_block].reshape(
             whole - computed, rows_per_block
         )
-        xp.add(ids[computed:whole, None] * rows_per_block, arange(rows_per_block), out=rows)
+        np.add(ids[computed:whole, None] * rows_per_block, np.arange(rows_per_block, dtype=np.int64), out=rows)
         null = ids[computed:whole] == NULL_BLOCK_ID
-        if not isinstance(rows, np.ndarray):
-            rows.masked_fill_(null[:, None], -1)  # a device: no host sync on the mask
-        elif np.count_nonzero(null):  # the host: only the rows of null blocks
+        if np.count_nonzero(null):
             rows[null] = -1
         rest = num_rows - whole * rows_per_block
         if rest:
-            last = ids[whole]
-            out[first_row + whole * rows_per_block : first_row + num_rows] = xp.where(
-                last == NULL_BLOCK_ID, -1, last * rows_per_block + arange(rest)
+            last = int(ids[whole])
+            out[first_row + whole * rows_per_block : first_row + num_rows] = (
+                -1 if last == NULL_BLOCK_ID else last * rows_per_block + np.arange(rest, dtype=np.int64)
             )
         if cached_rows:
             out[first_row : first_row + cached_rows] = -1
@@ -133,7 +130,7 @@ class DeviceSlots:
 
     Scheduler group g's slots are ``slots[offsets[g] : offsets[g] + lengths[g]]``.
     Made by `DeviceSlots.from_block_ids` (a request's block ids, expanded on the
-    device) or `DeviceSlots.upload` (slot mappings given whole): one host-to-device copy.
+    host) or `DeviceSlots.upload` (slot mappings given whole): one host-to-device copy.
     """
 
     slots: torch.Tensor
@@ -148,10 +145,10 @@ class DeviceSlots:
         device: torch.device,
         cached_tokens: int = 0,
     ) -> "DeviceSlots":
-        """The slots of every transferred group of `step`, made on `device` from its block ids.
+        """The slots of every transferred group of `step`, on `device`, from its block ids.
 
-        Uploads the block ids (one copy), then expands them there group by group
-        (`_expand_block_ids`, a few ops per group; on a CPU device with numpy): row r of
+        Expands them on the host group by group (`_expand_block_ids`, a few numpy ops per
+        group), then copies the result to `device` at once: row r of
         group g has slot ``block_id * rows_per_block + r % rows_per_block`` with
         ``block_id = ids_g[r // rows_per_block]``; -1 on vLLM's null block and on the rows
         of vLLM's cached prefix (`cached_row_count` of `cached_tokens`; 0 for a store).
@@ -188,17 +185,12 @@ class DeviceSlots:
         if rows_total == 0:
             # One entry at least: an empty tensor may have no address for the kernels to anchor on.
             return cls(_to_device(np.full(1, -1, dtype=np.int64), device), offsets, lengths)
-        block_ids = step.block_ids
-        if device.type == "cpu":
-            # numpy on the host: a torch CPU op costs more to start than these small ones take.
-            slots = np.empty(rows_total, dtype=np.int64)
-            _expand_block_ids(block_ids.astype(np.int64, copy=False), plan, slots, np,
-                              lambda n: np.arange(n, dtype=np.int64))
-            return cls(torch.from_numpy(slots), offsets, lengths)
-        on_device = _to_device(np.array(block_ids, dtype=np.int64), device)  # one host-to-device copy
-        slots = torch.empty(rows_total, dtype=torch.int64, device=device)
-        _expand_block_ids(on_device, plan, slots, torch, lambda n: torch.arange(n, dtype=torch.int64, device=device))
-        return cls(slots, offsets, lengths)
+        # Expanded on the host, then one host-to-device copy: on an H100 the same expansion as
+        # torch ops on the device took 0.7-2.2 ms of launches per request, several times the
+        # copy of its result (scripts/bench_slot_resolution.py --device cuda, notes/issue-13-bench.md).
+        slots = np.empty(rows_total, dtype=np.int64)
+        _expand_block_ids(np.asarray(step.block_ids, dtype=np.int64), plan, slots)
+        return cls(_to_device(slots, device), offsets, lengths)
 
     @classmethod
     def upload(
