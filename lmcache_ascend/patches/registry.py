@@ -436,21 +436,31 @@ class Registry:
         for prerequisite in record.entry.after:
             if prerequisite in self._records and self._records[prerequisite].state is not State.APPLIED:
                 self.apply_now(prerequisite, values)
+        module = self._import_target(record)
+        if module is not None:
+            self.apply_to_module(name, module)
+        return record.state
+
+    def _import_target(self, record: PatchRecord) -> types.ModuleType | None:
+        """`record`'s target, imported; None where its versions rule the patch out (then the
+        target is not even imported: its import may need other packages) or the import fails,
+        either settled on a record still pending."""
         with self._lock:
-            # A version the patch is not for is not even imported (its import may need other packages).
             skip, _ = _version_gate(record.entry)
             if skip is not None:
-                record.settle(skip)
-                return record.state
+                if record.state is State.PENDING:
+                    record.settle(skip)
+                return None
         target = record.entry.target
         try:
-            module = importlib.import_module(target)
+            return importlib.import_module(target)
         except Exception as error:
             with self._lock:
-                record.set(State.TARGET_MISSING, f"import of {target} failed: {error}", _short_trace())
-            return record.state
-        self.apply_to_module(name, module)
-        return record.state
+                if record.state is State.PENDING:
+                    record.set(
+                        State.TARGET_MISSING, f"import of {target} failed: {type(error).__name__}: {error}", _short_trace()
+                    )
+            return None
 
     def apply_to_module(self, name: str, module: types.ModuleType) -> None:
         record = self.record(name)
@@ -623,20 +633,8 @@ class Registry:
     def import_targets(self) -> None:
         """Import every target that passed the early gates (the CLI's --import)."""
         for record in list(self._records.values()):
-            if record.entry.name not in self._hooked:
-                continue
-            with self._lock:  # as apply_now: a target the versions rule out is not imported (it may not even import)
-                skip, _ = _version_gate(record.entry)
-                if skip is not None and record.state is State.PENDING:
-                    record.settle(skip)
-                    continue
-            target = record.entry.target
-            try:
-                importlib.import_module(target)
-            except Exception as error:
-                with self._lock:
-                    if record.state is State.PENDING:
-                        record.set(State.TARGET_MISSING, f"import of {target} failed: {type(error).__name__}: {error}")
+            if record.entry.name in self._hooked:
+                self._import_target(record)  # the post-import hook applies it
 
 
     # ------------------------------------------------------------- originals
