@@ -7,7 +7,10 @@ attention, a 128-token sliding window in bf16) and (b) plain MLA (bf16 576, one
 group). Cases, interleaved round by round on the same buffers:
 
 * ``copy_d2d``: a torch device-to-device copy of the request's payload bytes;
-* ``ours_device``: the batched path (`ChunkMover.upload` + `move_chunks`, device
+* ``hand_over``: what the connector does when the worker adapter hands the request
+  over (before the forward pass): its slots resolved on the device from its block
+  ids (`DeviceSlots.from_block_ids`);
+* ``ours_device``: the batched path (`move_chunks` over the handed-over slots, device
   memory objects), one synchronization;
 * ``old_device``: the old path: per chunk every group's slot tensor rebuilt on the
   host (window mask, ``torch.where``), copied to the device, one chunk moved, a
@@ -35,6 +38,7 @@ import torch
 from lmcache_ascend.kernels import launch_counter
 from lmcache_ascend.kv_layout import ChunkMover, plan_kv_caches
 from lmcache_ascend.kv_layout.transfer import DeviceSlots
+from lmcache_ascend.multigroup.slots import step_block_ids
 from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout
 from lmcache_ascend.multigroup.tracker import GroupBlockTracker
 from tests.multigroup.cpu_slots import build_group_slot_mappings
@@ -89,7 +93,9 @@ class RequestCase:
         _, self.chunk_layout = plan_kv_caches(kv_caches, plane_groups, self.layout.groups_by_index(), chunk_size)
         tracker = GroupBlockTracker.for_new_request(tuple(block_ids), len(groups))
         self.group_slots = build_group_slot_mappings(self.layout, tracker, tokens, chunk_size)
+        self.step = step_block_ids(self.layout, tracker, tokens, chunk_size)
         self.mover = ChunkMover(self.chunk_layout)
+        self.handed_over = self.hand_over()
         self.starts = list(range(0, tokens, chunk_size))
         total = self.chunk_layout.full_plan.total_bytes
         self.chunk_bytes = total
@@ -111,12 +117,15 @@ class RequestCase:
         self.copy_host = torch.empty(payload, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
 
     # ---- the paths -------------------------------------------------------------------
-    def ours(self, chunks, store: bool, host_path: str = "mapped") -> int:
-        # The slots are made inside the call, when first needed (as the connector does).
-        def slots():
-            return self.mover.upload(self.group_slots.transferred_slot_mappings(), 0)
+    def hand_over(self) -> DeviceSlots:
+        """The request's slots on the device from its block ids, as the connector resolves them at hand-over."""
+        slots = DeviceSlots.from_block_ids(self.step, self.chunk_layout.geometry_by_group, self.device)
+        _synchronize()
+        return slots
 
-        launches = self.mover.move_chunks(chunks, self.starts, slots, store=store, host_path=host_path)
+    def ours(self, chunks, store: bool, host_path: str = "mapped") -> int:
+        # The slots were resolved at hand-over (the `hand_over` case times that), as the connector has them.
+        launches = self.mover.move_chunks(chunks, self.starts, self.handed_over, store=store, host_path=host_path)
         _synchronize()
         return launches
 
@@ -165,6 +174,7 @@ class RequestCase:
 
     def cases(self, store: bool):
         return {
+            "hand_over": lambda: (self.hand_over(), 0)[1],
             "copy_d2d": lambda: self.copy_d2d(store),
             "ours_device": lambda: self.ours(self.device_chunks, store),
             "old_device": lambda: self.old(self.device_chunks, store),
@@ -234,8 +244,8 @@ def host_breakdown(case: "RequestCase", store: bool = True, calls: int = 20) -> 
     for _ in range(calls):
         _synchronize()
         begin = time.perf_counter()
-        mappings = timed("slot_mappings", case.group_slots.transferred_slot_mappings)
-        slots = timed("upload", lambda: mover.upload(mappings))
+        slots = timed("hand_over", lambda: DeviceSlots.from_block_ids(case.step, case.chunk_layout.geometry_by_group,
+                                                                      case.device))
         rows = timed("batch_rows", lambda: mover.batch_rows(slots, case.starts))
         buffers = timed("chunk_buffers", lambda: chunk_buffers(case.device_chunks))
         batches = timed("resolve_chunk_batch", lambda: [
@@ -305,33 +315,46 @@ def tune_request(case: "RequestCase") -> dict:
     return {"kernel_us": times, "best": best}
 
 
-def staged_timeline(case: "RequestCase", store: bool) -> dict:
-    """Where one staged request's time goes on the device: when its first copy starts after the call
-    begins, how long the copy engine is busy, its idle gaps between copies, and when the last work ends."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+def staged_timeline(case: "RequestCase", store: bool, calls: int = 9) -> dict:
+    """Where one staged request's time goes on the device, read from events around each staging copy
+    (the profiler slows the host several times): when the first copy starts after the call begins, the
+    idle gaps between copies, the copy engine's busy time, and the host's wait after the last copy;
+    medians of `calls` requests."""
+    from lmcache_ascend.kv_layout import transfer
 
+    original = transfer._StagedWaves.copy
+    recorded: list = []
+
+    def copy_between_events(self, spans, *, to_staging):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()  # on the copy stream: the call runs under its context
+        original(self, spans, to_staging=to_staging)
+        end.record()
+        recorded.append((begin, end))
+
+    samples = []
     case.ours(case.host_chunks, store, "staging")
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        with record_function("staged_request"):
+    transfer._StagedWaves.copy = copy_between_events
+    try:
+        for _ in range(calls):
+            _synchronize()
+            recorded.clear()
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            host_begin = time.perf_counter()
             case.ours(case.host_chunks, store, "staging")
-    events = prof.events()
-    begin = min(event.time_range.start for event in events if event.name == "staged_request")
-    copies = sorted((event.time_range.start, event.time_range.end) for event in events
-                    if event.device_type == torch.autograd.DeviceType.CUDA and "memcpy" in event.name.lower()
-                    and event.time_range.end - event.time_range.start > 20)
-    kernels = sorted((event.time_range.start, event.time_range.end) for event in events
-                     if event.device_type == torch.autograd.DeviceType.CUDA and "paged_chunks" in event.name)
-    device_end = max((end for _, end in copies + kernels), default=begin)
-    gaps = [round(b[0] - a[1], 1) for a, b in zip(copies, copies[1:])]
-    return {
-        "first_copy_after_us": round(copies[0][0] - begin, 1) if copies else None,
-        "first_kernel_after_us": round(kernels[0][0] - begin, 1) if kernels else None,
-        "copies": len(copies),
-        "copy_busy_us": round(sum(end - start for start, end in copies), 1),
-        "copy_gaps_us": gaps,
-        "device_end_after_us": round(device_end - begin, 1),
-        "last_copy_end_after_us": round(copies[-1][1] - begin, 1) if copies else None,
-    }
+            wall = (time.perf_counter() - host_begin) * 1e6
+            spans = sorted((start.elapsed_time(b) * 1e3, start.elapsed_time(e) * 1e3) for b, e in recorded)
+            samples.append({
+                "first_copy_after_us": spans[0][0],
+                "copy_gaps_us": sum(b[0] - a[1] for a, b in zip(spans, spans[1:])),
+                "copy_busy_us": sum(e - b for b, e in spans),
+                "after_last_copy_us": wall - spans[-1][1],
+                "copies": len(spans),
+            })
+    finally:
+        transfer._StagedWaves.copy = original
+    return {key: round(statistics.median(sample[key] for sample in samples), 1) for key in samples[0]}
 
 
 def _spread(samples):
@@ -385,6 +408,8 @@ def measure_request(device: torch.device, tokens: int = 16384, chunk_size: int =
                 "device_vs_copy_kernel": copy_kernel / kernel if kernel else None,
                 "mapped_vs_pinned_copy": stats["copy_pinned"]["median_us"] / stats["ours_mapped"]["median_us"],
                 "staged_vs_pinned_copy": stats["copy_pinned"]["median_us"] / stats["ours_staged"]["median_us"],
+                "staged_with_hand_over_vs_pinned_copy": stats["copy_pinned"]["median_us"]
+                / (stats["ours_staged"]["median_us"] + stats["hand_over"]["median_us"]),
                 "pinned_chunks_vs_pinned_copy": stats["copy_pinned"]["median_us"] / stats["copy_pinned_chunks"]["median_us"],
                 "old_device_vs_copy": stats["copy_d2d"]["median_us"] / stats["old_device"]["median_us"],
                 "old_host_vs_pinned_copy": stats["copy_pinned"]["median_us"] / stats["old_host"]["median_us"],

@@ -13,8 +13,8 @@ the ``lmcache-metadata-chunk-bytes`` patch makes LMCache allocate that shape.
 Slot mappings: the ``slot_mappings_by_group`` keyword (sequence indexed by
 scheduler group, or a mapping), else the request's block ids (``StepBlockIds``)
 handed over by the worker adapter patch (`hand_over_requests`; found by the
-``req_id`` LMCache forwards), resolved to slots on the device once per request,
-direction and step (`DeviceSlots.from_block_ids`), else the single
+``req_id`` LMCache forwards), resolved to slots on the device at hand-over, every
+request of the step in one upload (`DeviceSlots.for_requests`), else the single
 ``slot_mapping`` stands for group 0 (single-group models). Chunks only index
 into the device slots.
 
@@ -70,7 +70,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self.mover: ChunkMover | None = None
         self.kvcaches = None
         # req_id -> StepBlockIds of the step being served (handed over by the adapter patch),
-        # and (req_id, store) -> its DeviceSlots, made on first use.
+        # and (req_id, store[, cached tokens]) -> its DeviceSlots, resolved at hand-over.
         self._request_slots: dict[str, Any] = {}
         self._device_slots_by_request: dict[tuple[str, bool], DeviceSlots] = {}
         self.launches = 0  # kernel launches so far (one per layer group per call)
@@ -103,15 +103,29 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
             raise LayoutError("MultiGroupGPUConnector.get_shape called before KV caches were registered")
         return torch.Size(self.layout.memory_shape(num_tokens))
 
-    def hand_over_requests(self, block_ids_by_request: Mapping[str, Any]) -> None:
-        """This step's requests (`lmcache_ascend.multigroup.slots.StepBlockIds` by req_id).
+    def hand_over_requests(
+        self, block_ids_by_request: Mapping[str, Any], stores: Sequence[str] = (), loads: Sequence[str] = ()
+    ) -> None:
+        """This step's requests (`StepBlockIds` by req_id); the slots of those that store
+        (`stores`) and load (`loads`) resolved on the device now, in one upload
+        (`DeviceSlots.for_requests`); another direction or request on first use.
 
-        LMCache's engine forwards ``req_id`` to the connector; that request's slots are
-        used when no ``slot_mappings_by_group`` keyword is given. They are resolved on
-        the device on first use (once per direction) and kept until `release_requests`.
+        LMCache's engine forwards ``req_id`` to the connector, which then only indexes
+        into that request's slots (used when no ``slot_mappings_by_group`` keyword is
+        given). A request handed over again with the same `StepBlockIds` object keeps
+        what was resolved for it; what is no longer handed over is dropped.
         """
-        self._request_slots = {req_id: blocks for req_id, blocks in block_ids_by_request.items() if blocks is not None}
-        self._device_slots_by_request = {}
+        mover = self._require_registered()
+        handed = {req_id: blocks for req_id, blocks in block_ids_by_request.items() if blocks is not None}
+        kept = {key: slots for key, slots in self._device_slots_by_request.items()
+                if self._request_slots.get(key[0]) is handed.get(key[0]) is not None}
+        wanted = [(req_id, True) for req_id in stores] + [(req_id, False) for req_id in loads]
+        missing = {key: (handed[key[0]], 0 if key[1] else handed[key[0]].vllm_cached_tokens)
+                   for key in wanted if key[0] in handed and key not in kept}
+        if missing:
+            kept.update(DeviceSlots.for_requests(missing, mover.layout.geometry_by_group, mover.device))
+        self._request_slots = handed
+        self._device_slots_by_request = kept
 
     def release_requests(self) -> None:
         self._request_slots = {}
@@ -122,14 +136,15 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         cached_tokens = 0 if store else int(kwargs.get("vllm_cached_tokens", 0) or 0)
         if kwargs.get("slot_mappings_by_group") is not None:
             return mover.upload(_as_group_mapping(kwargs["slot_mappings_by_group"]), cached_tokens)
-        req_id = kwargs.get("req_id")
-        request_blocks = self._request_slots.get(req_id)
+        key = (kwargs.get("req_id"), store)
+        request_blocks = self._request_slots.get(key[0])
         if request_blocks is not None:
-            key = (req_id, store)
+            if not store:
+                cached_tokens = max(cached_tokens, request_blocks.vllm_cached_tokens)
+            if not store and cached_tokens != request_blocks.vllm_cached_tokens:
+                key = (*key, cached_tokens)  # LMCache names a longer cached prefix than the scheduler did
             resolved = self._device_slots_by_request.get(key)
-            if resolved is None:
-                if not store:
-                    cached_tokens = max(cached_tokens, request_blocks.vllm_cached_tokens)
+            if resolved is None:  # not handed over for this direction (or that prefix): resolved here
                 resolved = DeviceSlots.from_block_ids(
                     request_blocks, mover.layout.geometry_by_group, mover.device, cached_tokens
                 )

@@ -15,7 +15,7 @@ Pure logic: torch, numpy and lmcache_ascend only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence, Union
+from typing import Callable, Hashable, Mapping, Sequence, Union
 
 import numpy as np
 import torch
@@ -125,6 +125,47 @@ def _expand_block_ids(block_ids: np.ndarray, groups: Sequence[tuple[int, int, in
 
 
 @dataclass(frozen=True)
+class _ExpansionPlan:
+    """Where one request's slots go in its share of the expansion (see `_expand_block_ids`)."""
+
+    groups: list  # per group: (first row, rows, first block, blocks, rows per block, cached rows)
+    offsets: dict
+    lengths: dict
+    rows: int
+
+
+def _expansion_plan(step: StepBlockIds, groups: Mapping[int, KVGroupSpec], cached_tokens: int) -> _ExpansionPlan:
+    """Check `step`'s groups against the registered `groups` and lay its rows out, group after group."""
+    plan = []
+    offsets: dict[int, int] = {}
+    lengths: dict[int, int] = {}
+    rows_total = 0
+    blocks_total = 0
+    for group, ids in step.group_block_ids().items():
+        spec = groups.get(group)
+        if spec is None:
+            raise LayoutError(
+                f"block ids were given for scheduler group {group}, which is not among the registered "
+                f"groups {sorted(groups)}"
+            )
+        shipped = step.groups[group]
+        if (spec.block_size, spec.compress_ratio, spec.sliding_window) != (
+            shipped.block_size, shipped.compress_ratio, shipped.sliding_window
+        ):
+            raise LayoutError(
+                f"scheduler group {group}: the scheduler's block ids are for {shipped} but the registered "
+                f"caches have {spec}; block size, compress ratio and sliding window must agree"
+            )
+        num_rows = spec.num_rows(step.num_tokens)
+        plan.append((rows_total, num_rows, blocks_total, len(ids), spec.rows_per_block,
+                     cached_row_count(spec, cached_tokens, num_rows)))
+        offsets[group], lengths[group] = rows_total, num_rows
+        rows_total += num_rows
+        blocks_total += len(ids)
+    return _ExpansionPlan(plan, offsets, lengths, rows_total)
+
+
+@dataclass(frozen=True)
 class DeviceSlots:
     """The slot mappings of one request (or one call) on the caches' device, in ONE int64 tensor.
 
@@ -147,50 +188,42 @@ class DeviceSlots:
     ) -> "DeviceSlots":
         """The slots of every transferred group of `step`, on `device`, from its block ids.
 
-        Expands them on the host group by group (`_expand_block_ids`, a few numpy ops per
-        group), then copies the result to `device` at once: row r of
-        group g has slot ``block_id * rows_per_block + r % rows_per_block`` with
+        Row r of group g has slot ``block_id * rows_per_block + r % rows_per_block`` with
         ``block_id = ids_g[r // rows_per_block]``; -1 on vLLM's null block and on the rows
         of vLLM's cached prefix (`cached_row_count` of `cached_tokens`; 0 for a store).
         `groups` are the registered groups: each transferred group must be among them
         with the geometry the scheduler used.
         """
-        blocks_by_group = step.group_block_ids()
-        plan = []
-        offsets: dict[int, int] = {}
-        lengths: dict[int, int] = {}
-        rows_total = 0
-        blocks_total = 0
-        for group, ids in blocks_by_group.items():
-            spec = groups.get(group)
-            if spec is None:
-                raise LayoutError(
-                    f"block ids were given for scheduler group {group}, which is not among the registered "
-                    f"groups {sorted(groups)}"
-                )
-            shipped = step.groups[group]
-            if (spec.block_size, spec.compress_ratio, spec.sliding_window) != (
-                shipped.block_size, shipped.compress_ratio, shipped.sliding_window
-            ):
-                raise LayoutError(
-                    f"scheduler group {group}: the scheduler's block ids are for {shipped} but the registered "
-                    f"caches have {spec}; block size, compress ratio and sliding window must agree"
-                )
-            num_rows = spec.num_rows(step.num_tokens)
-            plan.append((rows_total, num_rows, blocks_total, len(ids), spec.rows_per_block,
-                         cached_row_count(spec, cached_tokens, num_rows)))
-            offsets[group], lengths[group] = rows_total, num_rows
-            rows_total += num_rows
-            blocks_total += len(ids)
-        if rows_total == 0:
-            # One entry at least: an empty tensor may have no address for the kernels to anchor on.
-            return cls(_to_device(np.full(1, -1, dtype=np.int64), device), offsets, lengths)
-        # Expanded on the host, then one host-to-device copy: on an H100 the same expansion as
-        # torch ops on the device took 0.7-2.2 ms of launches per request, several times the
-        # copy of its result (scripts/bench_slot_resolution.py --device cuda, notes/issue-13-bench.md).
-        slots = np.empty(rows_total, dtype=np.int64)
-        _expand_block_ids(np.asarray(step.block_ids, dtype=np.int64), plan, slots)
-        return cls(_to_device(slots, device), offsets, lengths)
+        return cls.for_requests({None: (step, cached_tokens)}, groups, device)[None]
+
+    @classmethod
+    def for_requests(
+        cls,
+        requests: Mapping[Hashable, tuple[StepBlockIds, int]],
+        groups: Mapping[int, KVGroupSpec],
+        device: torch.device,
+    ) -> dict[Hashable, "DeviceSlots"]:
+        """`from_block_ids` of many (block ids, cached tokens) at once: key -> its `DeviceSlots`.
+
+        Every request is expanded on the host group by group (`_expand_block_ids`, a few
+        numpy ops per group) into ONE array, copied to `device` at once; each request's
+        slots are a view of it (one entry at least: an empty tensor may have no address
+        for the kernels to anchor on). On an H100 the same expansion as torch ops on the
+        device took 0.7-2.2 ms of launches per request, several times the copy of its
+        result (scripts/bench_slot_resolution.py --device cuda, notes/issue-13-bench.md).
+        """
+        plans = {key: _expansion_plan(step, groups, cached_tokens) for key, (step, cached_tokens) in requests.items()}
+        bounds, cursor = {}, 0
+        for key, plan in plans.items():
+            bounds[key] = (cursor, cursor + max(plan.rows, 1))
+            cursor = bounds[key][1]
+        host = np.full(cursor, -1, dtype=np.int64)
+        for key, plan in plans.items():
+            begin = bounds[key][0]
+            _expand_block_ids(np.asarray(requests[key][0].block_ids, dtype=np.int64), plan.groups,
+                              host[begin : begin + plan.rows])
+        joined = _to_device(host, device) if cursor else None
+        return {key: cls(joined[slice(*bounds[key])], plan.offsets, plan.lengths) for key, plan in plans.items()}
 
     @classmethod
     def upload(

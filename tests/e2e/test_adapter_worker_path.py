@@ -212,6 +212,42 @@ def test_wait_for_save_then_start_load_kv_round_trips_every_group(patches, pipel
         LMCacheEngineBuilder.destroy("ascend-adapter-e2e")
 
 
+def test_store_slots_are_resolved_at_start_load_kv_and_the_store_only_indexes(patches, pipeline_group, monkeypatch):
+    """vLLM calls start_load_kv before the forward pass and wait_for_save after it: the step's store
+    slots are resolved in the first (one upload), the store indexes into them, and they are released."""
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from lmcache_ascend.kv_layout.transfer import DeviceSlots
+
+    fixture = dsv4_ascend_kv_cache_config()
+    scheduler = make_connector_impl(fixture, chunk_size=CHUNK)
+    store_meta = RequestDriver(scheduler, "req-0", list(range(1000, 1000 + PROMPT_TOKENS))).start(
+        PROMPT_TOKENS, BLOCK_IDS
+    )
+    resolutions = []
+    for_requests = DeviceSlots.for_requests.__func__
+
+    def counted(cls, requests, *args, **kwargs):
+        resolutions.append(sorted(requests))
+        return for_requests(cls, requests, *args, **kwargs)
+
+    monkeypatch.setattr(DeviceSlots, "for_requests", classmethod(counted))
+    config, engine = _engine()
+    try:
+        saver = _worker(fixture, config, engine)
+        saver.register_kv_caches(dsv4_ascend_kv_caches("random", seed=3).kv_caches)
+        saver._parent._connector_metadata = store_meta
+        saver.start_load_kv(_forward_context())
+        assert resolutions == [[("req-0", True)]]  # the store's slots only: nothing loads this step
+        handed = dict(engine.gpu_connector._device_slots_by_request)
+        saver.wait_for_save()
+        assert resolutions == [[("req-0", True)]]  # the store resolved nothing again
+        assert engine.gpu_connector.tokens_stored == 3 * CHUNK and engine.gpu_connector.launches == 5
+        assert list(handed) == [("req-0", True)] and engine.gpu_connector._device_slots_by_request == {}
+    finally:
+        LMCacheEngineBuilder.destroy("ascend-adapter-e2e")
+
+
 @pytest.mark.parametrize(
     ("environ", "expected_layer_groups"),
     [({}, 5), ({"LMCACHE_ASCEND_BUNDLE_MULTI_SPEC": "0"}, 11), ({"LMCACHE_ASCEND_FLATTEN_MULTI_SPEC": "0"}, None)],

@@ -325,6 +325,29 @@ def test_device_slots_of_nothing_hold_one_skipped_slot():
     assert slots.slots.tolist() == [-1] and dict(slots.lengths) == {0: 0, 1: 0}
 
 
+def test_many_requests_resolve_in_one_upload_each_as_it_would_alone():
+    """`DeviceSlots.for_requests`: one tensor for a step's requests; each request's slots (a view
+    of it) equal what `from_block_ids` resolves for it alone, with its own cached prefix."""
+    layout = _layout(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 16, 4), KVGroupSpec(2, "SW", 8, 1, 8))
+    groups = layout.groups_by_index()
+    steps = {
+        ("a", True): (step_block_ids(layout, GroupBlockTracker.for_new_request(([1, 2, 3], [4, 10], [5, 6, 7]), 3), 20, 16), 0),
+        ("a", False): (step_block_ids(layout, GroupBlockTracker.for_new_request(([1, 2, 3], [4, 10], [5, 6, 7]), 3), 20, 16), 9),
+        ("empty", True): (step_block_ids(layout, GroupBlockTracker.for_new_request(([], [], []), 3), 0, 16), 0),
+        ("b", True): (step_block_ids(layout, GroupBlockTracker.for_new_request(([9, 0], [8], [0, 3]), 3), 16, 16), 0),
+    }
+    together = DeviceSlots.for_requests(steps, groups, CPU)
+    assert list(together) == list(steps)
+    storages = {slots.slots.untyped_storage().data_ptr() for slots in together.values()}
+    assert len(storages) == 1  # one upload
+    for key, (step, cached) in steps.items():
+        alone = DeviceSlots.from_block_ids(step, groups, CPU, cached)
+        assert together[key].slots.tolist() == alone.slots.tolist(), key
+        assert (dict(together[key].offsets), dict(together[key].lengths)) == (dict(alone.offsets), dict(alone.lengths))
+    assert together[("a", False)].slots.tolist() != together[("a", True)].slots.tolist()  # the load masks its prefix
+    assert DeviceSlots.for_requests({}, groups, CPU) == {}
+
+
 @st.composite
 def _group_case(draw, index=0):
     compress_ratio = 2 ** draw(st.integers(0, 7))

@@ -4,10 +4,12 @@ in ``lmcache.integration.vllm.vllm_v1_adapter``,
 ``LMCacheConnectorV1Impl.register_kv_caches`` swaps lmcache-ascend's
 ``MultiGroupGPUConnector`` into the engine when the registered caches are
 multi-group or multi-plane (or the device has no LMCache connector), and
-``start_load_kv`` / ``wait_for_save`` hand that connector the per-group block
-ids the scheduler attached to each ``ReqMeta`` (``ascend_step_block_ids``) for
-the duration of the call; LMCache forwards ``req_id`` to the connector, which
-resolves that request's slots on the device once and indexes into them.
+``start_load_kv`` hands that connector the per-group block ids the scheduler
+attached to each ``ReqMeta`` (``ascend_step_block_ids``), and the connector
+resolves the slots of every request that loads or stores this step on the device
+at once, before the forward pass; ``wait_for_save`` hands the same requests over
+again (what was resolved is kept) and releases them after the store. LMCache
+forwards ``req_id`` to the connector, which only indexes into those slots.
 ``wait_for_save`` never persists a chunk that has a row to store on vLLM's null
 block (e.g. a sliding-window tail released after a vLLM prefix hit): such a
 chunk would be loaded later as if it were KV. Single-group CUDA models keep
@@ -36,18 +38,27 @@ def _step_requests(adapter):
     return getattr(adapter._parent._get_connector_metadata(), "requests", ()) or ()
 
 
-def _run_with_request_slots(adapter, requests, wrapped, args, kwargs):
-    """Call `wrapped` with the multi-group connector holding each scheduled request's block ids."""
+def _hand_over(adapter, requests, connector) -> None:
+    """Hand `connector` each scheduled request's block ids; the slots of those that load or
+    store this step are resolved on the device at once."""
     from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 
-    connector = _bound_connector(adapter)
-    if connector is None:
-        return wrapped(*args, **kwargs)
-    connector.hand_over_requests({request.req_id: STEP_BLOCK_IDS.get(request) for request in requests})
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        connector.release_requests()
+    connector.hand_over_requests(
+        {request.req_id: STEP_BLOCK_IDS.get(request) for request in requests},
+        stores=[request.req_id for request in requests if _stores(adapter, request)],
+        loads=[request.req_id for request in requests if _loads(request)],
+    )
+
+
+def _loads(request) -> bool:
+    load_spec = getattr(request, "load_spec", None)
+    return load_spec is not None and bool(load_spec.can_load)
+
+
+def _stores(adapter, request) -> bool:
+    # Upstream stores for a producer even when can_save is False.
+    save_spec = getattr(request, "save_spec", None)
+    return save_spec is not None and bool(save_spec.can_save or getattr(adapter, "kv_role", None) == "kv_producer")
 
 
 def register_kv_caches_wrapper(wrapped, instance, args, kwargs):
@@ -58,13 +69,25 @@ def register_kv_caches_wrapper(wrapped, instance, args, kwargs):
 
 
 def start_load_kv_wrapper(wrapped, instance, args, kwargs):
-    return _run_with_request_slots(instance, _step_requests(instance), wrapped, args, kwargs)
+    # The step's slots, for both directions, are resolved before the forward pass: the
+    # store in wait_for_save finds them ready; the connector keeps them until then.
+    connector = _bound_connector(instance)
+    if connector is not None:
+        _hand_over(instance, _step_requests(instance), connector)
+    return wrapped(*args, **kwargs)
 
 
 def wait_for_save_wrapper(wrapped, instance, args, kwargs):
     requests = _step_requests(instance)
     _skip_unfillable_chunks(instance, requests)
-    return _run_with_request_slots(instance, requests, wrapped, args, kwargs)
+    connector = _bound_connector(instance)
+    if connector is None:
+        return wrapped(*args, **kwargs)
+    _hand_over(instance, requests, connector)  # what start_load_kv resolved for the same block ids is kept
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        connector.release_requests()
 
 
 def _skip_unfillable_chunks(adapter, requests) -> None:
@@ -74,10 +97,9 @@ def _skip_unfillable_chunks(adapter, requests) -> None:
     producer = getattr(adapter, "kv_role", None) == "kv_producer"
     for request in requests:
         blocks = STEP_BLOCK_IDS.get(request)
-        save_spec = getattr(request, "save_spec", None)
-        # Upstream stores for a producer even when can_save is False.
-        if blocks is None or save_spec is None or not (save_spec.can_save or producer):
+        if blocks is None or not _stores(adapter, request):
             continue
+        save_spec = request.save_spec
         first = blocks.first_storable_token()
         # A producer starts at min(skip_leading_tokens, disagg_spec.num_transferred_tokens):
         # both must be raised, or upstream lowers the start below the holes again.
