@@ -13,8 +13,9 @@ the ``lmcache-metadata-chunk-bytes`` patch makes LMCache allocate that shape.
 Slot mappings: the ``slot_mappings_by_group`` keyword (sequence indexed by
 scheduler group, or a mapping), else the request's block ids (``StepBlockIds``)
 handed over by the worker adapter patch (`hand_over_requests`; found by the
-``req_id`` LMCache forwards), resolved to slots on the device at hand-over, every
-request of the step in one upload (`DeviceSlots.for_requests`), else the single
+``req_id`` LMCache forwards), resolved to slots on the device once per request,
+direction and step (a step's storing requests at hand-over, in one upload:
+`DeviceSlots.for_requests`; a load when first needed), else the single
 ``slot_mapping`` stands for group 0 (single-group models). Chunks only index
 into the device slots.
 
@@ -70,7 +71,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self.mover: ChunkMover | None = None
         self.kvcaches = None
         # req_id -> StepBlockIds of the step being served (handed over by the adapter patch),
-        # and (req_id, store[, cached tokens]) -> its DeviceSlots, resolved at hand-over.
+        # and (req_id, store[, cached tokens]) -> its DeviceSlots (stores resolved at hand-over).
         self._request_slots: dict[str, Any] = {}
         self._device_slots_by_request: dict[tuple[str, bool], DeviceSlots] = {}
         self.launches = 0  # kernel launches so far (one per layer group per call)
@@ -103,29 +104,21 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
             raise LayoutError("MultiGroupGPUConnector.get_shape called before KV caches were registered")
         return torch.Size(self.layout.memory_shape(num_tokens))
 
-    def hand_over_requests(
-        self, block_ids_by_request: Mapping[str, Any], stores: Sequence[str] = (), loads: Sequence[str] = ()
-    ) -> None:
-        """This step's requests (`StepBlockIds` by req_id); the slots of those that store
-        (`stores`) and load (`loads`) resolved on the device now, in one upload
-        (`DeviceSlots.for_requests`); another direction or request on first use.
+    def hand_over_requests(self, block_ids_by_request: Mapping[str, Any], stores: Sequence[str] = ()) -> None:
+        """This step's requests (`StepBlockIds` by req_id), until `release_requests`.
 
-        LMCache's engine forwards ``req_id`` to the connector, which then only indexes
-        into that request's slots (used when no ``slot_mappings_by_group`` keyword is
-        given). A request handed over again with the same `StepBlockIds` object keeps
-        what was resolved for it; what is no longer handed over is dropped.
+        The slots of the requests in `stores` are resolved on the device now, in one
+        upload (`DeviceSlots.for_requests`); a load resolves its request's slots when
+        first needed (a staged load queues its first copies before). LMCache's engine
+        forwards ``req_id`` to the connector, which then only indexes into them (when
+        no ``slot_mappings_by_group`` keyword is given).
         """
         mover = self._require_registered()
-        handed = {req_id: blocks for req_id, blocks in block_ids_by_request.items() if blocks is not None}
-        kept = {key: slots for key, slots in self._device_slots_by_request.items()
-                if self._request_slots.get(key[0]) is handed.get(key[0]) is not None}
-        wanted = [(req_id, True) for req_id in stores] + [(req_id, False) for req_id in loads]
-        missing = {key: (handed[key[0]], 0 if key[1] else handed[key[0]].vllm_cached_tokens)
-                   for key in wanted if key[0] in handed and key not in kept}
-        if missing:
-            kept.update(DeviceSlots.for_requests(missing, mover.layout.geometry_by_group, mover.device))
-        self._request_slots = handed
-        self._device_slots_by_request = kept
+        self._request_slots = {req_id: blocks for req_id, blocks in block_ids_by_request.items() if blocks is not None}
+        storing = {(req_id, True): (self._request_slots[req_id], 0) for req_id in stores if req_id in self._request_slots}
+        self._device_slots_by_request = (
+            DeviceSlots.for_requests(storing, mover.layout.geometry_by_group, mover.device) if storing else {}
+        )
 
     def release_requests(self) -> None:
         self._request_slots = {}
@@ -144,7 +137,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
             if not store and cached_tokens != request_blocks.vllm_cached_tokens:
                 key = (*key, cached_tokens)  # LMCache names a longer cached prefix than the scheduler did
             resolved = self._device_slots_by_request.get(key)
-            if resolved is None:  # not handed over for this direction (or that prefix): resolved here
+            if resolved is None:  # a load, or a store not named at hand-over: resolved here, once
                 resolved = DeviceSlots.from_block_ids(
                     request_blocks, mover.layout.geometry_by_group, mover.device, cached_tokens
                 )

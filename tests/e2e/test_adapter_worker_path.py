@@ -212,23 +212,28 @@ def test_wait_for_save_then_start_load_kv_round_trips_every_group(patches, pipel
         LMCacheEngineBuilder.destroy("ascend-adapter-e2e")
 
 
-def test_store_slots_are_resolved_at_start_load_kv_and_the_store_only_indexes(patches, pipeline_group, monkeypatch):
-    """vLLM calls start_load_kv before the forward pass and wait_for_save after it: the step's store
-    slots are resolved in the first (one upload), the store indexes into them, and they are released."""
+def test_a_steps_store_slots_are_resolved_at_hand_over_and_the_store_only_indexes(patches, pipeline_group,
+                                                                                   monkeypatch):
+    """wait_for_save resolves every storing request's slots when it hands them over (one upload);
+    LMCache's store then only indexes into them; they are released after the call. A load
+    (start_load_kv) resolves its request's slots once, inside the call."""
+    from lmcache.integration.vllm.vllm_v1_adapter import LMCacheConnectorMetadata, LoadSpec
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
     from lmcache_ascend.kv_layout.transfer import DeviceSlots
+    from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 
     fixture = dsv4_ascend_kv_cache_config()
     scheduler = make_connector_impl(fixture, chunk_size=CHUNK)
     store_meta = RequestDriver(scheduler, "req-0", list(range(1000, 1000 + PROMPT_TOKENS))).start(
         PROMPT_TOKENS, BLOCK_IDS
     )
-    resolutions = []
+    (request,) = store_meta.requests
+    events = []
     for_requests = DeviceSlots.for_requests.__func__
 
     def counted(cls, requests, *args, **kwargs):
-        resolutions.append(sorted(requests))
+        events.append(("resolve", sorted(requests)))
         return for_requests(cls, requests, *args, **kwargs)
 
     monkeypatch.setattr(DeviceSlots, "for_requests", classmethod(counted))
@@ -236,14 +241,29 @@ def test_store_slots_are_resolved_at_start_load_kv_and_the_store_only_indexes(pa
     try:
         saver = _worker(fixture, config, engine)
         saver.register_kv_caches(dsv4_ascend_kv_caches("random", seed=3).kv_caches)
+        connector = engine.gpu_connector
+        batched_from_gpu = connector.batched_from_gpu
+
+        def storing(*args, **kwargs):
+            events.append(("store", sorted(connector._device_slots_by_request)))
+            return batched_from_gpu(*args, **kwargs)
+
+        monkeypatch.setattr(connector, "batched_from_gpu", storing)
         saver._parent._connector_metadata = store_meta
-        saver.start_load_kv(_forward_context())
-        assert resolutions == [[("req-0", True)]]  # the store's slots only: nothing loads this step
-        handed = dict(engine.gpu_connector._device_slots_by_request)
         saver.wait_for_save()
-        assert resolutions == [[("req-0", True)]]  # the store resolved nothing again
-        assert engine.gpu_connector.tokens_stored == 3 * CHUNK and engine.gpu_connector.launches == 5
-        assert list(handed) == [("req-0", True)] and engine.gpu_connector._device_slots_by_request == {}
+        # Resolved once at hand-over, before LMCache's store, which found them and resolved nothing.
+        assert events == [("resolve", [("req-0", True)]), ("store", [("req-0", True)])]
+        assert connector.tokens_stored == 3 * CHUNK and connector._device_slots_by_request == {}
+
+        events.clear()
+        load_request = dataclasses.replace(
+            request, save_spec=None, load_spec=LoadSpec(vllm_cached_tokens=0, lmcache_cached_tokens=3 * CHUNK, can_load=True)
+        )
+        STEP_BLOCK_IDS.set(load_request, STEP_BLOCK_IDS.get(request))
+        saver._parent._connector_metadata = LMCacheConnectorMetadata(requests=[load_request])
+        saver.start_load_kv(_forward_context())
+        assert events == [("resolve", [None])]  # from_block_ids, once, inside the load
+        assert connector.tokens_loaded == 3 * CHUNK and connector._device_slots_by_request == {}
     finally:
         LMCacheEngineBuilder.destroy("ascend-adapter-e2e")
 

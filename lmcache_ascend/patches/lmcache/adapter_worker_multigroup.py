@@ -4,12 +4,13 @@ in ``lmcache.integration.vllm.vllm_v1_adapter``,
 ``LMCacheConnectorV1Impl.register_kv_caches`` swaps lmcache-ascend's
 ``MultiGroupGPUConnector`` into the engine when the registered caches are
 multi-group or multi-plane (or the device has no LMCache connector), and
-``start_load_kv`` hands that connector the per-group block ids the scheduler
-attached to each ``ReqMeta`` (``ascend_step_block_ids``), and the connector
-resolves the slots of every request that loads or stores this step on the device
-at once, before the forward pass; ``wait_for_save`` hands the same requests over
-again (what was resolved is kept) and releases them after the store. LMCache
-forwards ``req_id`` to the connector, which only indexes into those slots.
+``start_load_kv`` / ``wait_for_save`` hand that connector the per-group block
+ids the scheduler attached to each ``ReqMeta`` (``ascend_step_block_ids``) for
+the duration of the call. ``wait_for_save`` has the slots of every storing
+request resolved on the device at hand-over, in one upload; a load resolves its
+request's slots inside the call, once its first staged copies are queued (the
+copy engine starts while the host resolves them). LMCache forwards ``req_id`` to
+the connector, which then only indexes into the slots.
 ``wait_for_save`` never persists a chunk that has a row to store on vLLM's null
 block (e.g. a sliding-window tail released after a vLLM prefix hit): such a
 chunk would be loaded later as if it were KV. Single-group CUDA models keep
@@ -38,21 +39,19 @@ def _step_requests(adapter):
     return getattr(adapter._parent._get_connector_metadata(), "requests", ()) or ()
 
 
-def _hand_over(adapter, requests, connector) -> None:
-    """Hand `connector` each scheduled request's block ids; the slots of those that load or
-    store this step are resolved on the device at once."""
+def _run_with_request_slots(adapter, requests, wrapped, args, kwargs, *, stores=()):
+    """Call `wrapped` with the multi-group connector holding each scheduled request's block ids;
+    the slots of the requests in `stores` resolved on the device first, in one upload."""
     from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 
-    connector.hand_over_requests(
-        {request.req_id: STEP_BLOCK_IDS.get(request) for request in requests},
-        stores=[request.req_id for request in requests if _stores(adapter, request)],
-        loads=[request.req_id for request in requests if _loads(request)],
-    )
-
-
-def _loads(request) -> bool:
-    load_spec = getattr(request, "load_spec", None)
-    return load_spec is not None and bool(load_spec.can_load)
+    connector = _bound_connector(adapter)
+    if connector is None:
+        return wrapped(*args, **kwargs)
+    connector.hand_over_requests({request.req_id: STEP_BLOCK_IDS.get(request) for request in requests}, stores=stores)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        connector.release_requests()
 
 
 def _stores(adapter, request) -> bool:
@@ -69,25 +68,15 @@ def register_kv_caches_wrapper(wrapped, instance, args, kwargs):
 
 
 def start_load_kv_wrapper(wrapped, instance, args, kwargs):
-    # The step's slots, for both directions, are resolved before the forward pass: the
-    # store in wait_for_save finds them ready; the connector keeps them until then.
-    connector = _bound_connector(instance)
-    if connector is not None:
-        _hand_over(instance, _step_requests(instance), connector)
-    return wrapped(*args, **kwargs)
+    # A load's slots are resolved inside its call, once its first staged copies are queued.
+    return _run_with_request_slots(instance, _step_requests(instance), wrapped, args, kwargs)
 
 
 def wait_for_save_wrapper(wrapped, instance, args, kwargs):
     requests = _step_requests(instance)
     _skip_unfillable_chunks(instance, requests)
-    connector = _bound_connector(instance)
-    if connector is None:
-        return wrapped(*args, **kwargs)
-    _hand_over(instance, requests, connector)  # what start_load_kv resolved for the same block ids is kept
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        connector.release_requests()
+    stores = [request.req_id for request in requests if _stores(instance, request)]
+    return _run_with_request_slots(instance, requests, wrapped, args, kwargs, stores=stores)
 
 
 def _skip_unfillable_chunks(adapter, requests) -> None:
