@@ -122,6 +122,11 @@ class RequestCase:
         """The request's slots on the device from its block ids, as the connector resolves them."""
         return DeviceSlots.from_block_ids(self.step, self.chunk_layout.geometry_by_group, self.device)
 
+    def timed_hand_over(self) -> int:
+        self.hand_over()
+        _synchronize()
+        return 0
+
     def ours(self, chunks, store: bool, host_path: str = "mapped") -> int:
         # As the connector: a store's slots were resolved at hand-over (the `hand_over` case times that),
         # a load resolves them inside the call, when first needed.
@@ -175,7 +180,7 @@ class RequestCase:
 
     def cases(self, store: bool):
         return {
-            "hand_over": lambda: (self.hand_over(), _synchronize(), 0)[2],
+            "hand_over": self.timed_hand_over,
             "copy_d2d": lambda: self.copy_d2d(store),
             "ours_device": lambda: self.ours(self.device_chunks, store),
             "old_device": lambda: self.old(self.device_chunks, store),

@@ -132,10 +132,10 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         key = (kwargs.get("req_id"), store)
         request_blocks = self._request_slots.get(key[0])
         if request_blocks is not None:
-            if not store:
-                cached_tokens = max(cached_tokens, request_blocks.vllm_cached_tokens)
-            if not store and cached_tokens != request_blocks.vllm_cached_tokens:
+            if not store and cached_tokens > request_blocks.vllm_cached_tokens:
                 key = (*key, cached_tokens)  # LMCache names a longer cached prefix than the scheduler did
+            elif not store:
+                cached_tokens = request_blocks.vllm_cached_tokens
             resolved = self._device_slots_by_request.get(key)
             if resolved is None:  # a load, or a store not named at hand-over: resolved here, once
                 resolved = DeviceSlots.from_block_ids(

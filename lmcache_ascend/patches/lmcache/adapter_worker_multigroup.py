@@ -74,19 +74,20 @@ def start_load_kv_wrapper(wrapped, instance, args, kwargs):
 
 def wait_for_save_wrapper(wrapped, instance, args, kwargs):
     requests = _step_requests(instance)
-    _skip_unfillable_chunks(instance, requests)
-    stores = [request.req_id for request in requests if _stores(instance, request)]
-    return _run_with_request_slots(instance, requests, wrapped, args, kwargs, stores=stores)
+    storing = [request for request in requests if _stores(instance, request)]
+    _skip_unfillable_chunks(instance, storing)
+    return _run_with_request_slots(instance, requests, wrapped, args, kwargs,
+                                   stores=[request.req_id for request in storing])
 
 
-def _skip_unfillable_chunks(adapter, requests) -> None:
-    """Raise each request's store start past its last chunk with a row on vLLM's null block."""
+def _skip_unfillable_chunks(adapter, storing) -> None:
+    """Raise each storing request's store start past its last chunk with a row on vLLM's null block."""
     from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 
     producer = getattr(adapter, "kv_role", None) == "kv_producer"
-    for request in requests:
+    for request in storing:
         blocks = STEP_BLOCK_IDS.get(request)
-        if blocks is None or not _stores(adapter, request):
+        if blocks is None:
             continue
         save_spec = request.save_spec
         first = blocks.first_storable_token()
