@@ -1,11 +1,16 @@
 """H100 diagnostic of the staged path: host timestamps of its steps (first occurrence, us after the call begins,
-medians; each step wrapped, which adds a few us) and the device timeline of its copies, per layout and direction.
+medians; each step wrapped, which adds a few us) and the device timeline of its copies, per layout and direction;
+then the pinned copy against the staged path as it is (the first wave's chunks checked alone, its work issued
+before the others are checked) and with every chunk checked first (the order before), rounds interleaved.
 
-    python scripts/_staged_probe.py
+    python scripts/_staged_probe.py [--rounds 15]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import statistics
 import sys
 import time
@@ -68,12 +73,69 @@ def host_phases(run, rounds: int = 30) -> dict:
     return {label: round(statistics.median(values), 1) for label, values in sorted(marks.items(), key=lambda kv: statistics.median(kv[1]))}
 
 
-for name in ("dsv4_bundled", "mla"):
-    case = br.RequestCase(name, 16384, 256, torch.device("cuda"))
-    for store in (True, False):
-        run = lambda: case.ours(case.host_chunks, store, "staging")
-        run()
-        print(name, "store" if store else "load", host_phases(run, 15), flush=True)
-        print(name, "store" if store else "load", br.staged_timeline(case, store), flush=True)
-    del case
-    torch.cuda.empty_cache()
+def _check_all_first(self, through: int) -> None:
+    """`_StagedWaves.check` as before the first wave went out alone: every chunk at the first check."""
+    _check(self, len(self.chunks))
+
+
+_check = transfer._StagedWaves.check
+
+
+def first_wave_ab(case, store: bool, rounds: int) -> dict:
+    """pinned copy / staged, the first wave checked alone (as it is) and every chunk checked first, rounds
+    interleaved in a rotating order; medians and [p25-p75] of the per-round ratios."""
+    variants = {
+        "first_wave_alone": lambda: case.ours(case.host_chunks, store, "staging"),
+        "all_checked_first": lambda: case.ours(case.host_chunks, store, "staging"),
+    }
+    times: dict[str, list[float]] = {name: [] for name in ("copy_pinned", *variants)}
+    for name in variants:  # warm both
+        variants[name]()
+    order = ["copy_pinned", *variants]
+    for round_index in range(rounds):
+        for name in order[round_index % 3:] + order[: round_index % 3]:
+            if name == "all_checked_first":
+                transfer._StagedWaves.check = _check_all_first
+            try:
+                torch.cuda.synchronize()
+                begin = time.perf_counter()
+                case.copy_pinned(store) if name == "copy_pinned" else variants[name]()
+                times[name].append((time.perf_counter() - begin) * 1e6)
+            finally:
+                transfer._StagedWaves.check = _check
+    out = {}
+    for name in variants:
+        ratios = sorted(p / v for p, v in zip(times["copy_pinned"], times[name]))
+        out[name] = {"us": round(statistics.median(times[name]), 1),
+                     "pinned_over_staged": round(statistics.median(ratios), 3),
+                     "p25": round(ratios[len(ratios) // 4], 3), "p75": round(ratios[(3 * len(ratios)) // 4], 3)}
+    out["copy_pinned_us"] = round(statistics.median(times["copy_pinned"]), 1)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--out", default="results/staged_probe.json")
+    args = parser.parse_args()
+    result = {}
+    for name in ("dsv4_bundled", "mla"):
+        case = br.RequestCase(name, 16384, 256, torch.device("cuda"))
+        for store in (True, False):
+            label = f"{name} {'store' if store else 'load'}"
+            run = lambda: case.ours(case.host_chunks, store, "staging")  # noqa: E731
+            run()
+            result[label] = {"host_phases_us": host_phases(run, 15), "timeline": br.staged_timeline(case, store),
+                             "first_wave": first_wave_ab(case, store, args.rounds)}
+            for key, value in result[label].items():
+                print(label, key, value, flush=True)
+        del case
+        torch.cuda.empty_cache()
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as handle:
+        json.dump(result, handle, indent=1)
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -489,21 +489,21 @@ class ChunkMover:
         ahead: wave k + 1's copies are queued before wave k's launches (and the first waves' before the
         slots are resolved), so the copy engine does not wait for the host. Chunks lying back to back
         in one host allocation are copied as one span (on a store only where every byte of the span is
-        the chunks' own)."""
-        total = self.layout.full_plan.total_bytes
-        host = chunk_buffers(chunks, mapped=False)  # checked once for the request; only copied
-        if host.min_bytes < total:
-            index = int(np.argmin(host.sizes))
-            raise LayoutError(f"chunk {index} holds {host.min_bytes} bytes; a full chunk needs {total}")
+        the chunks' own).
+
+        The first wave's host chunks are checked on their own and its work issued before the other
+        chunks are checked (`_StagedWaves.check`): the copy engine starts that much earlier. A later
+        chunk that fails its check raises with the first wave's copies queued; only checked chunks
+        are ever written, and a failed store is not kept by LMCache.
+        """
         staging, stride = self.staging_buffer(len(chunks))
         module = _device_module(self.device)
         halves = 2 if module is not None and staging.numel() >= 2 * stride else 1
         half_bytes = (staging.numel() // halves) // _STAGING_ALIGNMENT * _STAGING_ALIGNMENT
-        capacity = max(1, half_bytes // stride)
-        joined = _joined_neighbours(host, total, stride, store)
-        staged = _StagedWaves(chunks, starts, host, total, staging, halves, half_bytes, joined,
-                              staging_waves(len(chunks), capacity))
+        staged = _StagedWaves(chunks, starts, self.layout.full_plan.total_bytes, stride, store, staging, halves,
+                              half_bytes, staging_waves(len(chunks), max(1, half_bytes // stride)))
         if module is None:  # no streams: in order on the host
+            staged.check(len(chunks))
             resolved = self._resolved_slots(slots)
             launches = 0
             for index in range(len(staged.waves)):
@@ -514,20 +514,21 @@ class ChunkMover:
                 if store:
                     staged.copy(spans, to_staging=False)
             return launches
+        staged.check(staged.waves[0][1])
         if self._copy_stream is None:
             self._copy_stream = module.Stream(device=self.device)
         compute = module.current_stream(self.device)
         copy = self._copy_stream
         if self._staging_released is not None:
             copy.wait_event(self._staging_released)  # the last staged call's kernels are done with the buffer
-        if store:
-            launches = self._staged_store(staged, self._resolved_slots(slots), module, compute, copy)
-        else:
-            launches = self._staged_load(staged, slots, module, compute, copy)
-        compute.wait_stream(copy)
-        self._staging_released = module.Event()
-        self._staging_released.record(compute)
-        return launches
+        try:
+            if store:
+                return self._staged_store(staged, self._resolved_slots(slots), module, compute, copy)
+            return self._staged_load(staged, slots, module, compute, copy)
+        finally:  # (also after a failed check: what was queued is ordered before the buffer's next use)
+            compute.wait_stream(copy)
+            self._staging_released = module.Event()
+            self._staging_released.record(compute)
 
     def _staged_store(self, staged: "_StagedWaves", slots: DeviceSlots, module, compute, copy) -> int:
         """Each wave's launches, then its copies out once its kernels are done; a half is rewritten
@@ -547,6 +548,7 @@ class ChunkMover:
                 staged.copy(spans, to_staging=False)
             released[part] = module.Event()
             released[part].record(copy)
+            staged.check(len(staged.chunks))  # (after the first wave's copies: a no-op from then on)
         return launches
 
     def _staged_load(self, staged: "_StagedWaves", slots: SlotsSource, module, compute, copy) -> int:
@@ -568,6 +570,7 @@ class ChunkMover:
 
         for index in range(min(staged.halves, len(staged.waves))):
             queue_copies(index)
+            staged.check(len(staged.chunks))  # (after the first wave's copies: a no-op from then on)
         resolved = self._resolved_slots(slots)
         launches = 0
         for index in range(len(staged.waves)):
@@ -581,23 +584,40 @@ class ChunkMover:
         return launches
 
 
-@dataclass(frozen=True)
+@dataclass
 class _StagedWaves:
-    """One staged call's host chunks (checked), staging buffer and waves: what each wave copies where."""
+    """One staged call's host chunks, staging buffer and waves: what each wave copies where."""
 
     chunks: list[torch.Tensor]
     starts: list[int]
-    host: ChunkBuffers
     total: int  # bytes of a full chunk
+    stride: int  # bytes between chunks in the staging buffer
+    store: bool
     staging: torch.Tensor
     halves: int  # wave k uses half k % halves
     half_bytes: int
-    joined: np.ndarray  # see `_joined_neighbours`
     waves: list[tuple[int, int]]
+    # The host chunks [0, checked) (`chunk_buffers`), and their `_joined_neighbours`.
+    host: ChunkBuffers | None = None
+    joined: np.ndarray | None = None
+    checked: int = 0
+
+    def check(self, through: int) -> None:
+        """Check the host chunks [0, through) unless they are: placement, layout and size (a full chunk)."""
+        if through <= self.checked:
+            return
+        host = chunk_buffers(self.chunks[:through] if through < len(self.chunks) else self.chunks, mapped=False)
+        if host.min_bytes < self.total:
+            index = int(np.argmin(host.sizes))
+            raise LayoutError(f"chunk {index} holds {host.min_bytes} bytes; a full chunk needs {self.total}")
+        self.host, self.checked = host, through
+        self.joined = _joined_neighbours(host, self.total, self.stride, self.store)
 
     def plan(self, index: int) -> tuple[list[tuple[int, int, int]], ChunkBuffers, list[int]]:
         """Wave `index`'s copies (spans), its chunks in the staging buffer and their starts."""
         begin, end = self.waves[index]
+        if end > self.checked:
+            raise AssertionError(f"wave {index} ends at chunk {end}, past the {self.checked} checked")
         spans, offsets = _staging_spans(self.host.addresses, self.joined, begin, end, self.total,
                                         (index % self.halves) * self.half_bytes)
         return spans, pool_chunk_buffers(self.staging, offsets, self.total), self.starts[begin:end]

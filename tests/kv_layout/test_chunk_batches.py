@@ -180,3 +180,66 @@ def test_staged_load_queues_first_copies_before_resolving_slots(monkeypatch):
     _round_trip("cuda", host=True, host_path="staging", mover_parts=(mover, *rest), events=events)
     load = events[events.index("copy_in"):]
     assert load == ["copy_in", "copy_in", "slots", "launch", "copy_in", "launch", "copy_in", "launch", "launch"]
+
+
+def _record_staged_steps(monkeypatch, mover, events: list) -> None:
+    """Append each host check (`("check", chunks)`), copy and launch of the staged path to `events`."""
+    real_check, real_copy, real_move_batch = transfer.chunk_buffers, transfer._copy_spans, mover.move_batch
+    monkeypatch.setattr(transfer, "chunk_buffers",
+                        lambda chunks, **k: (events.append(("check", len(chunks))), real_check(chunks, **k))[1])
+    monkeypatch.setattr(transfer, "_copy_spans",
+                        lambda *a, **k: (events.append("copy_in" if k["to_staging"] else "copy_out"),
+                                         real_copy(*a, **k))[1])
+    monkeypatch.setattr(mover, "move_batch", lambda *a, **k: (events.append("launch"), real_move_batch(*a, **k))[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_staged_first_wave_is_issued_before_the_other_chunks_are_checked(monkeypatch):
+    """The first wave's chunks are checked alone and its work queued (a store's launches and copies out,
+    a load's copies in) before the rest are checked; the bytes equal the single-chunk path."""
+    mover, *rest = _mover("cuda")
+    monkeypatch.setattr(transfer, "STAGING_BYTES", 4 * (mover.layout.full_plan.total_bytes + 256))  # 2 a half
+    events: list = []
+    _record_staged_steps(monkeypatch, mover, events)
+    _round_trip("cuda", host=True, host_path="staging", mover_parts=(mover, *rest), events=events)
+    store = events[events.index(("check", 2)):]
+    load = store[store.index(("check", 2), 1):]
+    store = store[: len(store) - len(load)]
+    assert store == [("check", 2), "launch", "copy_out", ("check", 4), "launch", "copy_out"]
+    assert load == [("check", 2), "copy_in", ("check", 4), "copy_in", "slots", "launch", "launch"]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_staged_chunk_too_small_past_the_first_wave_is_refused(device, monkeypatch):
+    """A short host chunk after the first wave is named; a load writes no cache byte, a store writes
+    only chunks it checked, and the next call runs as if nothing had failed."""
+    mover, kv_caches, slots, starts = _mover(device)
+    total = mover.layout.full_plan.total_bytes
+    monkeypatch.setattr(transfer, "STAGING_BYTES", 4 * (total + 256))  # 2 chunks a half: waves of 2
+    if device == "cpu":
+        monkeypatch.setattr(mover, "reachable", lambda chunks, host_path: False)
+    pinned = device == "cuda"
+    pool = torch.full((4 * total,), 0xA5, dtype=torch.uint8)
+    pool = pool.pin_memory() if pinned else pool
+    chunks = [pool[i * total : (i + 1) * total] for i in range(4)]
+    short = chunks[:3] + [chunks[3][:-1]]
+    before = _cache_bytes(kv_caches)
+    with pytest.raises(ValueError, match=f"chunk 3 holds {total - 1} bytes; a full chunk needs {total}"):
+        mover.move_chunks(short, starts, mover.upload(slots, cached_tokens=CHUNK), store=False,
+                          host_path="staging")
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert all(torch.equal(got, want) for got, want in zip(_cache_bytes(kv_caches), before))
+    with pytest.raises(ValueError, match="chunk 3 holds"):
+        mover.move_chunks(short, starts, slots, store=True, host_path="staging")
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert bool((pool[2 * total :] == 0xA5).all())  # past the first wave: untouched
+    mover.move_chunks(chunks, starts, slots, store=True, host_path="staging")
+    if device == "cuda":
+        torch.cuda.synchronize()
+    reference = torch.full((total,), 0xA5, dtype=torch.uint8, device=device)
+    mover.move(reference, starts[3], starts[3] + CHUNK, slots, store=True)
+    filled = reference.cpu() != 0xA5
+    assert bool(filled.any()) and torch.equal(chunks[3][filled], reference.cpu()[filled])
