@@ -288,37 +288,25 @@ def _kernel_times(fn, name: str = "paged_chunks", calls: int = 5) -> list[float]
 
 
 def tune_request(case: "RequestCase") -> dict:
-    """Kernel time of each layer group's multi-chunk launch under each of `TUNE_SHAPES`, store and load,
-    and the fastest shape per layer group (by its largest region's bytes)."""
+    """Kernel time of a request's multi-chunk launch (all layer groups in one) under each of `TUNE_SHAPES`,
+    store and load, and the fastest shape."""
     from lmcache_ascend.kernels import triton_transfer as tt
 
-    rows = case.mover.batch_rows(case.mover.upload(case.group_slots.transferred_slot_mappings()), case.starts)
-    region_bytes = [group_rows.max_region_bytes for _, _, group_rows in rows]
     saved = tt.CHUNK_LAUNCH_SHAPES
     times: dict[str, dict[str, list[float]]] = {}
     try:
         for tile, per_program, warps in TUNE_SHAPES:
-            shape = tt.LaunchShape(tile, per_program, warps)
-            # Every region takes this shape (the largest region of any group is below 2**40 bytes).
-            tt.CHUNK_LAUNCH_SHAPES = ((2**40, shape),)
-            for rows_cache in [group_rows.backend_cache for _, _, group_rows in rows]:
-                for key in [key for key in rows_cache if isinstance(key, tuple) and key[0] == "triton.launch"]:
-                    del rows_cache[key]
+            # Every launch takes this shape (the largest region of any group is below 2**40 bytes).
+            tt.CHUNK_LAUNCH_SHAPES = ((2**40, tt.LaunchShape(tile, per_program, warps)),)
+            tt._chunks_launches.clear()
             label = f"{tile}/{per_program}/{warps}"
             times[label] = {direction: _kernel_times(lambda: case.ours(case.device_chunks, direction == "store"))
                             for direction in ("store", "load")}
     finally:
         tt.CHUNK_LAUNCH_SHAPES = saved
-        for _, _, group_rows in rows:
-            for key in [key for key in group_rows.backend_cache if isinstance(key, tuple) and key[0] == "triton.launch"]:
-                del group_rows.backend_cache[key]
-    best = []
-    for index, region in enumerate(region_bytes):
-        totals = {label: sum(entry[d][index] for d in ("store", "load")) for label, entry in times.items()
-                  if all(len(entry[d]) > index for d in ("store", "load"))}
-        best.append({"layer_group": index, "max_region_bytes": region, "best": min(totals, key=totals.get),
-                     "store_load_us": totals})
-    return {"kernel_us": times, "best": best}
+        tt._chunks_launches.clear()
+    totals = {label: sum(sum(entry[d]) for d in ("store", "load")) for label, entry in times.items()}
+    return {"kernel_us": times, "best": min(totals, key=totals.get), "store_load_us": totals}
 
 
 def staged_timeline(case: "RequestCase", store: bool, calls: int = 9) -> dict:

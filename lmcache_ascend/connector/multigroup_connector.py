@@ -20,7 +20,7 @@ direction and step (a step's storing requests at hand-over, in one upload:
 into the device slots.
 
 Batched calls (``batched_from_gpu`` / ``batched_to_gpu``, LMCache's store and
-retrieve) move all full chunks with ONE launch per layer group and synchronize
+retrieve) move all full chunks of every layer group with ONE launch (Triton) and synchronize
 once. Host memory objects go through a device staging buffer (`host_path`
 "staging", the default), in waves of chunks whose copies run on a copy stream
 beside the next wave's kernels, or are reached directly where the device maps
@@ -74,7 +74,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         # and (req_id, store[, cached tokens]) -> its DeviceSlots (stores resolved at hand-over).
         self._request_slots: dict[str, Any] = {}
         self._device_slots_by_request: dict[tuple[str, bool], DeviceSlots] = {}
-        self.launches = 0  # kernel launches so far (one per layer group per call)
+        self.launches = 0  # kernel launches so far (Triton: one per call and staging wave; reference: per layer group)
         self.synchronizations = 0  # device synchronizations so far (one per LMCache call)
         # Tokens of the chunks moved so far, per direction (what the engine asked for).
         self.tokens_stored = 0
@@ -207,7 +207,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
     def _move_many(self, memory_objs: Any, starts: Sequence[int], ends: Sequence[int], kwargs: dict[str, Any],
                    *, store: bool) -> None:
         """Every memory object checked (size, placement) before any byte moves; then the full chunks
-        in one batched move (one launch per layer group), a partial one on its own; one synchronization.
+        in one batched move (one launch), a partial one on its own; one synchronization.
 
         The slots are resolved when first needed: a staged load queues its first copies before."""
         mover = self._require_registered()

@@ -32,7 +32,8 @@ Contract (both backends implement exactly this; bytes are moved, never values):
   outside the given tensors.
 * Backends: the torch reference (`reference.py`, any device) and one Triton
   kernel (`triton_transfer.py`, CUDA and Ascend via triton-ascend) that moves
-  all planes of all layers of a group in ONE launch, each (layer, plane) with
+  all planes of all layers of a group in ONE launch (many chunks: of every
+  group of the call in one launch), each (layer, plane) with
   the widest of 16/4/2/1-byte elements dividing its row bytes, block stride and
   addresses. `select_backend`: Triton on CUDA/NPU, the reference on CPU;
   LMCACHE_ASCEND_TRANSFER_BACKEND=torch forces the reference.

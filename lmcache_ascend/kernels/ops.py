@@ -150,7 +150,8 @@ def transfer_group(
 
 def transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, backend: str | None = None) -> int:
     """Move layer groups' parts of many chunks (`resolve_chunk_batch`, one batch per group, one
-    device): ONE launch per batch on the Triton backend, one table upload for all. Returns launches."""
+    device): ONE launch for all batches sharing chunks and slots on the Triton backend (one per batch
+    counted on the reference). Returns launches."""
     batches = list(batches)
     if not batches:
         return 0

@@ -747,7 +747,8 @@ def chunk_rows(group: PagedGroup, layout: ChunkLayout, starts: np.ndarray, count
 
 @dataclass(frozen=True)
 class ResolvedChunkBatch:
-    """A validated multi-chunk launch: many chunks of one layout, moved by one launch per group.
+    """A validated multi-chunk transfer of one group: many chunks of one layout (the Triton backend moves every
+    group of a call in one launch).
 
     Chunk c's part for this group starts `chunk_offset` bytes into the buffer at
     `buffers.addresses[c]` (device memory, or host memory the device maps: CUDA

@@ -1,4 +1,4 @@
-"""Triton implementation of the paged <-> chunk transfer: one launch per group.
+"""Triton implementation of the paged <-> chunk transfer: one launch per group, or per call for many chunks.
 
 One source for CUDA and Ascend (triton-ascend): only portable `tl` ops
 (loads/stores with masks, pointer bitcasts, integer arithmetic); no inline
@@ -7,10 +7,14 @@ element offset from one of two anchor tensors passed to the kernel (the chunk
 buffer for data, the first plane's slot array for slots), so caches living in
 other allocations are addressed by their (signed, 64-bit) distance.
 
-Grid: (programs, layers x planes). Program (i, l*P + p) moves bytes
-[i*BYTES_PER_PROGRAM, (i+1)*BYTES_PER_PROGRAM) of plane p's region of layer l,
-walking it as a flat run of vectors (the chunk side is contiguous; each vector
-looks up its row's slot), so no lanes idle on row ends. Each plane moves with
+One chunk, one group (`triton_transfer`): grid (programs, layers x planes).
+Program (i, l*P + p) moves bytes [i*BYTES_PER_PROGRAM, (i+1)*BYTES_PER_PROGRAM)
+of plane p's region of layer l. Many chunks, every group of a call
+(`triton_transfer_chunk_batches`, groups of one launch shape in one launch):
+grid (work items, chunks), each work item one
+program's bytes of one (group, layer, plane) region. A program walks its bytes
+as a flat run of vectors (the chunk side is contiguous; each vector looks up
+its row's slot), so no lanes idle on row ends. Each plane moves with
 the widest element width (16/4/2/1 bytes) dividing its row bytes, block strides,
 cache addresses, chunk region offsets and the data anchor; 16 bytes are four
 int32 the compiler is told are 16-byte aligned, so it emits 128-bit accesses.
@@ -19,7 +23,8 @@ and region bytes below 2**31).
 
 Host cost per call is kept to a dictionary lookup, a few integer operations per
 plane and a direct launch of the cached compiled kernel: every table is built
-and uploaded once (see `_device_table`), per-call values are scalar arguments.
+and uploaded once (see `_device_table`, `_chunks_launch`), per-call values are
+scalar arguments (or, for many chunks, their addresses).
 """
 
 from __future__ import annotations
@@ -294,53 +299,60 @@ def _paged_chunk_kernel(
                     BYTES_PER_PROGRAM)
 
 
-# Multi-chunk launch: the per-chunk values travel in two device tables beside the
-# group's geometry table: the chunk addresses (int64 [chunks]: each chunk buffer's
-# address minus the data anchor's, bytes), uploaded per call and shared by every
-# layer group of the call, and the rows (int64 [chunks, 2 * PLANES]: per plane its
-# row count, then per plane its slot offset in elements from the slot anchor),
-# uploaded once per `ChunkRows` (requests of one length share them).
-@triton.jit(do_not_specialize=("data_anchor_address", "layer_stride"))
+# Multi-chunk launch: the layer groups of a call (chunks and slots shared) of one launch shape in ONE launch.
+# Grid (work items, chunks). Its tables, built and uploaded once per set of (rows, chunk
+# offset) and address alignment (`_chunks_launch`), requests of one length sharing them:
+#   table, int64 [table rows, 9]: one row per (group, layer, plane): cache address, rows in
+#     the cache, block stride (bytes), block size, row bytes, region offset (bytes from a
+#     chunk's start: the group's chunk offset + the plane's offset + layer x layer stride),
+#     element width, row pitch, and the plane's column in the rows table;
+#   work, int32 [work items, 2]: (table row, program in the row), each row given the programs
+#     its largest region needs, so no program idles on a small region beside a large one;
+#   rows, int64 [chunks, 2 x columns]: per (group, plane) column its row count, then its slot
+#     offset (elements from the slot anchor).
+# Per call only the chunk addresses (int64 [chunks]: distances from the data anchor).
+_TABLE_FIELDS = 9
+
+
+@triton.jit(do_not_specialize=("data_anchor_address", "columns"))
 def _paged_chunks_kernel(
     data_anchor,  # a device tensor every data address is relative to
     data_anchor_address,
-    slot_anchor,  # int64*: the one slot tensor of the batch
-    table,  # the group's geometry table (as for `_paged_chunk_kernel`)
+    slot_anchor,  # int64*: the one slot tensor of the call
+    table,  # int64 [table rows, 9]
+    work_table,  # int32 [work items, 2]
     address_table,  # int64 [chunks]
-    rows_table,  # int64 [chunks, 2 * PLANES]
-    layer_stride,
-    PLANES: tl.constexpr,
+    rows_table,  # int64 [chunks, 2 * columns]
+    columns,
     STORE: tl.constexpr,
     TILE: tl.constexpr,
     BYTES_PER_PROGRAM: tl.constexpr,
 ):
-    program = tl.program_id(0)
-    layer_plane = tl.program_id(1)
-    chunk = tl.program_id(2).to(tl.int64)
-    rows_entry = rows_table + chunk * (2 * PLANES)
-    layer = layer_plane // PLANES
-    plane = layer_plane - layer * PLANES
-    entry = table + layer_plane.to(tl.int64) * 5
-    region_entry = table + tl.num_programs(1).to(tl.int64) * 5 + plane * 3
-    # Every table value at once, before the first branch: a program waits for one round of
-    # (independent, cached) loads, then its slots, then its data.
-    count = tl.load(rows_entry + plane)
-    slot_offset = tl.load(rows_entry + PLANES + plane)
-    chunk_address = tl.load(address_table + chunk)
+    work = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1).to(tl.int64)
+    row = tl.load(work_table + 2 * work).to(tl.int64)
+    program = tl.load(work_table + 2 * work + 1)
+    entry = table + row * 9
+    rows_entry = rows_table + chunk * (2 * columns)
+    # Every table value at once, before the first branch: a program waits for its work item,
+    # one round of (independent, cached) loads, its row count, then its slots and data.
     cache_address = tl.load(entry + 0)
     cache_rows = tl.load(entry + 1)
     block_stride = tl.load(entry + 2)
     block_size = tl.load(entry + 3)
     row_bytes = tl.load(entry + 4)
-    region_start = tl.load(region_entry)
-    width = tl.load(region_entry + 1)
-    row_pitch = tl.load(region_entry + 2)
+    region_offset = tl.load(entry + 5)
+    width = tl.load(entry + 6)
+    row_pitch = tl.load(entry + 7)
+    column = tl.load(entry + 8)
+    chunk_address = tl.load(address_table + chunk)
+    count = tl.load(rows_entry + column)
+    slot_offset = tl.load(rows_entry + columns + column)
     first_byte = program.to(tl.int64) * BYTES_PER_PROGRAM
     if first_byte < count * row_bytes:
-        region_offset = region_start + layer.to(tl.int64) * layer_stride + chunk_address
         _move_plane(data_anchor, slot_anchor + slot_offset, first_byte, count, cache_address - data_anchor_address,
-                    cache_rows, block_size, block_stride, row_bytes, region_offset, width, row_pitch, STORE, TILE,
-                    BYTES_PER_PROGRAM)
+                    cache_rows, block_size, block_stride, row_bytes, region_offset + chunk_address, width, row_pitch,
+                    STORE, TILE, BYTES_PER_PROGRAM)
 
 
 @dataclass(frozen=True)
@@ -491,7 +503,8 @@ def triton_transfer(transfer: ResolvedTransfer, *, tile: int = VECTORS_PER_TILE,
         tuple(_integer_type(offset) for offset in slot_offsets[:planes]),
     )
     pointers = {0: anchor, 2: slot_anchor_address, 3: device_table.address}
-    _launch(_paged_chunk_kernel, grid, arguments, pointers, signature, (planes, transfer.store, tile, bytes_per_program),
+    _launch(_paged_chunk_kernel, grid, arguments, pointers, signature,
+            (("PLANES", planes), ("STORE", transfer.store), ("TILE", tile), ("BYTES_PER_PROGRAM", bytes_per_program)),
             num_warps, transfer.group.device)
 
 
@@ -528,120 +541,132 @@ def _pool_offsets_table(offsets: np.ndarray, device: torch.device) -> torch.Tens
 
 @dataclass(frozen=True)
 class _ChunksLaunch:
-    """What a multi-chunk launch of one `ChunkRows` needs besides the per-call addresses: made once."""
+    """The tables of one multi-chunk launch (see `_paged_chunks_kernel`), uploaded once, and its shape."""
 
-    device_table: _DeviceTable
+    table: torch.Tensor
+    work: torch.Tensor
     rows_table: torch.Tensor
-    rows_address: int
-    grid_x: int
-    layer_planes: int
-    planes: int
-    layer_stride: int
-    layer_stride_type: str
+    work_items: int
+    columns: int
     shape: LaunchShape
 
 
-def _chunks_launch(rows: ChunkRows, chunk_offset: int, alignment: int, shape: LaunchShape | None) -> _ChunksLaunch:
-    """Per (rows, chunk offset, address alignment mod 16, shape): tables uploaded once, the launch shape
-    (`chunk_launch_shape` unless given), grid and constants worked out once."""
-    key = ("triton.launch", chunk_offset, alignment % 16, shape)
-    cached = rows.backend_cache.get(key)
+# Multi-chunk launches by ((rows, chunk offset) of each group, alignment mod 16, shape).
+_chunks_launches: dict[tuple, _ChunksLaunch] = {}
+
+
+def _chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape: LaunchShape) -> _ChunksLaunch:
+    """The launch of these groups' rows at their chunk offsets in `shape`, for chunk addresses whose gcd
+    with the anchor is `alignment`: built and uploaded once, then looked up."""
+    key = (tuple((batch.rows, batch.chunk_offset) for batch in batches), alignment % 16, shape)
+    cached = _chunks_launches.get(key)
     if cached is not None:
         return cached
-    if shape is None:
-        shape = chunk_launch_shape(rows.max_region_bytes)
-        _check_tile(shape.tile, shape.bytes_per_program)
-    group = rows.group
-    geometry = _group_geometry(group)
-    rows_table = rows.backend_cache.get("triton.rows")
-    if rows_table is None:
-        values = np.ascontiguousarray(np.concatenate([rows.counts, rows.starts], axis=1), dtype=np.int64)
-        rows_table = rows.backend_cache["triton.rows"] = _upload(values.reshape(-1), group.device)
-    layer_stride = rows.layout.layer_stride
+    _check_tile(shape.tile, shape.bytes_per_program)
+    table: list[tuple[int, ...]] = []
+    programs: list[int] = []
+    counts, starts = [], []
+    column = 0  # the group's first plane's column in the rows table
+    for batch in batches:
+        rows, layout = batch.rows, batch.rows.layout
+        geometry = _group_geometry(rows.group)
+        planes = len(geometry.row_bytes)
+        widths = _widths(geometry, layout, batch.chunk_offset, alignment)
+        largest = rows.counts.max(axis=0) * np.asarray(geometry.row_bytes, dtype=np.int64)
+        for layer in range(rows.group.layer_count):
+            for plane in range(planes):
+                first = (layer * planes + plane) * _GEOMETRY_FIELDS
+                region = batch.chunk_offset + layout.plane_offsets[plane] + layer * layout.layer_stride
+                table.append((*geometry.rows[first : first + _GEOMETRY_FIELDS], region, widths[plane],
+                              layout.row_pitch[plane], column + plane))
+                programs.append(-(-int(largest[plane]) // shape.bytes_per_program))
+        counts.append(rows.counts)
+        starts.append(rows.starts)
+        column += planes
+    programs_array = np.asarray(programs, dtype=np.int64)
+    work = np.empty((int(programs_array.sum()), 2), dtype=np.int32)
+    work[:, 0] = np.repeat(np.arange(len(table), dtype=np.int32), programs_array)
+    work[:, 1] = np.arange(len(work), dtype=np.int64) - np.repeat(np.cumsum(programs_array) - programs_array,
+                                                                  programs_array)
+    counts_all, starts_all = np.concatenate(counts, axis=1), np.concatenate(starts, axis=1)
+    device = batches[0].group.device
+    # Blocking copies from arrays of their own, once per launch's rows (not per call).
     cached = _ChunksLaunch(
-        device_table=_device_table(group, rows.layout, chunk_offset, alignment),
-        rows_table=rows_table,
-        rows_address=rows_table.data_ptr(),
-        grid_x=-(-rows.max_region_bytes // shape.bytes_per_program),
-        layer_planes=geometry.layer_planes,
-        planes=len(geometry.row_bytes),
-        layer_stride=layer_stride,
-        layer_stride_type=_integer_type(layer_stride),
+        table=torch.tensor(table, dtype=torch.int64).to(device),
+        work=torch.from_numpy(work).to(device),
+        rows_table=torch.from_numpy(np.ascontiguousarray(np.concatenate([counts_all, starts_all], axis=1))).to(device),
+        work_items=len(work),
+        columns=counts_all.shape[1],
         shape=shape,
     )
-    rows.backend_cache[key] = cached
+    if len(_chunks_launches) >= _MAX_CACHED_TABLES:
+        _chunks_launches.clear()
+    _chunks_launches[key] = cached
     return cached
 
 
 def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, shape: LaunchShape | None = None) -> int:
-    """Run validated multi-chunk transfers (one per layer group), ONE launch each; returns launches.
+    """Run validated multi-chunk transfers (one per layer group), groups of one launch shape in ONE launch;
+    returns launches.
 
-    Per call at most one host-to-device copy: the chunk addresses of every distinct
-    set of chunk buffers (layer groups of one call share theirs), relative to the
-    copy's own device tensor, which anchors every data address (chunk buffers may
-    lie in other allocations or in mapped host memory: they are reached by their
-    distance from it); chunks of one pool (`pool_chunk_buffers`) are anchored on the
-    pool and upload nothing. Tables, grids and compiled kernels are looked up, not rebuilt.
-    `shape`: one launch shape for every group (tuning); by default each group's is
-    `chunk_launch_shape` of its largest region, picked once per `ChunkRows`.
+    Batches that share their chunks (the same addresses), slot tensor, direction (a call's
+    layer groups do) and launch shape go in one launch: `shape` for all (tuning), else each
+    group's `chunk_launch_shape` of its largest region (H100: one shape for groups of 8 KiB and of
+    144 KiB regions cost the DSv4-like load's kernel 5%), so a call takes one launch or two. Per launch at most one
+    host-to-device copy: the chunk addresses, relative to the copy's own device tensor, which
+    anchors every data address (chunk buffers may lie in other allocations or in mapped host
+    memory: they are reached by their distance from it); chunks of one pool
+    (`pool_chunk_buffers`) are anchored on the pool and upload nothing. Tables, grids and
+    compiled kernels are looked up, not rebuilt.
     """
     if shape is not None:
         _check_tile(shape.tile, shape.bytes_per_program)
-    batches = [batch for batch in batches if batch.num_chunks and batch.rows.max_region_bytes]
-    if not batches:
-        return 0
-    device = batches[0].group.device
-    distinct: dict[int, tuple[ChunkBuffers, int]] = {}
-    cursor = 0
+    sets: dict[tuple, list[ResolvedChunkBatch]] = {}
     for batch in batches:
-        if id(batch.buffers) not in distinct:
-            distinct[id(batch.buffers)] = (batch.buffers, cursor)
-            cursor += len(batch.buffers)
-    pool = batches[0].buffers.pool if len(distinct) == 1 else None
-    if pool is not None:
+        if batch.num_chunks and batch.rows.max_region_bytes:
+            launch_shape = shape or chunk_launch_shape(batch.rows.max_region_bytes)
+            key = (batch.buffers.addresses.tobytes(), batch.slots.data_ptr(), batch.store, launch_shape)
+            sets.setdefault(key, []).append(batch)
+    for key, members in sets.items():
+        _launch_chunks(members, key[-1])
+    return len(sets)
+
+
+def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape) -> None:
+    first = batches[0]
+    buffers, device = first.buffers, first.group.device
+    if buffers.pool is not None:
         # Chunks of one pool (staging waves): the pool anchors them and their distances are
         # its offsets, whose device copy is looked up (no upload, and nothing on the copy
         # engine that the next wave's copies would queue behind).
-        anchor_tensor, anchor = pool, pool.data_ptr()
-        addresses = _pool_offsets_table(batches[0].buffers.pool_offsets, device)
+        anchor_tensor, anchor = buffers.pool, buffers.pool.data_ptr()
+        addresses = _pool_offsets_table(buffers.pool_offsets, device)
     else:
-        addresses = torch.empty(cursor, dtype=torch.int64, device=device)
+        addresses = torch.empty(len(buffers), dtype=torch.int64, device=device)
         anchor_tensor, anchor = addresses, addresses.data_ptr()
-        if len(distinct) == 1:
-            host = batches[0].buffers.addresses - anchor
-        else:
-            host = np.concatenate([buffers.addresses for buffers, _ in distinct.values()]) - anchor
-        _upload(host, device, out=addresses)
-    addresses_address = addresses.data_ptr()
-    launched = 0
-    for batch in batches:
-        buffers, offset = distinct[id(batch.buffers)]
-        # Widths must divide every chunk's distance from the anchor: the gcd of them all stands for it.
-        launch = _chunks_launch(batch.rows, batch.chunk_offset, math.gcd(buffers.address_gcd, anchor), shape)
-        slot_address = batch.slots.data_ptr()
-        address_table = addresses_address + 8 * offset
-        # (A view only where it starts further in: the raw launch passes the address alone.)
-        address_view = addresses if offset == 0 else addresses[offset:]
-        arguments = (anchor_tensor, anchor, batch.slots, launch.device_table.table, address_view, launch.rows_table,
-                     launch.layer_stride)
-        signature = (
-            "chunks",
-            anchor_tensor.dtype,
-            anchor % 16 == 0,
-            slot_address % 16 == 0,
-            launch.device_table.table_aligned,
-            address_table % 16 == 0,
-            launch.rows_address % 16 == 0,
-            _integer_type(anchor),
-            launch.layer_stride_type,
-        )
-        pointers = {0: anchor, 2: slot_address, 3: launch.device_table.address, 4: address_table,
-                    5: launch.rows_address}
-        _launch(_paged_chunks_kernel, (launch.grid_x, launch.layer_planes, batch.num_chunks), arguments, pointers,
-                signature, (launch.planes, batch.store, launch.shape.tile, launch.shape.bytes_per_program),
-                launch.shape.num_warps, device)
-        launched += 1
-    return launched
+        _upload(buffers.addresses - anchor, device, out=addresses)
+    # Widths must divide every chunk's distance from the anchor: the gcd of them all stands for it.
+    launch = _chunks_launch(batches, math.gcd(buffers.address_gcd, anchor), shape)
+    slot_address, addresses_address = first.slots.data_ptr(), addresses.data_ptr()
+    table_address, work_address, rows_address = (launch.table.data_ptr(), launch.work.data_ptr(),
+                                                 launch.rows_table.data_ptr())
+    arguments = (anchor_tensor, anchor, first.slots, launch.table, launch.work, addresses, launch.rows_table,
+                 launch.columns)
+    signature = (
+        "chunks",
+        anchor_tensor.dtype,
+        anchor % 16 == 0,
+        slot_address % 16 == 0,
+        table_address % 16 == 0,
+        work_address % 16 == 0,
+        addresses_address % 16 == 0,
+        rows_address % 16 == 0,
+        _integer_type(anchor),
+    )
+    pointers = {0: anchor, 2: slot_address, 3: table_address, 4: work_address, 5: addresses_address, 6: rows_address}
+    _launch(_paged_chunks_kernel, (launch.work_items, first.num_chunks, 1), arguments, pointers, signature,
+            (("STORE", first.store), ("TILE", launch.shape.tile), ("BYTES_PER_PROGRAM", launch.shape.bytes_per_program)),
+            launch.shape.num_warps, device)
 
 
 # Compiled kernels by (kernel, device, constexprs, warps, signature): the key
@@ -685,17 +710,16 @@ def _raw_launcher(compiled, device: torch.device) -> _RawLauncher | None:
         return None
 
 
-_CONSTEXPR_NAMES = ("PLANES", "STORE", "TILE", "BYTES_PER_PROGRAM")
-
-
 def _launch(kernel, grid, arguments, pointers, signature, constexprs, num_warps, device) -> None:
-    """Launch `kernel` on the 3-D `grid`; `pointers` maps argument positions to their integer addresses."""
+    """Launch `kernel` on the 3-D `grid`; `pointers` maps argument positions to their integer addresses;
+    `constexprs`: (name, value) pairs in the kernel's order."""
     key = (kernel, device, constexprs, num_warps, signature)
     raw = _raw_launchers.get(key) if _raw_launch["enabled"] else None
     if raw is not None:
         try:
             stream = raw.current_stream(raw.current_device())  # the current device's current stream, as Triton's
-            values = (*(pointers.get(position, value) for position, value in enumerate(arguments)), *constexprs)
+            values = (*(pointers.get(position, value) for position, value in enumerate(arguments)),
+                      *(value for _, value in constexprs))
             runtime = triton.knobs.runtime
             # Exactly what the compiled kernel's own runner passes, minus its per-call lookups.
             metadata = raw.compiled.launch_metadata(grid, stream, *values)
@@ -710,14 +734,14 @@ def _launch(kernel, grid, arguments, pointers, signature, constexprs, num_warps,
     if compiled is not None:
         try:
             # A compiled kernel wants all 3 grid dims and every argument, constexprs included.
-            compiled[grid](*arguments, *constexprs)
+            compiled[grid](*arguments, *(value for _, value in constexprs))
             return
         except (TypeError, IndexError, AttributeError) as error:  # argument binding, before any launch
             # A Triton build whose compiled-kernel call differs: use the JIT entry from now on.
             logger.warning("direct Triton launch failed (%s); using the JIT entry", error)
             _direct_launch["enabled"] = False
             _compiled.clear()
-    compiled = kernel[grid](*arguments, **dict(zip(_CONSTEXPR_NAMES, constexprs)), num_warps=num_warps)
+    compiled = kernel[grid](*arguments, **dict(constexprs), num_warps=num_warps)
     # The interpreter returns no compiled kernel; only a real one is cached.
     if compiled is not None and hasattr(compiled, "run") and _direct_launch["enabled"]:
         _compiled[key] = compiled

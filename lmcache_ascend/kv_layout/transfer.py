@@ -6,8 +6,8 @@ every scheduler group's slots in one tensor, the cached prefix of a load already
 masked); a chunk then only picks rows of it
 (`chunk_row_window`: compressed groups ``ceil(tokens / ratio)`` rows,
 sliding-window groups only their tail). `ChunkMover.move` moves one chunk with
-one launch per layer group; `ChunkMover.move_batch` moves many full chunks with
-one launch per layer group for all of them.
+one launch per layer group; `ChunkMover.move_batch` moves many full chunks of every
+layer group with one launch (Triton; the torch reference counts one per layer group).
 
 Pure logic: torch, numpy and lmcache_ascend only.
 """
@@ -414,7 +414,8 @@ class ChunkMover:
         *,
         store: bool,
     ) -> int:
-        """Move full chunks (each `chunk_size` tokens from its start), one launch per layer group; returns launches.
+        """Move full chunks (each `chunk_size` tokens from its start) of every layer group in one launch (Triton;
+        the reference counts one per layer group); returns launches.
 
         `chunks` are flat uint8 buffers on the caches' device (or CUDA pinned host memory), or
         `ChunkBuffers` already checked. Per call: the chunks are checked once for every layer

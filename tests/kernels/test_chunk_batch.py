@@ -83,6 +83,48 @@ def _run(device: str, backend: str, store: bool, chunk_offset: int = 32):
     return results
 
 
+def _second_group(device: str, slots: torch.Tensor):
+    """One plane of 24-byte rows in 3-row blocks, 2 layers; its slots at entries 40..51 of a longer slot tensor."""
+    generator = torch.Generator().manual_seed(7)
+    caches = [torch.randint(0, 256, (6, 3, 24), dtype=torch.uint8, generator=generator).to(device) for _ in range(2)]
+    group = PagedGroup((PagedPlane(tuple(caches), 3, 24, name="c"),))
+    slots = torch.cat([slots, (torch.randperm(17, generator=generator)[:12] - 1).to(device)])
+    starts = np.array([[40 + 2 * c] for c in range(5)], dtype=np.int64)
+    counts = np.array([[2], [1], [0], [2], [2]], dtype=np.int64)
+    return group, slots, starts, counts, group.chunk_layout([2]), caches
+
+
+def _run_groups(device: str, backend: str, store: bool, chunk_offset: int = 32):
+    """(chunks, caches) after ONE batched call moving two groups at their offsets in each chunk, and the
+    same after one single-chunk call per group and chunk."""
+    results = []
+    for batched in (True, False):
+        group, slots, starts, counts, layout, caches = _case(device)
+        second, slots, second_starts, second_counts, second_layout, second_caches = _second_group(device, slots)
+        second_offset = chunk_offset + layout.total_bytes + 8
+        generator = torch.Generator().manual_seed(99)
+        chunks = [torch.randint(0, 256, (second_offset + second_layout.total_bytes + 5,), dtype=torch.uint8,
+                                generator=generator).to(device) for _ in range(len(starts))]
+        parts = ((group, starts, counts, layout, chunk_offset),
+                 (second, second_starts, second_counts, second_layout, second_offset))
+        if batched:
+            batches = [resolve_chunk_batch(slots, chunks, chunk_rows(g, lay, s, c), store=store, chunk_offset=o)
+                       for g, s, c, lay, o in parts]
+            launch_counter.reset()
+            launched = transfer_chunk_batches(batches, backend=backend)
+            assert launched == (1 if backend == "triton" else 2) == launch_counter.triton + launch_counter.torch
+        else:
+            for g, s, c, lay, o in parts:
+                for index, chunk in enumerate(chunks):
+                    plane_slots = tuple(PlaneSlots(slots, int(a), int(b), region_rows=r)
+                                        for a, b, r in zip(s[index], c[index], lay.region_rows))
+                    transfer_group(g, plane_slots, chunk, store=store, chunk_offset=o, backend=backend, layout=lay)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        results.append(([c.cpu() for c in chunks], [c.view(torch.uint8).cpu() for c in caches + second_caches]))
+    return results
+
+
 def _assert_same(results):
     (batched_chunks, batched_caches), (single_chunks, single_caches) = results
     for a, b in zip(batched_chunks, single_chunks):
@@ -94,6 +136,18 @@ def _assert_same(results):
 @pytest.mark.parametrize("store", [True, False])
 def test_reference_batch_equals_single_chunk_calls(store):
     _assert_same(_run("cpu", "torch", store))
+    _assert_same(_run_groups("cpu", "torch", store))
+
+
+def test_groups_of_one_call_all_move():
+    """Control for the two-group case: on a store, both groups' regions of the poisoned chunks change."""
+    chunks = _run_groups("cpu", "torch", True)[0][0]
+    layout = _case("cpu")[4]
+    second_offset = 32 + layout.total_bytes + 8
+    generator = torch.Generator().manual_seed(99)  # the poison `_run_groups` fills the chunks with
+    poisoned = [torch.randint(0, 256, (chunk.numel(),), dtype=torch.uint8, generator=generator) for chunk in chunks]
+    assert any(not torch.equal(a[:second_offset], b[:second_offset]) for a, b in zip(poisoned, chunks))
+    assert any(not torch.equal(a[second_offset:], b[second_offset:]) for a, b in zip(poisoned, chunks))
 
 
 def test_a_batch_moves_bytes_at_all():
@@ -175,6 +229,7 @@ def _run_shapes(device: str, store: bool, chunk_offset: int = 32):
         for tile, per_program, warps in _SHAPES:
             tt.CHUNK_LAUNCH_SHAPES = ((2**40, tt.LaunchShape(tile, per_program, warps)),)
             _assert_same(_run(device, "triton", store, chunk_offset))
+            _assert_same(_run_groups(device, "triton", store, chunk_offset))
     finally:
         tt.CHUNK_LAUNCH_SHAPES = saved
 
@@ -194,6 +249,7 @@ def test_launch_shape_is_picked_by_the_largest_region():
 @pytest.mark.parametrize("store", [True, False])
 def test_triton_batch_equals_single_chunk_calls_on_cuda(store):
     _assert_same(_run("cuda", "triton", store))
+    _assert_same(_run_groups("cuda", "triton", store))
     _run_shapes("cuda", store)
 
 
@@ -201,9 +257,11 @@ def test_triton_batch_equals_single_chunk_calls_interpreted():
     pytest.importorskip("triton")
     code = (
         "from tests.kernels.test_chunk_batch import _run, _assert_same\n"
+        "from tests.kernels.test_chunk_batch import _run_groups\n"
         "for store in (True, False):\n"
         "    for offset in (0, 32, 40):\n"
         "        _assert_same(_run('cpu', 'triton', store, offset))\n"
+        "        _assert_same(_run_groups('cpu', 'triton', store, offset))\n"
         "from tests.kernels.test_chunk_batch import test_chunks_of_a_pool_move_like_separate_chunks as pool\n"
         "pool('triton')\n"
         "from tests.kernels.test_chunk_batch import _run_shapes\n"
