@@ -113,12 +113,71 @@ def first_wave_ab(case, store: bool, rounds: int) -> dict:
     return out
 
 
+def after_neighbours(case, store: bool, rounds: int) -> dict:
+    """The staged call's wall time and its first copy's start (device events, us after the call begins)
+    right after each other case of the bench (synchronized in between, as the bench does); medians."""
+    original = transfer._StagedWaves.copy
+    firsts: list = []
+
+    def copy_between_events(self, spans, *, to_staging):
+        if not firsts:
+            begin = torch.cuda.Event(enable_timing=True)
+            begin.record()
+            firsts.append(begin)
+        original(self, spans, to_staging=to_staging)
+
+    neighbours = {label: run for label, run in case.cases(store).items() if label != "ours_staged"}
+    neighbours["itself"] = lambda: case.ours(case.host_chunks, store, "staging")
+    out: dict[str, dict[str, float]] = {}
+    transfer._StagedWaves.copy = copy_between_events
+    try:
+        samples: dict[str, list[tuple[float, float]]] = {label: [] for label in neighbours}
+        for _ in range(rounds):
+            for label, neighbour in neighbours.items():
+                neighbour()
+                torch.cuda.synchronize()
+                firsts.clear()
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+                begin = time.perf_counter()
+                case.ours(case.host_chunks, store, "staging")
+                wall = (time.perf_counter() - begin) * 1e6
+                samples[label].append((wall, start.elapsed_time(firsts[0]) * 1e3))
+        for label, values in samples.items():
+            out[label] = {"staged_us": round(statistics.median(v[0] for v in values), 1),
+                          "first_copy_after_us": round(statistics.median(v[1] for v in values), 1)}
+    finally:
+        transfer._StagedWaves.copy = original
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--out", default="results/staged_probe.json")
+    parser.add_argument("--neighbours", action="store_true",
+                        help="only: the DSv4-like staged call after each other case of the bench")
     args = parser.parse_args()
     result = {}
+    if args.neighbours:
+        case = br.RequestCase("dsv4_bundled", 16384, 256, torch.device("cuda"))
+        for store in (True, False):
+            for label, run in case.cases(store).items():
+                run()  # warm
+            pinned = []
+            for _ in range(args.rounds):
+                torch.cuda.synchronize()
+                begin = time.perf_counter()
+                case.copy_pinned(store)
+                pinned.append((time.perf_counter() - begin) * 1e6)
+            entry = after_neighbours(case, store, args.rounds)
+            entry["copy_pinned_us"] = round(statistics.median(pinned), 1)
+            result["store" if store else "load"] = entry
+            print("store" if store else "load", json.dumps(entry), flush=True)
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as handle:
+            json.dump(result, handle, indent=1)
+        return
     for name in ("dsv4_bundled", "mla"):
         case = br.RequestCase(name, 16384, 256, torch.device("cuda"))
         for store in (True, False):
