@@ -297,6 +297,9 @@ class ChunkMover:
         self._staging_released = None  # an event after the last staged call's work on the buffer
         self._windows: dict[tuple[bytes, bytes], tuple] = {}
         self._rows: dict[tuple, tuple] = {}
+        # The staging buffer's chunks at a wave's offsets (`pool_chunk_buffers`), by offsets: requests of
+        # one shape whose host chunks lie alike (one allocation) use the same few; emptied with the buffer.
+        self._staged_chunks: dict[bytes, ChunkBuffers] = {}
 
     @property
     def device(self) -> torch.device:
@@ -438,6 +441,7 @@ class ChunkMover:
         wanted = stride * max(1, min(chunks, STAGING_BYTES // stride))
         if self._staging is None or self._staging.numel() < wanted:
             self._staging = None  # the old buffer goes first: both may not fit
+            self._staged_chunks.clear()
             self._staging = torch.empty(wanted, dtype=torch.uint8, device=self.device)
         return self._staging, stride
 
@@ -501,8 +505,9 @@ class ChunkMover:
         module = _device_module(self.device)
         halves = 2 if module is not None and staging.numel() >= 2 * stride else 1
         half_bytes = (staging.numel() // halves) // _STAGING_ALIGNMENT * _STAGING_ALIGNMENT
-        staged = _StagedWaves(chunks, starts, self.layout.full_plan.total_bytes, stride, store, staging, halves,
-                              half_bytes, staging_waves(len(chunks), max(1, half_bytes // stride)))
+        staged = _StagedWaves(chunks, starts, self.layout.full_plan.total_bytes, stride, store, staging,
+                              self._staged_chunks, halves, half_bytes,
+                              staging_waves(len(chunks), max(1, half_bytes // stride)))
         if module is None:  # no streams: in order on the host
             staged.check(len(chunks))
             resolved = self._resolved_slots(slots)
@@ -595,6 +600,7 @@ class _StagedWaves:
     stride: int  # bytes between chunks in the staging buffer
     store: bool
     staging: torch.Tensor
+    staged_chunks: dict  # the mover's `_staged_chunks`
     halves: int  # wave k uses half k % halves
     half_bytes: int
     waves: list[tuple[int, int]]
@@ -621,7 +627,13 @@ class _StagedWaves:
             raise AssertionError(f"wave {index} ends at chunk {end}, past the {self.checked} checked")
         spans, offsets = _staging_spans(self.host.addresses, self.joined, begin, end, self.total,
                                         (index % self.halves) * self.half_bytes)
-        return spans, pool_chunk_buffers(self.staging, offsets, self.total), self.starts[begin:end]
+        key = offsets.tobytes()
+        buffers = self.staged_chunks.get(key)
+        if buffers is None:
+            if len(self.staged_chunks) >= _MAX_CACHED_ROWS:
+                self.staged_chunks.clear()
+            buffers = self.staged_chunks[key] = pool_chunk_buffers(self.staging, offsets, self.total)
+        return spans, buffers, self.starts[begin:end]
 
     def copy(self, spans, *, to_staging: bool) -> None:
         _copy_spans(self.chunks, self.host, spans, self.total, self.staging, to_staging=to_staging)
