@@ -309,11 +309,11 @@ def tune_request(case: "RequestCase") -> dict:
     return {"kernel_us": times, "best": min(totals, key=totals.get), "store_load_us": totals}
 
 
-def staged_timeline(case: "RequestCase", store: bool, calls: int = 9) -> dict:
+def staged_timeline(case: "RequestCase", store: bool, calls: int = 9, before=None) -> dict:
     """Where one staged request's time goes on the device, read from events around each staging copy
     (the profiler slows the host several times): when the first copy starts after the call begins, the
     idle gaps between copies, the copy engine's busy time, and the host's wait after the last copy;
-    medians of `calls` requests."""
+    medians of `calls` requests (each right after `before()`, where given, and a synchronization)."""
     from lmcache_ascend.kv_layout import transfer
 
     original = transfer._StagedWaves.copy
@@ -331,6 +331,8 @@ def staged_timeline(case: "RequestCase", store: bool, calls: int = 9) -> dict:
     transfer._StagedWaves.copy = copy_between_events
     try:
         for _ in range(calls):
+            if before is not None:
+                before()
             _synchronize()
             recorded.clear()
             start = torch.cuda.Event(enable_timing=True)
@@ -344,6 +346,7 @@ def staged_timeline(case: "RequestCase", store: bool, calls: int = 9) -> dict:
                 "copy_gaps_us": sum(b[0] - a[1] for a, b in zip(spans, spans[1:])),
                 "copy_busy_us": sum(e - b for b, e in spans),
                 "after_last_copy_us": wall - spans[-1][1],
+                "wall_us": wall,
                 "copies": len(spans),
             })
     finally:

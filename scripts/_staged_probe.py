@@ -116,38 +116,12 @@ def first_wave_ab(case, store: bool, rounds: int) -> dict:
 def after_neighbours(case, store: bool, rounds: int) -> dict:
     """The staged call's wall time and its first copy's start (device events, us after the call begins)
     right after each other case of the bench (synchronized in between, as the bench does); medians."""
-    original = transfer._StagedWaves.copy
-    firsts: list = []
-
-    def copy_between_events(self, spans, *, to_staging):
-        if not firsts:
-            begin = torch.cuda.Event(enable_timing=True)
-            begin.record()
-            firsts.append(begin)
-        original(self, spans, to_staging=to_staging)
-
     neighbours = {label: run for label, run in case.cases(store).items() if label != "ours_staged"}
     neighbours["itself"] = lambda: case.ours(case.host_chunks, store, "staging")
-    out: dict[str, dict[str, float]] = {}
-    transfer._StagedWaves.copy = copy_between_events
-    try:
-        samples: dict[str, list[tuple[float, float]]] = {label: [] for label in neighbours}
-        for _ in range(rounds):
-            for label, neighbour in neighbours.items():
-                neighbour()
-                torch.cuda.synchronize()
-                firsts.clear()
-                start = torch.cuda.Event(enable_timing=True)
-                start.record()
-                begin = time.perf_counter()
-                case.ours(case.host_chunks, store, "staging")
-                wall = (time.perf_counter() - begin) * 1e6
-                samples[label].append((wall, start.elapsed_time(firsts[0]) * 1e3))
-        for label, values in samples.items():
-            out[label] = {"staged_us": round(statistics.median(v[0] for v in values), 1),
-                          "first_copy_after_us": round(statistics.median(v[1] for v in values), 1)}
-    finally:
-        transfer._StagedWaves.copy = original
+    out = {}
+    for label, neighbour in neighbours.items():
+        timeline = br.staged_timeline(case, store, rounds, before=neighbour)
+        out[label] = {"staged_us": timeline["wall_us"], "first_copy_after_us": timeline["first_copy_after_us"]}
     return out
 
 
