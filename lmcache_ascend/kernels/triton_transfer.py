@@ -299,8 +299,8 @@ def _paged_chunk_kernel(
                     BYTES_PER_PROGRAM)
 
 
-# Multi-chunk launch: the layer groups of a call (chunks and slots shared) of one launch shape in ONE launch.
-# Grid (work items, chunks). Its tables, built and uploaded once per set of (rows, chunk
+# Multi-chunk launch: the layer groups of a call (chunks and slots shared) of one launch shape
+# in ONE launch. Grid (work items, chunks). Its tables, built and uploaded once per set of (rows, chunk
 # offset) and address alignment (`_chunks_launch`), requests of one length sharing them:
 #   table, int64 [table rows, 9]: one row per (group, layer, plane): cache address, rows in
 #     the cache, block stride (bytes), block size, row bytes, region offset (bytes from a
@@ -311,7 +311,6 @@ def _paged_chunk_kernel(
 #   rows, int64 [chunks, 2 x columns]: per (group, plane) column its row count, then its slot
 #     offset (elements from the slot anchor).
 # Per call only the chunk addresses (int64 [chunks]: distances from the data anchor).
-_TABLE_FIELDS = 9
 
 
 @triton.jit(do_not_specialize=("data_anchor_address", "columns"))
@@ -611,13 +610,13 @@ def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, shap
 
     Batches that share their chunks (the same addresses), slot tensor, direction (a call's
     layer groups do) and launch shape go in one launch: `shape` for all (tuning), else each
-    group's `chunk_launch_shape` of its largest region (H100: one shape for groups of 8 KiB and of
-    144 KiB regions cost the DSv4-like load's kernel 5%), so a call takes one launch or two. Per launch at most one
-    host-to-device copy: the chunk addresses, relative to the copy's own device tensor, which
-    anchors every data address (chunk buffers may lie in other allocations or in mapped host
-    memory: they are reached by their distance from it); chunks of one pool
-    (`pool_chunk_buffers`) are anchored on the pool and upload nothing. Tables, grids and
-    compiled kernels are looked up, not rebuilt.
+    group's `chunk_launch_shape` of its largest region (H100: one shape for groups of 8 KiB and
+    of 144 KiB regions cost the DSv4-like load's kernel 5%), so a call takes one launch or two.
+    Per call at most one host-to-device copy per set of chunks: their addresses, relative to the
+    copy's own device tensor, which anchors every data address (chunk buffers may lie in other
+    allocations or in mapped host memory: they are reached by their distance from it); chunks
+    of one pool (`pool_chunk_buffers`) are anchored on the pool and upload nothing. Tables,
+    grids and compiled kernels are looked up, not rebuilt.
     """
     if shape is not None:
         _check_tile(shape.tile, shape.bytes_per_program)
@@ -627,12 +626,16 @@ def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, shap
             launch_shape = shape or chunk_launch_shape(batch.rows.max_region_bytes)
             key = (batch.buffers.addresses.tobytes(), batch.slots.data_ptr(), batch.store, launch_shape)
             sets.setdefault(key, []).append(batch)
+    uploaded: dict[bytes, torch.Tensor] = {}  # chunk addresses on the device, by the chunks' addresses
     for key, members in sets.items():
-        _launch_chunks(members, key[-1])
+        _launch_chunks(members, key[-1], uploaded, key[0])
     return len(sets)
 
 
-def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape) -> None:
+def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape, uploaded: dict[bytes, torch.Tensor],
+                   chunks_key: bytes) -> None:
+    """One launch of `batches` (chunks, slots and direction shared) in `shape`; their chunks' addresses
+    uploaded into `uploaded[chunks_key]` unless the call's other launch did (or a pool anchors them)."""
     first = batches[0]
     buffers, device = first.buffers, first.group.device
     if buffers.pool is not None:
@@ -642,9 +645,11 @@ def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape) -> Non
         anchor_tensor, anchor = buffers.pool, buffers.pool.data_ptr()
         addresses = _pool_offsets_table(buffers.pool_offsets, device)
     else:
-        addresses = torch.empty(len(buffers), dtype=torch.int64, device=device)
+        addresses = uploaded.get(chunks_key)
+        if addresses is None:
+            addresses = uploaded[chunks_key] = torch.empty(len(buffers), dtype=torch.int64, device=device)
+            _upload(buffers.addresses - addresses.data_ptr(), device, out=addresses)
         anchor_tensor, anchor = addresses, addresses.data_ptr()
-        _upload(buffers.addresses - anchor, device, out=addresses)
     # Widths must divide every chunk's distance from the anchor: the gcd of them all stands for it.
     launch = _chunks_launch(batches, math.gcd(buffers.address_gcd, anchor), shape)
     slot_address, addresses_address = first.slots.data_ptr(), addresses.data_ptr()
