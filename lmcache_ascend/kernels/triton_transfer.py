@@ -10,7 +10,7 @@ other allocations are addressed by their (signed, 64-bit) distance.
 One chunk, one group (`triton_transfer`): grid (programs, layers x planes).
 Program (i, l*P + p) moves bytes [i*BYTES_PER_PROGRAM, (i+1)*BYTES_PER_PROGRAM)
 of plane p's region of layer l. Many chunks, every group of a call
-(`triton_transfer_chunk_batches`, groups of one launch shape in one launch):
+(`triton_transfer_chunk_batches`, every group of a call in one launch):
 grid (work items, chunks), each work item one
 program's bytes of one (group, layer, plane) region. A program walks its bytes
 as a flat run of vectors (the chunk side is contiguous; each vector looks up
@@ -73,18 +73,19 @@ class LaunchShape:
 
 
 DEFAULT_LAUNCH_SHAPE = LaunchShape(VECTORS_PER_TILE, BYTES_PER_PROGRAM, NUM_WARPS)
-# Multi-chunk launches pick their shape once per `ChunkRows` by the most bytes one region
+# A multi-chunk launch picks its shape by the most bytes one region of any of its groups
 # moves: (up to this many region bytes, shape), the first that fits; larger regions take
-# DEFAULT_LAUNCH_SHAPE. A region smaller than a tile leaves most lanes masked, so small
-# regions get small programs. H100, scripts/bench_transfer.py --tune-request (DSv4-like
-# request, kernel us store + load): the 8192-byte indexer regions 43 with 128/2048/4 vs 72
-# with the default, the 1152-byte C128 regions 10.0 vs 12.4; 36864- and 147456-byte regions
-# and MLA's 294912 within 1% of the default under every shape tried.
+# DEFAULT_LAUNCH_SHAPE. A region smaller than a tile leaves most lanes masked, so where every
+# region is small the programs are small. H100, scripts/bench_transfer.py --tune-request, a
+# DSv4-like request (regions of 1152 to 147456 bytes) in one launch, kernel us store / load:
+# 258 / 259 with the default shape, 279 / 285 with 128/2048/4, and 266 / 267 with two launches
+# (the 8192-byte regions' group with 128/2048/4, the rest with the default); its indexer regions
+# alone had taken 43 us with 128/2048/4 vs 72 with the default when each group launched alone.
 CHUNK_LAUNCH_SHAPES: tuple[tuple[int, LaunchShape], ...] = ((8192, LaunchShape(128, 2048, 4)),)
 
 
 def chunk_launch_shape(max_region_bytes: int) -> LaunchShape:
-    """The launch shape of a multi-chunk launch whose largest region moves `max_region_bytes`."""
+    """The launch shape of a multi-chunk launch whose largest region (of any group) moves `max_region_bytes`."""
     for limit, shape in CHUNK_LAUNCH_SHAPES:
         if max_region_bytes <= limit:
             return shape
@@ -299,8 +300,8 @@ def _paged_chunk_kernel(
                     BYTES_PER_PROGRAM)
 
 
-# Multi-chunk launch: the layer groups of a call (chunks and slots shared) of one launch shape
-# in ONE launch. Grid (work items, chunks). Its tables, built and uploaded once per set of (rows, chunk
+# Multi-chunk launch: the layer groups of a call (chunks and slots shared) in ONE launch.
+# Grid (work items, chunks). Its tables, built and uploaded once per set of (rows, chunk
 # offset) and address alignment (`_chunks_launch`), requests of one length sharing them:
 #   table, int64 [table rows, 9]: one row per (group, layer, plane): cache address, rows in
 #     the cache, block stride (bytes), block size, row bytes, region offset (bytes from a
@@ -605,37 +606,31 @@ def _chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape:
 
 
 def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, shape: LaunchShape | None = None) -> int:
-    """Run validated multi-chunk transfers (one per layer group), groups of one launch shape in ONE launch;
-    returns launches.
+    """Run validated multi-chunk transfers (one per layer group) in ONE launch; returns launches.
 
-    Batches that share their chunks (the same addresses), slot tensor, direction (a call's
-    layer groups do) and launch shape go in one launch: `shape` for all (tuning), else each
-    group's `chunk_launch_shape` of its largest region (H100: one shape for groups of 8 KiB and
-    of 144 KiB regions cost the DSv4-like load's kernel 5%), so a call takes one launch or two.
-    Per call at most one host-to-device copy per set of chunks: their addresses, relative to the
-    copy's own device tensor, which anchors every data address (chunk buffers may lie in other
-    allocations or in mapped host memory: they are reached by their distance from it); chunks
-    of one pool (`pool_chunk_buffers`) are anchored on the pool and upload nothing. Tables,
-    grids and compiled kernels are looked up, not rebuilt.
+    Batches that share their chunks (the same addresses), slot tensor and direction (a call's
+    layer groups do) go in one launch, in `shape` (tuning) or else `chunk_launch_shape` of
+    their largest region; others in one launch per such set. Per launch at most one
+    host-to-device copy: the chunk addresses, relative to the copy's own device tensor, which
+    anchors every data address (chunk buffers may lie in other allocations or in mapped host
+    memory: they are reached by their distance from it); chunks of one pool
+    (`pool_chunk_buffers`) are anchored on the pool and upload nothing. Tables, grids and
+    compiled kernels are looked up, not rebuilt.
     """
     if shape is not None:
         _check_tile(shape.tile, shape.bytes_per_program)
     sets: dict[tuple, list[ResolvedChunkBatch]] = {}
     for batch in batches:
         if batch.num_chunks and batch.rows.max_region_bytes:
-            launch_shape = shape or chunk_launch_shape(batch.rows.max_region_bytes)
-            key = (batch.buffers.addresses.tobytes(), batch.slots.data_ptr(), batch.store, launch_shape)
+            key = (batch.buffers.addresses.tobytes(), batch.slots.data_ptr(), batch.store)
             sets.setdefault(key, []).append(batch)
-    uploaded: dict[bytes, torch.Tensor] = {}  # chunk addresses on the device, by the chunks' addresses
-    for key, members in sets.items():
-        _launch_chunks(members, key[-1], uploaded, key[0])
+    for members in sets.values():
+        _launch_chunks(members, shape or chunk_launch_shape(max(batch.rows.max_region_bytes for batch in members)))
     return len(sets)
 
 
-def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape, uploaded: dict[bytes, torch.Tensor],
-                   chunks_key: bytes) -> None:
-    """One launch of `batches` (chunks, slots and direction shared) in `shape`; their chunks' addresses
-    uploaded into `uploaded[chunks_key]` unless the call's other launch did (or a pool anchors them)."""
+def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape) -> None:
+    """One launch of `batches` (chunks, slots and direction shared) in `shape`."""
     first = batches[0]
     buffers, device = first.buffers, first.group.device
     if buffers.pool is not None:
@@ -645,11 +640,9 @@ def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape, upload
         anchor_tensor, anchor = buffers.pool, buffers.pool.data_ptr()
         addresses = _pool_offsets_table(buffers.pool_offsets, device)
     else:
-        addresses = uploaded.get(chunks_key)
-        if addresses is None:
-            addresses = uploaded[chunks_key] = torch.empty(len(buffers), dtype=torch.int64, device=device)
-            _upload(buffers.addresses - addresses.data_ptr(), device, out=addresses)
+        addresses = torch.empty(len(buffers), dtype=torch.int64, device=device)
         anchor_tensor, anchor = addresses, addresses.data_ptr()
+        _upload(buffers.addresses - anchor, device, out=addresses)
     # Widths must divide every chunk's distance from the anchor: the gcd of them all stands for it.
     launch = _chunks_launch(batches, math.gcd(buffers.address_gcd, anchor), shape)
     slot_address, addresses_address = first.slots.data_ptr(), addresses.data_ptr()

@@ -94,7 +94,7 @@ def _second_group(device: str, slots: torch.Tensor):
     return group, slots, starts, counts, group.chunk_layout([2]), caches
 
 
-def _run_groups(device: str, backend: str, store: bool, chunk_offset: int = 32, triton_launches: int = 1):
+def _run_groups(device: str, backend: str, store: bool, chunk_offset: int = 32):
     """(chunks, caches) after ONE batched call moving two groups at their offsets in each chunk, and the
     same after one single-chunk call per group and chunk."""
     results = []
@@ -112,8 +112,7 @@ def _run_groups(device: str, backend: str, store: bool, chunk_offset: int = 32, 
                        for g, s, c, lay, o in parts]
             launch_counter.reset()
             launched = transfer_chunk_batches(batches, backend=backend)
-            assert launched == (triton_launches if backend == "triton" else 2)
-            assert launched == launch_counter.triton + launch_counter.torch
+            assert launched == (1 if backend == "triton" else 2) == launch_counter.triton + launch_counter.torch
         else:
             for g, s, c, lay, o in parts:
                 for index, chunk in enumerate(chunks):
@@ -231,10 +230,14 @@ def _run_shapes(device: str, store: bool, chunk_offset: int = 32):
             tt.CHUNK_LAUNCH_SHAPES = ((2**40, tt.LaunchShape(tile, per_program, warps)),)
             _assert_same(_run(device, "triton", store, chunk_offset))
             _assert_same(_run_groups(device, "triton", store, chunk_offset))
-        # The first group's largest region is 64 bytes, the second's 48: two shapes, two launches
-        # (sharing one upload of the chunks' addresses).
-        tt.CHUNK_LAUNCH_SHAPES = ((50, tt.LaunchShape(64, 4096, 2)),)
-        _assert_same(_run_groups(device, "triton", store, chunk_offset, triton_launches=2))
+        # The first group's largest region is 64 bytes, the second's 48: the launch takes the shape
+        # of the largest region of all.
+        small = tt.LaunchShape(64, 4096, 2)
+        for limit, picked in ((50, tt.DEFAULT_LAUNCH_SHAPE), (64, small)):
+            tt.CHUNK_LAUNCH_SHAPES = ((limit, small),)
+            tt._chunks_launches.clear()
+            _assert_same(_run_groups(device, "triton", store, chunk_offset))
+            assert {launch.shape for launch in tt._chunks_launches.values()} == {picked}
     finally:
         tt.CHUNK_LAUNCH_SHAPES = saved
 
