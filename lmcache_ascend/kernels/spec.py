@@ -700,7 +700,7 @@ class ChunkRows:
     `slots[starts[c, p] : starts[c, p] + counts[c, p]]`, into / out of the first
     rows of its region. The arrays are read-only: callers keep and reuse a
     `ChunkRows` for every call with the same rows (requests of one length), and
-    backends cache what they derive from it (device tables) in `backend_cache`.
+    backends key what they derive from it (device tables) on its identity.
     """
 
     group: PagedGroup
@@ -709,7 +709,6 @@ class ChunkRows:
     counts: np.ndarray  # int64 [chunks, planes]
     slots_needed: int  # the slot tensor must hold at least this many entries
     max_region_bytes: int  # the most bytes one (chunk, layer, plane) region moves
-    backend_cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_chunks(self) -> int:
