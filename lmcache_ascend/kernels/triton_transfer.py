@@ -617,9 +617,7 @@ def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, shap
     (`pool_chunk_buffers`) are anchored on the pool and upload nothing. Tables, grids and
     compiled kernels are looked up, not rebuilt.
     """
-    if shape is not None:
-        _check_tile(shape.tile, shape.bytes_per_program)
-    sets: dict[tuple, list[ResolvedChunkBatch]] = {}
+    sets: dict[tuple, list[ResolvedChunkBatch]] = {}  # (a given shape is checked before its first launch)
     for batch in batches:
         if batch.num_chunks and batch.rows.max_region_bytes:
             key = (batch.buffers.addresses.tobytes(), batch.slots.data_ptr(), batch.store)

@@ -212,6 +212,8 @@ class DeviceSlots:
         device took 0.7-2.2 ms of launches per request, several times the copy of its
         result (scripts/bench_slot_resolution.py --device cuda, notes/issue-13-bench.md).
         """
+        if not requests:
+            return {}
         plans = {key: _expansion_plan(step, groups, cached_tokens) for key, (step, cached_tokens) in requests.items()}
         bounds, cursor = {}, 0
         for key, plan in plans.items():
@@ -222,7 +224,7 @@ class DeviceSlots:
             begin = bounds[key][0]
             _expand_block_ids(np.asarray(requests[key][0].block_ids, dtype=np.int64), plan.groups,
                               host[begin : begin + plan.rows])
-        joined = _to_device(host, device) if cursor else None
+        joined = _to_device(host, device)
         return {key: cls(joined[slice(*bounds[key])], plan.offsets, plan.lengths) for key, plan in plans.items()}
 
     @classmethod
