@@ -250,8 +250,7 @@ def host_breakdown(case: "RequestCase", store: bool = True, calls: int = 20) -> 
     for _ in range(calls):
         _synchronize()
         begin = time.perf_counter()
-        slots = timed("hand_over", lambda: DeviceSlots.from_block_ids(case.step, case.chunk_layout.geometry_by_group,
-                                                                      case.device))
+        slots = timed("hand_over", case.hand_over)
         rows = timed("batch_rows", lambda: mover.batch_rows(slots, case.starts))
         buffers = timed("chunk_buffers", lambda: chunk_buffers(case.device_chunks))
         batches = timed("resolve_chunk_batch", lambda: [
