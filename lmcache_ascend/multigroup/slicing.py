@@ -1,4 +1,4 @@
-"""Per-group block arithmetic: slice rule, prefix bound and primary group.
+"""Per-group block arithmetic: slice rule and prefix bound.
 
 Under vLLM's hybrid manager ``cache_config.block_size`` (the "vLLM block
 size") is the GCD of the group block sizes, e.g. 4 for DeepSeek-V4 on CUDA
@@ -17,7 +17,6 @@ from typing import Mapping, Sequence
 __all__ = [
     "group_block_range",
     "prefix_bound_in_vllm_blocks",
-    "primary_group_index",
 ]
 
 
@@ -73,18 +72,3 @@ def prefix_bound_in_vllm_blocks(
         covered = num_blocks_by_group.get(group, 0) * size // vllm_block_size
         bound = covered if bound is None else min(bound, covered)
     return bound
-
-
-def primary_group_index(
-    num_blocks_by_group: Sequence[int], block_sizes: Sequence[int], candidates: Sequence[int]
-) -> int:
-    """argmax over `candidates` of blocks * block size (tokens covered); ties: lowest index."""
-    if not candidates:
-        raise ValueError("no candidate groups for the primary group")
-    best = candidates[0]
-    best_tokens = num_blocks_by_group[best] * block_sizes[best]
-    for group in candidates[1:]:
-        tokens = num_blocks_by_group[group] * block_sizes[group]
-        if tokens > best_tokens:
-            best, best_tokens = group, tokens
-    return best

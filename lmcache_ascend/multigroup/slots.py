@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lmcache_ascend.multigroup.slicing import primary_group_index
 from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout, chunk_row_window
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID, GroupBlockTracker
 
@@ -41,16 +40,13 @@ class StepBlockIds:
 
     ``block_ids`` holds, for each transferred group in group order, the
     ``groups[g].num_blocks(num_tokens)`` blocks that the first ``num_tokens``
-    tokens' rows occupy (`group_block_ids` splits it). ``primary_group`` is the
-    transferred group that covers the most tokens (``argmax len(block_ids[g]) *
-    block_size[g]``). ``num_tokens`` equals ``len(req_meta.token_ids)``;
-    ``chunk_size`` is LMCache's chunk size and ``vllm_cached_tokens`` the prefix
-    vLLM already holds (0 if no load).
+    tokens' rows occupy (`group_block_ids` splits it). ``num_tokens`` equals
+    ``len(req_meta.token_ids)``; ``chunk_size`` is LMCache's chunk size and
+    ``vllm_cached_tokens`` the prefix vLLM already holds (0 if no load).
     """
 
     groups: tuple[KVGroupSpec, ...]
     block_ids: np.ndarray
-    primary_group: int
     num_tokens: int
     chunk_size: int
     vllm_cached_tokens: int = 0
@@ -138,13 +134,10 @@ def step_block_ids(
                 f"of {group.block_size} tokens but only {tracked} are tracked"
             )
         counts.append(needed)
-    # One read-only array that owns its ids: pickled alone, never a view of a larger one.
-    block_ids = tracker.joined_block_ids(indices, tuple(counts))
-    primary = primary_group_index(tracker.num_blocks_by_group(), layout.block_sizes, indices)
     return StepBlockIds(
         groups=layout.groups,
-        block_ids=block_ids,
-        primary_group=primary,
+        # One read-only array over exactly its ids: pickled alone, never a view of a larger one.
+        block_ids=tracker.joined_block_ids(indices, tuple(counts)),
         num_tokens=num_tokens,
         chunk_size=chunk_size,
         vllm_cached_tokens=vllm_cached_tokens,

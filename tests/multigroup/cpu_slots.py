@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lmcache_ascend.multigroup.slicing import primary_group_index
 from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout, cached_row_count, chunk_row_window
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID, GroupBlockTracker
 
@@ -49,7 +48,6 @@ class GroupSlotMappings:
 
     groups: tuple[KVGroupSpec, ...]
     slot_mappings: tuple[torch.Tensor | None, ...]
-    primary_group: int
     num_tokens: int
     chunk_size: int
     vllm_cached_tokens: int = 0
@@ -87,5 +85,4 @@ def build_group_slot_mappings(
         else None
         for group in layout.groups
     )
-    primary = primary_group_index(tracker.num_blocks_by_group(), layout.block_sizes, layout.transferred_group_indices)
-    return GroupSlotMappings(layout.groups, slot_mappings, primary, num_tokens, chunk_size, vllm_cached_tokens)
+    return GroupSlotMappings(layout.groups, slot_mappings, num_tokens, chunk_size, vllm_cached_tokens)

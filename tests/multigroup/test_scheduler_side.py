@@ -111,7 +111,6 @@ def test_dsv4_request_life_tracks_every_group_row_by_row(patched):
     assert tracker.allocated_block_ids == tables_512[0]  # upstream's own field is untouched
     slots, store, _ = _assert_rows(req, fixture, tables_512)
     assert slots.transferred_groups == (0, 1, 2, 3, 8)
-    assert slots.primary_group == 1  # one 16384-token block covers the most tokens
     # Upstream's own slot mapping: group 2's table (128-token blocks divide the chunk), owning its memory.
     assert req.slot_mapping.tolist() == reference_raw_slots(128, 1, tables_512[2], 512)
     assert req.slot_mapping.untyped_storage().nbytes() == 512 * 8
@@ -235,7 +234,7 @@ def test_metadata_with_block_ids_survives_pickling_to_workers(patched):
     payload = pickle.dumps(meta)
     copy = pickle.loads(payload)
     original, restored = STEP_BLOCK_IDS.get(meta.requests[0]), STEP_BLOCK_IDS.get(copy.requests[0])
-    assert restored.groups == original.groups and restored.primary_group == original.primary_group
+    assert restored.groups == original.groups and restored.num_tokens == original.num_tokens
     assert restored.block_ids.tolist() == original.block_ids.tolist()
     assert _resolve(restored) == _resolve(original)
     # No tensor of the scheduler's beyond upstream's own slot mapping (512 entries, owning its
