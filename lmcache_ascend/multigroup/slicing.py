@@ -12,7 +12,7 @@ leaving missing groups out over-reports the prefix).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping
 
 __all__ = [
     "group_block_range",
