@@ -4,9 +4,9 @@ The scheduler side (issue 3) makes one `StepBlockIds` per request and step and
 attaches it to LMCache's ``ReqMeta`` (`attachments.STEP_BLOCK_IDS`). It is absent
 for single-group models, whose ``ReqMeta.slot_mapping`` stays exactly what
 upstream LMCache computes. vLLM pickles the metadata to the workers every step,
-so it carries the block ids of the transferred groups in ONE int64 numpy array
-(a few hundred ids, where the slots were a tensor of one entry per row per
-group) plus scalars; the worker turns them into slots on its device, once per
+so it carries the block ids of the transferred groups packed in ONE bytes object
+of int64s (a few hundred ids, where the slots were a tensor of one entry per row
+per group) plus scalars; the worker turns them into slots on its device, once per
 request and step (`lmcache_ascend.kv_layout.transfer.DeviceSlots.from_block_ids`).
 
 Slot semantics (paged row index inside the group's KV tensor, as in vLLM's
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout, chunk_row_window
-from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID, GroupBlockTracker
+from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID, GroupBlockTracker, unpack_block_ids
 
 __all__ = ["StepBlockIds", "step_block_ids"]
 
@@ -38,18 +38,24 @@ __all__ = ["StepBlockIds", "step_block_ids"]
 class StepBlockIds:
     """Block ids of every transferred KV-cache group of one request for one step.
 
-    ``block_ids`` holds, for each transferred group in group order, the
+    ``packed_block_ids`` holds, for each transferred group in group order, the
     ``groups[g].num_blocks(num_tokens)`` blocks that the first ``num_tokens``
-    tokens' rows occupy (`group_block_ids` splits it). ``num_tokens`` equals
+    tokens' rows occupy, as `GroupBlockTracker.packed_block_ids` packs them
+    (`block_ids` reads them, `group_block_ids` splits them). ``num_tokens`` equals
     ``len(req_meta.token_ids)``; ``chunk_size`` is LMCache's chunk size and
     ``vllm_cached_tokens`` the prefix vLLM already holds (0 if no load).
     """
 
     groups: tuple[KVGroupSpec, ...]
-    block_ids: np.ndarray
+    packed_block_ids: bytes
     num_tokens: int
     chunk_size: int
     vllm_cached_tokens: int = 0
+
+    @property
+    def block_ids(self) -> np.ndarray:
+        """The ids of `packed_block_ids`, read-only, without a copy."""
+        return unpack_block_ids(self.packed_block_ids)
 
     @property
     def transferred_groups(self) -> tuple[int, ...]:
@@ -57,16 +63,17 @@ class StepBlockIds:
 
     def group_block_ids(self) -> dict[int, np.ndarray]:
         """Transferred group -> its blocks (views of `block_ids`); checks the total length."""
+        block_ids = self.block_ids
         out: dict[int, np.ndarray] = {}
         cursor = 0
         for group in self.groups:
             if group.transferred:
                 count = group.num_blocks(self.num_tokens)
-                out[group.group_index] = self.block_ids[cursor : cursor + count]
+                out[group.group_index] = block_ids[cursor : cursor + count]
                 cursor += count
-        if cursor != len(self.block_ids):
+        if cursor != len(block_ids):
             raise ValueError(
-                f"StepBlockIds carries {len(self.block_ids)} block ids; its {len(out)} transferred groups need "
+                f"StepBlockIds carries {len(block_ids)} block ids; its {len(out)} transferred groups need "
                 f"{cursor} for {self.num_tokens} tokens"
             )
         return out
@@ -136,8 +143,7 @@ def step_block_ids(
         counts.append(needed)
     return StepBlockIds(
         groups=layout.groups,
-        # One read-only array over exactly its ids: pickled alone, never a view of a larger one.
-        block_ids=tracker.joined_block_ids(indices, tuple(counts)),
+        packed_block_ids=tracker.packed_block_ids(indices, tuple(counts)),
         num_tokens=num_tokens,
         chunk_size=chunk_size,
         vllm_cached_tokens=vllm_cached_tokens,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 import torch
@@ -34,7 +36,7 @@ from lmcache_ascend.multigroup.state_skip import (
     StateGroupPolicy,
     policy_from_values,
 )
-from lmcache_ascend.multigroup.tracker import GroupBlockTracker
+from lmcache_ascend.multigroup.tracker import GroupBlockTracker, unpack_block_ids
 from tests.multigroup.cpu_slots import build_group_slot_mappings, raw_slot_mapping_for_group, rows_in_chunk_windows
 from tests.multigroup.reference import reference_load_slots, reference_raw_slots, reference_store_slots
 
@@ -237,12 +239,6 @@ def test_step_block_ids_need_enough_blocks():
         step_block_ids(layout, tracker, 33, 16)
 
 
-def _holds_only_its_ids(array: np.ndarray) -> bool:
-    # Pickled alone: the memory under the array is exactly its ids, never a view of a larger buffer.
-    owner = array if array.base is None else array.base
-    return memoryview(owner).nbytes == array.nbytes
-
-
 def test_step_block_ids_ship_compact_numpy_ids_and_resolve_per_direction():
     layout = _layout(
         KVGroupSpec(0, "C4AttnKV", 16, 4),
@@ -252,9 +248,9 @@ def test_step_block_ids_ship_compact_numpy_ids_and_resolve_per_direction():
     tracker = GroupBlockTracker.for_new_request(([1, 2, 9], [3, 4, 5, 6], [7, 8, 9, 10, 11]), 3)
     step = step_block_ids(layout, tracker, num_tokens=32, chunk_size=16, vllm_cached_tokens=8)
     assert step.transferred_groups == (0, 2)
-    # Only the blocks 32 tokens occupy, of transferred groups, in one int64 array over exactly its ids.
+    # Only the blocks 32 tokens occupy, of transferred groups, packed in one bytes object of int64s.
+    assert isinstance(step.packed_block_ids, bytes) and len(step.packed_block_ids) == 6 * 8
     assert isinstance(step.block_ids, np.ndarray) and step.block_ids.dtype == np.int64
-    assert _holds_only_its_ids(step.block_ids)
     assert step.block_ids.tolist() == [1, 2, 7, 8, 9, 10]
     assert {g: ids.tolist() for g, ids in step.group_block_ids().items()} == {0: [1, 2], 2: [7, 8, 9, 10]}
     store, load = _resolved(step), _resolved(step, step.vllm_cached_tokens)
@@ -272,23 +268,30 @@ def test_step_block_ids_ship_compact_numpy_ids_and_resolve_per_direction():
     assert tracker.block_ids_by_group[0] == [1, 2, 9] and step.block_ids.tolist() == [1, 2, 7, 8, 9, 10]
 
 
-def test_joined_block_ids_convert_only_new_blocks_and_follow_every_table_change():
+def test_packed_block_ids_pack_only_new_blocks_and_follow_every_table_change():
     tracker = GroupBlockTracker.for_new_request(([1, 2], [3, 4, 5], [6]), 3)
-    first = tracker.joined_block_ids((0, 1), (2, 2))
-    assert first.tolist() == [1, 2, 3, 4] and _holds_only_its_ids(first) and not first.flags.writeable
-    assert tracker.joined_block_ids((0, 1), (2, 2)) is first  # nothing new: the same array
+
+    def ids(groups, counts) -> list[int]:
+        return unpack_block_ids(tracker.packed_block_ids(groups, counts)).tolist()
+
+    first = tracker.packed_block_ids((0, 1), (2, 2))
+    assert unpack_block_ids(first).tolist() == [1, 2, 3, 4] and not unpack_block_ids(first).flags.writeable
+    assert first == struct.pack("<4q", 1, 2, 3, 4)  # the wire format: little-endian int64s
+    assert tracker.packed_block_ids((0, 1), (2, 2)) is first  # nothing new: the same bytes
     tracker.append_new_blocks(([7], [8], []))
-    grown = tracker.joined_block_ids((0, 1), (3, 4))
-    assert grown.tolist() == [1, 2, 7, 3, 4, 5, 8] and _holds_only_its_ids(grown)
-    assert first.tolist() == [1, 2, 3, 4]  # the earlier step's array is left as it was
+    assert ids((0, 1), (3, 4)) == [1, 2, 7, 3, 4, 5, 8]
+    assert unpack_block_ids(first).tolist() == [1, 2, 3, 4]  # the earlier step's bytes are left as they were
     # Fewer blocks than last time (a rolled-back request), other groups, then a new table.
-    assert tracker.joined_block_ids((0, 1), (1, 2)).tolist() == [1, 3, 4]
-    assert tracker.joined_block_ids((1, 2), (3, 1)).tolist() == [3, 4, 5, 6]
+    assert ids((0, 1), (1, 2)) == [1, 3, 4]
+    assert ids((0, 1), (2, 4)) == [1, 2, 3, 4, 5, 8]
+    assert ids((1, 2), (3, 1)) == [3, 4, 5, 6]
     tracker.reset_after_preemption(([20, 21, 22], [23, 24, 25, 26], [27]))
-    assert tracker.joined_block_ids((1, 2), (3, 1)).tolist() == [23, 24, 25, 27]
-    assert tracker.joined_block_ids((0, 1, 2), (0, 0, 0)).tolist() == []
+    assert ids((1, 2), (3, 1)) == [23, 24, 25, 27]
+    assert ids((0, 1, 2), (0, 0, 0)) == []
     with pytest.raises(ValueError, match=r"counts \(4, 1\) of groups \(0, 2\) exceed the tracked blocks \(3, 4, 1\)"):
-        tracker.joined_block_ids((0, 2), (4, 1))
+        tracker.packed_block_ids((0, 2), (4, 1))
+    with pytest.raises(ValueError, match=r"counts \(3, 5\) of groups \(0, 1\) exceed the tracked blocks"):
+        tracker.packed_block_ids((0, 1), (3, 5))  # a short group before a full one
 
 
 def test_step_block_ids_attachment_reads_the_documented_attribute():
@@ -297,7 +300,7 @@ def test_step_block_ids_attachment_reads_the_documented_attribute():
 
     meta = Meta()
     assert STEP_BLOCK_IDS.get(meta) is None
-    value = StepBlockIds((), np.empty(0, dtype=np.int64), 0, 256)
+    value = StepBlockIds((), b"", 0, 256)
     STEP_BLOCK_IDS.set(meta, value)
     assert STEP_BLOCK_IDS.get(meta) is value and vars(meta) == {"ascend_step_block_ids": value}
 
@@ -311,7 +314,7 @@ def test_device_slots_refuse_unregistered_or_disagreeing_groups():
     other = {0: layout.groups[0], 1: KVGroupSpec(1, "C4", 32, 4)}
     with pytest.raises(LayoutError, match="scheduler group 1: the scheduler's block ids are for .*block_size=16"):
         DeviceSlots.from_block_ids(step, other, CPU)
-    short = StepBlockIds(layout.groups, step.block_ids[:-1].copy(), 16, 16)
+    short = StepBlockIds(layout.groups, step.packed_block_ids[:-8], 16, 16)
     with pytest.raises(ValueError, match="carries 2 block ids; its 2 transferred groups need 3 for 16 tokens"):
         DeviceSlots.from_block_ids(short, layout.groups_by_index(), CPU)
 

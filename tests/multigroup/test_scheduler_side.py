@@ -62,6 +62,7 @@ def _assert_rows(meta, fixture, block_ids_by_group, chunk_size=256, vllm_cached=
     num_tokens = len(meta.token_ids)
     assert step.num_tokens == num_tokens and step.chunk_size == chunk_size
     assert step.vllm_cached_tokens == vllm_cached
+    assert isinstance(step.packed_block_ids, bytes)  # what is pickled to the workers
     assert isinstance(step.block_ids, np.ndarray) and step.block_ids.dtype == np.int64
     store, load = _resolve(step), _resolve(step, step.vllm_cached_tokens)
     for group, (block_size, ratio, window) in enumerate(_specs(fixture)):
