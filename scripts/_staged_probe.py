@@ -1,7 +1,7 @@
 """H100 diagnostic of the staged path: host timestamps of its steps (first occurrence, us after the call begins,
 medians; each step wrapped, which adds a few us) and the device timeline of its copies, per layout and direction;
-then the pinned copy against the staged path as it is (the first wave's chunks checked alone, its work issued
-before the others are checked) and with every chunk checked first (the order before), rounds interleaved.
+then the pinned copy against the staged path under each of `VARIANTS` (a store's first wave written straight
+into pinned host chunks or through staging; waves doubling or at capacity after the first), rounds interleaved.
 
     python scripts/_staged_probe.py [--rounds 15]
 """
@@ -25,7 +25,29 @@ import _bench_request as br  # noqa: E402
 from lmcache_ascend.kv_layout import transfer  # noqa: E402
 
 
-def host_phases(run, rounds: int = 30) -> dict:
+def fine_phases(run, before=None, rounds: int = 15) -> dict:
+    """`host_phases` of a staged call with every step down to the launch and the stream calls wrapped,
+    each call right after `before()` (where given) and a synchronization."""
+    from lmcache_ascend.kernels import triton_transfer as tt
+    from lmcache_ascend.kv_layout.transfer import ChunkMover
+
+    owners = {
+        "transfer": (transfer, ("chunk_buffers", "_joined_neighbours", "_staging_spans", "pool_chunk_buffers",
+                                "_copy_spans", "staging_waves", "resolve_chunk_batch", "transfer_chunk_batches",
+                                "_device_module")),
+        "mover": (ChunkMover, ("staging_buffer", "move_batch", "batch_rows", "_device_slots", "_resolved_slots",
+                               "reachable", "_staged_store")),
+        "waves": (transfer._StagedWaves, ("plan", "check", "copy")),
+        "tt": (tt, ("_launch_chunks", "_pool_offsets_table", "_chunks_launch", "_launch", "chunk_launch_shape")),
+        "event": (torch.cuda.Event, ("record",)),
+        "stream": (torch.cuda.Stream, ("wait_event",)),
+        "context": (torch.cuda.StreamContext, ("__enter__", "__exit__")),
+    }
+    return host_phases(run, rounds, [(owner, name, f"{prefix}.{name}") for prefix, (owner, names) in owners.items()
+                                     for name in names], before)
+
+
+def host_phases(run, rounds: int = 30, targets=None, before=None) -> dict:
     """Host timestamps (us after the call begins) of the staged path's steps, first occurrence of
     each, medians over `rounds` calls; `kernels_done`: device time of the first wave's kernels' end."""
     from lmcache_ascend.kv_layout.transfer import ChunkMover
@@ -48,19 +70,19 @@ def host_phases(run, rounds: int = 30) -> dict:
 
         setattr(owner, name, timed)
 
-    wrap(transfer, "chunk_buffers", "chunk_buffers")
-    wrap(transfer, "_joined_neighbours", "joined")
-    wrap(transfer._StagedWaves, "plan", "plan")
-    wrap(ChunkMover, "move_batch", "move_batch")
-    wrap(transfer, "resolve_chunk_batch", "resolve")
-    wrap(transfer, "transfer_chunk_batches", "launches")
-    wrap(transfer, "_copy_spans", "copy_spans")
-    wrap(ChunkMover, "staging_buffer", "staging_buffer")
-    wrap(transfer, "staging_waves", "waves")
-    wrap(transfer, "pool_chunk_buffers", "pool_buffers")
-    wrap(transfer, "_staging_spans", "spans")
+    for owner, name, label in targets or (
+        (transfer, "chunk_buffers", "chunk_buffers"), (transfer, "_joined_neighbours", "joined"),
+        (transfer._StagedWaves, "plan", "plan"), (ChunkMover, "move_batch", "move_batch"),
+        (transfer, "resolve_chunk_batch", "resolve"), (transfer, "transfer_chunk_batches", "launches"),
+        (transfer, "_copy_spans", "copy_spans"), (ChunkMover, "staging_buffer", "staging_buffer"),
+        (transfer, "staging_waves", "waves"), (transfer, "pool_chunk_buffers", "pool_buffers"),
+        (transfer, "_staging_spans", "spans"),
+    ):
+        wrap(owner, name, label)
     try:
         for _ in range(rounds):
+            if before is not None:
+                before()
             torch.cuda.synchronize()
             current.clear()
             begin[0] = time.perf_counter()
@@ -73,42 +95,103 @@ def host_phases(run, rounds: int = 30) -> dict:
     return {label: round(statistics.median(values), 1) for label, values in sorted(marks.items(), key=lambda kv: statistics.median(kv[1]))}
 
 
-def _check_all_first(self, through: int) -> None:
-    """`_StagedWaves.check` as before the first wave went out alone: every chunk at the first check."""
-    _check(self, len(self.chunks))
+def _waves_doubling(chunks, capacity, first=transfer.FIRST_WAVE_CHUNKS):
+    return _staging_waves(chunks, capacity, first)
 
 
-_check = transfer._StagedWaves.check
+_staging_waves = transfer.staging_waves
+
+def _waves_capacity(chunks, capacity, first=transfer.FIRST_WAVE_CHUNKS):
+    """The first wave, then waves of `capacity` chunks (no doubling)."""
+    waves = _staging_waves(min(chunks, first), capacity, first)
+    begin = waves[-1][1] if waves else 0
+    while begin < chunks:
+        waves.append((begin, min(begin + capacity, chunks)))
+        begin = waves[-1][1]
+    return waves
 
 
-def first_wave_ab(case, store: bool, rounds: int) -> dict:
-    """pinned copy / staged, the first wave checked alone (as it is) and every chunk checked first, rounds
-    interleaved in a rotating order; medians and [p25-p75] of the per-round ratios."""
-    variants = {
-        "first_wave_alone": lambda: case.ours(case.host_chunks, store, "staging"),
-        "all_checked_first": lambda: case.ours(case.host_chunks, store, "staging"),
-    }
-    times: dict[str, list[float]] = {name: [] for name in ("copy_pinned", *variants)}
-    for name in variants:  # warm both
-        variants[name]()
-    order = ["copy_pinned", *variants]
+# name -> (the store's first wave mapped, waves): the code as it is first.
+VARIANTS = {
+    "mapped_first": (True, _waves_doubling),
+    "staged_first": (False, _waves_doubling),
+    "mapped_first_capacity": (True, _waves_capacity),
+    "staged_capacity": (False, _waves_capacity),
+}
+
+
+def variants_ab(case, store: bool, rounds: int) -> dict:
+    """pinned copy / staged call under each of `VARIANTS` (a load has no mapped first wave: only the
+    waves differ), rounds interleaved in a rotating order; medians and [p25-p75] of the per-round ratios."""
+    names = list(VARIANTS) if store else [name for name in VARIANTS if not VARIANTS[name][0]]
+    order = ["copy_pinned", *names]
+    times: dict[str, list[float]] = {name: [] for name in order}
+    saved = (transfer.MAPPED_FIRST_WAVE, transfer.staging_waves)
+
+    def run(name):
+        if name == "copy_pinned":
+            case.copy_pinned(store)
+            return
+        transfer.MAPPED_FIRST_WAVE, transfer.staging_waves = VARIANTS[name]
+        try:
+            case.ours(case.host_chunks, store, "staging")
+        finally:
+            transfer.MAPPED_FIRST_WAVE, transfer.staging_waves = saved
+
+    for name in order:  # warm each
+        run(name)
     for round_index in range(rounds):
-        for name in order[round_index % 3:] + order[: round_index % 3]:
-            if name == "all_checked_first":
-                transfer._StagedWaves.check = _check_all_first
-            try:
-                torch.cuda.synchronize()
-                begin = time.perf_counter()
-                case.copy_pinned(store) if name == "copy_pinned" else variants[name]()
-                times[name].append((time.perf_counter() - begin) * 1e6)
-            finally:
-                transfer._StagedWaves.check = _check
+        shift = round_index % len(order)
+        for name in order[shift:] + order[:shift]:
+            torch.cuda.synchronize()
+            begin = time.perf_counter()
+            run(name)
+            times[name].append((time.perf_counter() - begin) * 1e6)
     out = {}
-    for name in variants:
+    for name in names:
         ratios = sorted(p / v for p, v in zip(times["copy_pinned"], times[name]))
         out[name] = {"us": round(statistics.median(times[name]), 1),
                      "pinned_over_staged": round(statistics.median(ratios), 3),
                      "p25": round(ratios[len(ratios) // 4], 3), "p75": round(ratios[(3 * len(ratios)) // 4], 3)}
+    out["copy_pinned_us"] = round(statistics.median(times["copy_pinned"]), 1)
+    return out
+
+
+def against_ab(case, store: bool, rounds: int, other) -> dict:
+    """pinned copy / staged call, this tree's `transfer` module against `other` (another version of it,
+    loaded from a file), rounds interleaved in a rotating order; medians and [p25-p75] of the ratios."""
+    other_mover = other.ChunkMover(case.chunk_layout)
+
+    def other_slots():
+        return other.DeviceSlots.from_block_ids(case.step, case.chunk_layout.geometry_by_group, case.device)
+
+    handed_over = other_slots()
+    runs = {
+        "copy_pinned": lambda: case.copy_pinned(store),
+        "this_tree": lambda: case.ours(case.host_chunks, store, "staging"),
+        "other": lambda: (other_mover.move_chunks(case.host_chunks, case.starts, handed_over if store else other_slots,
+                                                  store=store, host_path="staging"), torch.cuda.synchronize()),
+    }
+    order = list(runs)
+    times: dict[str, list[float]] = {name: [] for name in order}
+    for name in order:
+        runs[name]()
+    for round_index in range(rounds):
+        shift = round_index % len(order)
+        for name in order[shift:] + order[:shift]:
+            torch.cuda.synchronize()
+            begin = time.perf_counter()
+            runs[name]()
+            times[name].append((time.perf_counter() - begin) * 1e6)
+    out = {}
+    for name in ("this_tree", "other"):
+        ratios = sorted(p / v for p, v in zip(times["copy_pinned"], times[name]))
+        out[name] = {"us": round(statistics.median(times[name]), 1),
+                     "pinned_over_staged": round(statistics.median(ratios), 3),
+                     "p25": round(ratios[len(ratios) // 4], 3), "p75": round(ratios[(3 * len(ratios)) // 4], 3)}
+    paired = sorted(o / t for o, t in zip(times["other"], times["this_tree"]))
+    out["other_over_this_tree"] = {"median": round(statistics.median(paired), 4), "p25": round(paired[len(paired) // 4], 4),
+                                   "p75": round(paired[(3 * len(paired)) // 4], 4)}
     out["copy_pinned_us"] = round(statistics.median(times["copy_pinned"]), 1)
     return out
 
@@ -129,10 +212,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--out", default="results/staged_probe.json")
+    parser.add_argument("--against", metavar="TRANSFER_PY",
+                        help="only: the staged calls of this tree against another version of kv_layout/transfer.py")
+    parser.add_argument("--fine", action="store_true",
+                        help="only: the DSv4-like staged store's host steps, all wrapped, back to back and after "
+                             "the pinned copy")
     parser.add_argument("--neighbours", action="store_true",
                         help="only: the DSv4-like staged call after each other case of the bench")
     args = parser.parse_args()
     result = {}
+    if args.against:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("other_transfer", args.against)
+        other = importlib.util.module_from_spec(spec)
+        sys.modules["other_transfer"] = other  # (dataclasses look their module up)
+        spec.loader.exec_module(other)
+        for name in ("dsv4_bundled", "mla"):
+            case = br.RequestCase(name, 16384, 256, torch.device("cuda"))
+            for store in (True, False):
+                label = f"{name} {'store' if store else 'load'}"
+                result[label] = against_ab(case, store, args.rounds, other)
+                print(label, json.dumps(result[label]), flush=True)
+            del case
+            torch.cuda.empty_cache()
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as handle:
+            json.dump(result, handle, indent=1)
+        return
+    if args.fine:
+        case = br.RequestCase("dsv4_bundled", 16384, 256, torch.device("cuda"))
+        run = lambda: case.ours(case.host_chunks, True, "staging")  # noqa: E731
+        for label, before in (("back_to_back", None), ("after_copy_pinned", lambda: case.copy_pinned(True))):
+            run()
+            result[label] = fine_phases(run, before, args.rounds)
+            print(label, json.dumps(result[label]), flush=True)
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as handle:
+            json.dump(result, handle, indent=1)
+        return
     if args.neighbours:
         case = br.RequestCase("dsv4_bundled", 16384, 256, torch.device("cuda"))
         for store in (True, False):
@@ -159,7 +277,7 @@ def main() -> None:
             run = lambda: case.ours(case.host_chunks, store, "staging")  # noqa: E731
             run()
             result[label] = {"host_phases_us": host_phases(run, 15), "timeline": br.staged_timeline(case, store),
-                             "first_wave": first_wave_ab(case, store, args.rounds)}
+                             "variants": variants_ab(case, store, args.rounds)}
             for key, value in result[label].items():
                 print(label, key, value, flush=True)
         del case

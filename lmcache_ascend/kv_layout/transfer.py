@@ -14,7 +14,7 @@ Pure logic: torch, numpy and lmcache_ascend only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Hashable, Mapping, Sequence, Union
 
 import numpy as np
@@ -295,13 +295,17 @@ class ChunkMover:
             for group in layout.layer_groups
         )
         self._staging: torch.Tensor | None = None
+        # Per (chunks, STAGING_BYTES) of a staged call: (buffer, chunk stride, halves, half bytes, waves);
+        # emptied with the buffer.
+        self._staging_shapes: dict[tuple[int, int], tuple] = {}
+        self._stream_module = _device_module(self.device)
         self._copy_stream = None
         self._staging_released = None  # an event after the last staged call's work on the buffer
         self._windows: dict[tuple[bytes, bytes], tuple] = {}
         self._rows: dict[tuple, tuple] = {}
         # The staging buffer's chunks at a wave's offsets (`pool_chunk_buffers`), by offsets: requests of
         # one shape whose host chunks lie alike (one allocation) use the same few; emptied with the buffer.
-        self._staged_chunks: dict[bytes, ChunkBuffers] = {}
+        self._staged_chunks: dict[tuple[int, ...], ChunkBuffers] = {}
 
     @property
     def device(self) -> torch.device:
@@ -444,6 +448,7 @@ class ChunkMover:
         if self._staging is None or self._staging.numel() < wanted:
             self._staging = None  # the old buffer goes first: both may not fit
             self._staged_chunks.clear()
+            self._staging_shapes.clear()
             self._staging = torch.empty(wanted, dtype=torch.uint8, device=self.device)
         return self._staging, stride
 
@@ -503,13 +508,17 @@ class ChunkMover:
         chunk that fails its check raises with the first wave's copies queued; only checked chunks
         are ever written, and a failed store is not kept by LMCache.
         """
-        staging, stride = self.staging_buffer(len(chunks))
-        module = _device_module(self.device)
-        halves = 2 if module is not None and staging.numel() >= 2 * stride else 1
-        half_bytes = (staging.numel() // halves) // _STAGING_ALIGNMENT * _STAGING_ALIGNMENT
+        module = self._stream_module
+        shape = self._staging_shapes.get((len(chunks), STAGING_BYTES))
+        if shape is None:
+            staging, stride = self.staging_buffer(len(chunks))
+            halves = 2 if module is not None and staging.numel() >= 2 * stride else 1
+            half_bytes = (staging.numel() // halves) // _STAGING_ALIGNMENT * _STAGING_ALIGNMENT
+            shape = self._staging_shapes[(len(chunks), STAGING_BYTES)] = (
+                staging, stride, halves, half_bytes, staging_waves(len(chunks), max(1, half_bytes // stride)))
+        staging, stride, halves, half_bytes, waves = shape
         staged = _StagedWaves(chunks, starts, self.layout.full_plan.total_bytes, stride, store, staging,
-                              self._staged_chunks, halves, half_bytes,
-                              staging_waves(len(chunks), max(1, half_bytes // stride)))
+                              self._staged_chunks, halves, half_bytes, waves)
         if module is None:  # no streams: in order on the host
             staged.check(len(chunks))
             resolved = self._resolved_slots(slots)
@@ -606,9 +615,12 @@ class _StagedWaves:
     halves: int  # wave k uses half k % halves
     half_bytes: int
     waves: list[tuple[int, int]]
-    # The host chunks [0, checked) (`chunk_buffers`), and their `_joined_neighbours`.
+    # The host chunks [0, checked) (`chunk_buffers`), their addresses and their `_joined_neighbours`
+    # as Python lists: a wave's bookkeeping is a few dozen integers, cheaper in Python than in numpy
+    # calls, which cost several microseconds each on a host the bus transfer left cold.
     host: ChunkBuffers | None = None
-    joined: np.ndarray | None = None
+    addresses: list[int] = field(default_factory=list)
+    joined: list[bool] = field(default_factory=list)
     checked: int = 0
 
     def check(self, through: int) -> None:
@@ -619,30 +631,30 @@ class _StagedWaves:
         if host.min_bytes < self.total:
             index = int(np.argmin(host.sizes))
             raise LayoutError(f"chunk {index} holds {host.min_bytes} bytes; a full chunk needs {self.total}")
-        self.host, self.checked = host, through
-        self.joined = _joined_neighbours(host, self.total, self.stride, self.store)
+        self.host, self.checked, self.addresses = host, through, host.addresses.tolist()
+        self.joined = _joined_neighbours(self.addresses, host.sizes.tolist(), self.total, self.stride, self.store)
 
     def plan(self, index: int) -> tuple[list[tuple[int, int, int]], ChunkBuffers, list[int]]:
         """Wave `index`'s copies (spans), its chunks in the staging buffer and their starts."""
         begin, end = self.waves[index]
         if end > self.checked:
             raise AssertionError(f"wave {index} ends at chunk {end}, past the {self.checked} checked")
-        spans, offsets = _staging_spans(self.host.addresses, self.joined, begin, end, self.total,
+        spans, offsets = _staging_spans(self.addresses, self.joined, begin, end, self.total,
                                         (index % self.halves) * self.half_bytes)
-        key = offsets.tobytes()
-        buffers = self.staged_chunks.get(key)
+        buffers = self.staged_chunks.get(offsets)
         if buffers is None:
             if len(self.staged_chunks) >= _MAX_CACHED_ROWS:
                 self.staged_chunks.clear()
-            buffers = self.staged_chunks[key] = pool_chunk_buffers(self.staging, offsets, self.total)
+            buffers = self.staged_chunks[offsets] = pool_chunk_buffers(
+                self.staging, np.array(offsets, dtype=np.int64), self.total)
         return spans, buffers, self.starts[begin:end]
 
     def copy(self, spans, *, to_staging: bool) -> None:
-        _copy_spans(self.chunks, self.host, spans, self.total, self.staging, to_staging=to_staging)
+        _copy_spans(self.chunks, self.addresses, spans, self.total, self.staging, to_staging=to_staging)
 
 
-def _joined_neighbours(host: ChunkBuffers, total: int, stride: int, store: bool) -> np.ndarray:
-    """joined[i]: chunk i + 1 starts where one copy of chunk i's span can reach it (bool [chunks - 1]).
+def _joined_neighbours(addresses: list[int], sizes: list[int], total: int, stride: int, store: bool) -> list[bool]:
+    """joined[i]: chunk i + 1 starts where one copy of chunk i's span can reach it ([chunks - 1]).
 
     Chunk i + 1 must begin at most `stride` bytes after chunk i (so a span fits the staging
     waves' byte budget) and not inside chunk i's `total` bytes. A store writes the whole span
@@ -650,51 +662,50 @@ def _joined_neighbours(host: ChunkBuffers, total: int, stride: int, store: bool)
     only reads them into scratch staging. (`_copy_spans` copies a span at once only where it
     lies in one host allocation.)
     """
-    if len(host) < 2:
-        return np.zeros(0, dtype=bool)
-    gaps = np.diff(host.addresses)
-    joined = (gaps >= total) & (gaps <= stride)
-    if store:
-        joined &= gaps <= host.sizes[:-1]
-    return joined
+    return [
+        total <= after - before <= stride and (not store or after - before <= size)
+        for before, after, size in zip(addresses, addresses[1:], sizes)
+    ]
 
 
-def _staging_spans(addresses: np.ndarray, joined: np.ndarray, begin: int, end: int, total: int,
-                   base: int) -> tuple[list[tuple[int, int, int]], np.ndarray]:
+def _staging_spans(addresses: list[int], joined: list[bool], begin: int, end: int, total: int,
+                   base: int) -> tuple[list[tuple[int, int, int]], tuple[int, ...]]:
     """The copies of chunks [begin, end): spans (first chunk, last chunk + 1, staging offset) of chunks
     joined back to back, packed from `base` in the staging buffer, and each chunk's staging offset
     (a chunk keeps its distance from its span's first chunk)."""
-    cuts = [begin, *(begin + 1 + np.flatnonzero(~joined[begin : end - 1])).tolist(), end]
-    spans = []
-    offsets = np.empty(end - begin, dtype=np.int64)
-    cursor = base
-    for first, stop in zip(cuts[:-1], cuts[1:]):
-        offsets[first - begin : stop - begin] = cursor + (addresses[first:stop] - addresses[first])
+    spans: list[tuple[int, int, int]] = []
+    offsets: list[int] = []
+    cursor, first = base, begin
+    for stop in range(begin + 1, end + 1):
+        if stop < end and joined[stop - 1]:
+            continue
+        anchor = addresses[first]
+        offsets.extend(cursor + address - anchor for address in addresses[first:stop])
         spans.append((first, stop, cursor))
-        cursor = align_up(cursor + int(addresses[stop - 1] - addresses[first]) + total, _STAGING_ALIGNMENT)
-    return spans, offsets
+        cursor = align_up(cursor + addresses[stop - 1] - anchor + total, _STAGING_ALIGNMENT)
+        first = stop
+    return spans, tuple(offsets)
 
 
-def _copy_spans(chunks: list[torch.Tensor], host: ChunkBuffers, spans, total: int, staging: torch.Tensor, *,
+def _copy_spans(chunks: list[torch.Tensor], addresses: list[int], spans, total: int, staging: torch.Tensor, *,
                 to_staging: bool) -> None:
-    """One copy per span between the host chunks and the staging buffer (on the current stream).
+    """One copy per span between the host chunks (at `addresses`) and the staging buffer (on the current stream).
 
     A span is copied at once only where it lies inside its first chunk's allocation (one
     host pool); else chunk by chunk, each to its place in the span's staging range.
     """
     for first, stop, offset in spans:
         chunk = chunks[first]
-        size = int(host.addresses[stop - 1] - host.addresses[first]) + total
+        size = addresses[stop - 1] - addresses[first] + total
         pieces = None
         if stop - first > 1:
             storage = chunk.untyped_storage()
-            if int(host.addresses[stop - 1]) + total <= storage.data_ptr() + storage.nbytes():
-                whole = torch.empty(0, dtype=torch.uint8).set_(storage, chunk.storage_offset(), (size,), (1,))
-                pieces = ((whole, offset, size),)
+            if addresses[stop - 1] + total <= storage.data_ptr() + storage.nbytes():
+                pieces = ((chunk.as_strided((size,), (1,)), offset, size),)
         if pieces is None:
             pieces = tuple(
                 (chunks[index] if chunks[index].numel() == total else chunks[index][:total],
-                 offset + int(host.addresses[index] - host.addresses[first]), total)
+                 offset + addresses[index] - addresses[first], total)
                 for index in range(first, stop)
             )
         for span, at, length in pieces:

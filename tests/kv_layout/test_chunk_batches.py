@@ -137,6 +137,22 @@ def test_staging_waves_and_spans_equal_single_chunks_on_cpu(pad, capacity_chunks
     assert sum(copies[:waves]) == (waves if pad == 0 else 4)
 
 
+def test_staging_spans_join_only_neighbours_one_copy_can_reach():
+    """Chunks of 100 bytes, staging stride 128: a gap past the stride, or (for a store) bytes between
+    that are not the chunk's own, start a new span; each chunk keeps its distance in its span."""
+    addresses, sizes = [1000, 1100, 1228, 1400, 1500], [100, 128, 100, 100, 100]
+    assert transfer._joined_neighbours(addresses, sizes, 100, 128, store=False) == [True, True, False, True]
+    assert transfer._joined_neighbours(addresses, [100] * 5, 100, 128, store=True) == [True, False, False, True]
+    joined = transfer._joined_neighbours(addresses, sizes, 100, 128, store=True)
+    assert joined == [True, True, False, True]
+    spans, offsets = transfer._staging_spans(addresses, joined, 0, 5, 100, base=512)
+    # [0, 3) spans 1000..1328 (328 bytes, aligned up to 512), [3, 5) follows at 1024
+    assert spans == [(0, 3, 512), (3, 5, 1024)]
+    assert offsets == (512, 612, 740, 1024, 1124)
+    assert transfer._staging_spans(addresses, joined, 1, 4, 100, base=0) == ([(1, 3, 0), (3, 4, 256)], (0, 128, 256))
+    assert transfer._staging_spans(addresses, [], 2, 3, 100, base=0) == ([(2, 3, 0)], (0,))
+
+
 def test_staging_waves_start_small_and_double():
     assert transfer.staging_waves(64, 23) == [(0, 4), (4, 12), (12, 28), (28, 51), (51, 64)]
     assert transfer.staging_waves(64, 23, first=2) == [(0, 2), (2, 6), (6, 14), (14, 30), (30, 53), (53, 64)]
