@@ -1,9 +1,10 @@
 """H100 diagnostic of the staged path: host timestamps of its steps (first occurrence, us after the call begins,
 medians; each step wrapped, which adds a few us) and the device timeline of its copies, per layout and direction;
-then the pinned copy against the staged path under each of `VARIANTS` (a store's first wave written straight
-into pinned host chunks or through staging; waves doubling or at capacity after the first), rounds interleaved.
+then the pinned copy against the staged path under each of `VARIANTS` (waves doubling or at capacity after
+the first), rounds interleaved. `--against` times this tree's staged calls against another version of
+kv_layout/transfer.py in the same process; `--fine` wraps every host step of a DSv4-like store.
 
-    python scripts/_staged_probe.py [--rounds 15]
+    python scripts/_staged_probe.py [--rounds 15] [--against OLD_TRANSFER_PY | --fine | --neighbours]
 """
 
 from __future__ import annotations
@@ -111,32 +112,26 @@ def _waves_capacity(chunks, capacity, first=transfer.FIRST_WAVE_CHUNKS):
     return waves
 
 
-# name -> (the store's first wave mapped, waves): the code as it is first.
-VARIANTS = {
-    "mapped_first": (True, _waves_doubling),
-    "staged_first": (False, _waves_doubling),
-    "mapped_first_capacity": (True, _waves_capacity),
-    "staged_capacity": (False, _waves_capacity),
-}
+# name -> the waves (the code's own first).
+VARIANTS = {"doubling": _waves_doubling, "capacity": _waves_capacity}
 
 
 def variants_ab(case, store: bool, rounds: int) -> dict:
-    """pinned copy / staged call under each of `VARIANTS` (a load has no mapped first wave: only the
-    waves differ), rounds interleaved in a rotating order; medians and [p25-p75] of the per-round ratios."""
-    names = list(VARIANTS) if store else [name for name in VARIANTS if not VARIANTS[name][0]]
-    order = ["copy_pinned", *names]
+    """pinned copy / staged call under each of `VARIANTS`, rounds interleaved in a rotating order; medians
+    and [p25-p75] of the per-round ratios."""
+    order = ["copy_pinned", *VARIANTS]
     times: dict[str, list[float]] = {name: [] for name in order}
-    saved = (transfer.MAPPED_FIRST_WAVE, transfer.staging_waves)
+    saved = transfer.staging_waves
 
     def run(name):
         if name == "copy_pinned":
             case.copy_pinned(store)
             return
-        transfer.MAPPED_FIRST_WAVE, transfer.staging_waves = VARIANTS[name]
+        transfer.staging_waves = VARIANTS[name]
         try:
             case.ours(case.host_chunks, store, "staging")
         finally:
-            transfer.MAPPED_FIRST_WAVE, transfer.staging_waves = saved
+            transfer.staging_waves = saved
 
     for name in order:  # warm each
         run(name)
@@ -148,7 +143,7 @@ def variants_ab(case, store: bool, rounds: int) -> dict:
             run(name)
             times[name].append((time.perf_counter() - begin) * 1e6)
     out = {}
-    for name in names:
+    for name in VARIANTS:
         ratios = sorted(p / v for p, v in zip(times["copy_pinned"], times[name]))
         out[name] = {"us": round(statistics.median(times[name]), 1),
                      "pinned_over_staged": round(statistics.median(ratios), 3),
