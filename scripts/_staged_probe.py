@@ -1,10 +1,10 @@
 """H100 diagnostic of the staged path: host timestamps of its steps (first occurrence, us after the call begins,
 medians; each step wrapped, which adds a few us) and the device timeline of its copies, per layout and direction;
 then the pinned copy against the staged path under each of `VARIANTS` (waves doubling or at capacity after
-the first), rounds interleaved. `--against` times this tree's staged calls against another version of
-kv_layout/transfer.py in the same process; `--fine` wraps every host step of a DSv4-like store.
+the first), rounds interleaved. `--against` times this tree's staged calls against another checkout's in the
+same process; `--fine` wraps every host step of a DSv4-like store.
 
-    python scripts/_staged_probe.py [--rounds 15] [--against OLD_TRANSFER_PY | --fine | --neighbours]
+    python scripts/_staged_probe.py [--rounds 15] [--against OTHER_CHECKOUT | --fine | --neighbours]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def fine_phases(run, before=None, rounds: int = 15) -> dict:
 
     owners = {
         "transfer": (transfer, ("chunk_buffers", "_joined_neighbours", "_staging_spans", "pool_chunk_buffers",
-                                "_copy_spans", "staging_waves", "resolve_chunk_batch", "transfer_chunk_batches",
+                                "_copy_spans", "staging_waves", "resolve_chunk_batches", "transfer_chunk_batches",
                                 "_device_module")),
         "mover": (ChunkMover, ("staging_buffer", "move_batch", "batch_rows", "_device_slots", "_resolved_slots",
                                "reachable", "_staged_store")),
@@ -74,7 +74,7 @@ def host_phases(run, rounds: int = 30, targets=None, before=None) -> dict:
     for owner, name, label in targets or (
         (transfer, "chunk_buffers", "chunk_buffers"), (transfer, "_joined_neighbours", "joined"),
         (transfer._StagedWaves, "plan", "plan"), (ChunkMover, "move_batch", "move_batch"),
-        (transfer, "resolve_chunk_batch", "resolve"), (transfer, "transfer_chunk_batches", "launches"),
+        (transfer, "resolve_chunk_batches", "resolve"), (transfer, "transfer_chunk_batches", "launches"),
         (transfer, "_copy_spans", "copy_spans"), (ChunkMover, "staging_buffer", "staging_buffer"),
         (transfer, "staging_waves", "waves"), (transfer, "pool_chunk_buffers", "pool_buffers"),
         (transfer, "_staging_spans", "spans"),
@@ -203,12 +203,41 @@ def after_neighbours(case, store: bool, rounds: int) -> dict:
     return out
 
 
+def _other_tree_transfer(root: str):
+    """`lmcache_ascend.kv_layout.transfer` of the checkout at `root`, imported beside this tree's: that
+    package's modules are loaded under their own names with this tree's set aside, then this tree's are
+    put back (each module keeps the globals it was loaded with)."""
+    import importlib
+
+    ours = {name: module for name, module in sys.modules.items() if name.split(".")[0] == "lmcache_ascend"}
+    for name in ours:
+        del sys.modules[name]
+    sys.path.insert(0, str(Path(root).resolve()))
+    try:
+        other = importlib.import_module("lmcache_ascend.kv_layout.transfer")
+        if not other.__file__.startswith(str(Path(root).resolve())):
+            raise RuntimeError(f"{other.__file__} is not under {root}")
+    finally:
+        sys.path.pop(0)
+        for name in [name for name in sys.modules if name.split(".")[0] == "lmcache_ascend"]:
+            del sys.modules[name]
+        sys.modules.update(ours)
+    return other
+
+
+def _write(result: dict, out: str) -> None:
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as handle:
+        json.dump(result, handle, indent=1)
+    print("wrote", out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--out", default="results/staged_probe.json")
-    parser.add_argument("--against", metavar="TRANSFER_PY",
-                        help="only: the staged calls of this tree against another version of kv_layout/transfer.py")
+    parser.add_argument("--against", metavar="TREE",
+                        help="only: the staged calls of this tree against another checkout's (its lmcache_ascend)")
     parser.add_argument("--fine", action="store_true",
                         help="only: the DSv4-like staged store's host steps, all wrapped, back to back and after "
                              "the pinned copy")
@@ -217,12 +246,7 @@ def main() -> None:
     args = parser.parse_args()
     result = {}
     if args.against:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("other_transfer", args.against)
-        other = importlib.util.module_from_spec(spec)
-        sys.modules["other_transfer"] = other  # (dataclasses look their module up)
-        spec.loader.exec_module(other)
+        other = _other_tree_transfer(args.against)
         for name in ("dsv4_bundled", "mla"):
             case = br.RequestCase(name, 16384, 256, torch.device("cuda"))
             for store in (True, False):
@@ -231,9 +255,7 @@ def main() -> None:
                 print(label, json.dumps(result[label]), flush=True)
             del case
             torch.cuda.empty_cache()
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as handle:
-            json.dump(result, handle, indent=1)
+        _write(result, args.out)
         return
     if args.fine:
         case = br.RequestCase("dsv4_bundled", 16384, 256, torch.device("cuda"))
@@ -242,9 +264,7 @@ def main() -> None:
             run()
             result[label] = fine_phases(run, before, args.rounds)
             print(label, json.dumps(result[label]), flush=True)
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as handle:
-            json.dump(result, handle, indent=1)
+        _write(result, args.out)
         return
     if args.neighbours:
         case = br.RequestCase("dsv4_bundled", 16384, 256, torch.device("cuda"))
@@ -261,9 +281,7 @@ def main() -> None:
             entry["copy_pinned_us"] = round(statistics.median(pinned), 1)
             result["store" if store else "load"] = entry
             print("store" if store else "load", json.dumps(entry), flush=True)
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as handle:
-            json.dump(result, handle, indent=1)
+        _write(result, args.out)
         return
     for name in ("dsv4_bundled", "mla"):
         case = br.RequestCase(name, 16384, 256, torch.device("cuda"))
@@ -277,10 +295,7 @@ def main() -> None:
                 print(label, key, value, flush=True)
         del case
         torch.cuda.empty_cache()
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as handle:
-        json.dump(result, handle, indent=1)
-    print("wrote", args.out)
+    _write(result, args.out)
 
 
 if __name__ == "__main__":
