@@ -34,7 +34,7 @@ def fine_phases(run, before=None, rounds: int = 15) -> dict:
 
     owners = {
         "transfer": (transfer, ("chunk_buffers", "_joined_neighbours", "_staging_spans", "pool_chunk_buffers",
-                                "_copy_spans", "staging_waves", "resolve_chunk_batches", "transfer_chunk_batches",
+                                "_copy_spans", "staging_waves", "resolve_chunk_batch", "transfer_chunk_batches",
                                 "_device_module")),
         "mover": (ChunkMover, ("staging_buffer", "move_batch", "batch_rows", "_device_slots", "_resolved_slots",
                                "reachable", "_staged_store")),
@@ -74,7 +74,7 @@ def host_phases(run, rounds: int = 30, targets=None, before=None) -> dict:
     for owner, name, label in targets or (
         (transfer, "chunk_buffers", "chunk_buffers"), (transfer, "_joined_neighbours", "joined"),
         (transfer._StagedWaves, "plan", "plan"), (ChunkMover, "move_batch", "move_batch"),
-        (transfer, "resolve_chunk_batches", "resolve"), (transfer, "transfer_chunk_batches", "launches"),
+        (transfer, "resolve_chunk_batch", "resolve"), (transfer, "transfer_chunk_batches", "launches"),
         (transfer, "_copy_spans", "copy_spans"), (ChunkMover, "staging_buffer", "staging_buffer"),
         (transfer, "staging_waves", "waves"), (transfer, "pool_chunk_buffers", "pool_buffers"),
         (transfer, "_staging_spans", "spans"),
@@ -152,20 +152,14 @@ def variants_ab(case, store: bool, rounds: int) -> dict:
     return out
 
 
-def against_ab(case, store: bool, rounds: int, other) -> dict:
-    """pinned copy / staged call, this tree's `transfer` module against `other` (another version of it,
-    loaded from a file), rounds interleaved in a rotating order; medians and [p25-p75] of the ratios."""
-    other_mover = other.ChunkMover(case.chunk_layout)
-
-    def other_slots():
-        return other.DeviceSlots.from_block_ids(case.step, case.chunk_layout.geometry_by_group, case.device)
-
-    handed_over = other_slots()
+def against_ab(case, other_case, store: bool, rounds: int) -> dict:
+    """pinned copy / staged call, this tree's against another checkout's (`other_case`: the same request
+    built by its `_bench_request`), rounds interleaved in a rotating order; medians and [p25-p75] of the
+    ratios, and of other / this tree per round."""
     runs = {
         "copy_pinned": lambda: case.copy_pinned(store),
         "this_tree": lambda: case.ours(case.host_chunks, store, "staging"),
-        "other": lambda: (other_mover.move_chunks(case.host_chunks, case.starts, handed_over if store else other_slots,
-                                                  store=store, host_path="staging"), torch.cuda.synchronize()),
+        "other": lambda: other_case.ours(other_case.host_chunks, store, "staging"),
     }
     order = list(runs)
     times: dict[str, list[float]] = {name: [] for name in order}
@@ -203,25 +197,30 @@ def after_neighbours(case, store: bool, rounds: int) -> dict:
     return out
 
 
-def _other_tree_transfer(root: str):
-    """`lmcache_ascend.kv_layout.transfer` of the checkout at `root`, imported beside this tree's: that
-    package's modules are loaded under their own names with this tree's set aside, then this tree's are
-    put back (each module keeps the globals it was loaded with)."""
+def _other_bench(root: str):
+    """`scripts/_bench_request.py` of the checkout at `root`, imported beside this tree's with that
+    checkout's lmcache_ascend and tests: their modules are loaded under their own names with this
+    tree's set aside, then this tree's are put back (each module keeps the globals it was loaded with)."""
     import importlib
 
-    ours = {name: module for name, module in sys.modules.items() if name.split(".")[0] == "lmcache_ascend"}
-    for name in ours:
+    def ours(name):
+        return name.split(".")[0] in ("lmcache_ascend", "tests", "_bench_request")
+
+    root_path = Path(root).resolve()
+    kept = {name: module for name, module in sys.modules.items() if ours(name)}
+    for name in kept:
         del sys.modules[name]
-    sys.path.insert(0, str(Path(root).resolve()))
+    sys.path[:0] = [str(root_path / "scripts"), str(root_path)]
     try:
-        other = importlib.import_module("lmcache_ascend.kv_layout.transfer")
-        if not other.__file__.startswith(str(Path(root).resolve())):
-            raise RuntimeError(f"{other.__file__} is not under {root}")
+        other = importlib.import_module("_bench_request")
+        transfer_file = sys.modules["lmcache_ascend.kv_layout.transfer"].__file__
+        if not transfer_file.startswith(str(root_path)):
+            raise RuntimeError(f"{transfer_file} is not under {root}")
     finally:
-        sys.path.pop(0)
-        for name in [name for name in sys.modules if name.split(".")[0] == "lmcache_ascend"]:
+        del sys.path[:2]
+        for name in [name for name in sys.modules if ours(name)]:
             del sys.modules[name]
-        sys.modules.update(ours)
+        sys.modules.update(kept)
     return other
 
 
@@ -246,14 +245,15 @@ def main() -> None:
     args = parser.parse_args()
     result = {}
     if args.against:
-        other = _other_tree_transfer(args.against)
+        other = _other_bench(args.against)
         for name in ("dsv4_bundled", "mla"):
             case = br.RequestCase(name, 16384, 256, torch.device("cuda"))
+            other_case = other.RequestCase(name, 16384, 256, torch.device("cuda"))
             for store in (True, False):
                 label = f"{name} {'store' if store else 'load'}"
-                result[label] = against_ab(case, store, args.rounds, other)
+                result[label] = against_ab(case, other_case, store, args.rounds)
                 print(label, json.dumps(result[label]), flush=True)
-            del case
+            del case, other_case
             torch.cuda.empty_cache()
         _write(result, args.out)
         return

@@ -37,7 +37,6 @@ __all__ = [
     "pool_chunk_buffers",
     "resolve_transfer",
     "resolve_chunk_batch",
-    "resolve_chunk_batches",
     "strided_chunk_layout",
     "triton_interpreting",
     "widest_element_width",
@@ -787,63 +786,46 @@ def resolve_chunk_batch(
     serves every plane and chunk (`rows.starts` index into it). Per call only scalars
     are compared: `rows` was checked when it was made.
     """
-    return resolve_chunk_batches(slots, chunks, ((rows, chunk_offset),), store=store)[0]
-
-
-def resolve_chunk_batches(
-    slots: torch.Tensor,
-    chunks: ChunkBuffers | Sequence[torch.Tensor],
-    parts: Sequence[tuple[ChunkRows, int]],
-    *,
-    store: bool,
-) -> list[ResolvedChunkBatch]:
-    """`resolve_chunk_batch` of every (rows, chunk offset) in `parts`: layer groups of one call, sharing
-    its slots, chunks and direction, which are checked once."""
-    for rows, _ in parts:
-        if not isinstance(rows, ChunkRows):
-            raise TransferError(f"rows is a {type(rows).__name__}; allowed: ChunkRows (see chunk_rows)")
+    if not isinstance(rows, ChunkRows):
+        raise TransferError(f"rows is a {type(rows).__name__}; allowed: ChunkRows (see chunk_rows)")
+    group = rows.group
     if not isinstance(store, bool):
         raise TransferError(f"store={store!r} is not allowed; allowed: True (paged -> chunk) or False")
     if not isinstance(chunks, ChunkBuffers):
         chunks = chunk_buffers(chunks)
     if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1 or not slots.is_contiguous():
         raise TransferError(f"slots={getattr(slots, 'shape', slots)!r}: allowed: a contiguous 1-D int64 tensor")
-    num_slots, num_chunks = slots.numel(), len(chunks)
-    batches = []
-    for rows, chunk_offset in parts:
-        group = rows.group
-        if not group.on_group_device(slots):
-            raise TransferError(f"slots are on {slots.device} but the caches are on {group.device}")
-        if num_chunks != rows.num_chunks:
+    if not group.on_group_device(slots):
+        raise TransferError(f"slots are on {slots.device} but the caches are on {group.device}")
+    if len(chunks) != rows.num_chunks:
+        raise TransferError(
+            f"{len(chunks)} chunks but rows for {rows.num_chunks} chunks (chunks, planes) = {rows.starts.shape}; "
+            "they must match"
+        )
+    _non_negative_int("chunk_offset", chunk_offset)
+    if len(chunks):
+        if rows.slots_needed > slots.numel():
+            beyond = rows.starts + rows.counts > slots.numel()
+            chunk, plane = np.argwhere(beyond)[0]
             raise TransferError(
-                f"{num_chunks} chunks but rows for {rows.num_chunks} chunks (chunks, planes) = {rows.starts.shape}; "
-                "they must match"
+                f"chunk {chunk} plane {plane}: start={rows.starts[chunk, plane]} + count={rows.counts[chunk, plane]} "
+                f"exceeds the {slots.numel()} slots"
             )
-        _non_negative_int("chunk_offset", chunk_offset)
-        if num_chunks:
-            if rows.slots_needed > num_slots:
-                beyond = rows.starts + rows.counts > num_slots
-                chunk, plane = np.argwhere(beyond)[0]
+        if chunks.min_bytes < chunk_offset + rows.layout.total_bytes:
+            raise TransferError(
+                f"a chunk holds {chunks.min_bytes} bytes but chunk_offset={chunk_offset} + the group's "
+                f"{rows.layout.total_bytes} bytes do not fit"
+            )
+        if chunks.mapped_host:
+            if group.device.type != "cuda":
                 raise TransferError(
-                    f"chunk {chunk} plane {plane}: start={rows.starts[chunk, plane]} + count={rows.counts[chunk, plane]} "
-                    f"exceeds the {num_slots} slots"
+                    f"the chunks are pinned host memory but the caches are on {group.device}; allowed: host "
+                    "chunks with CUDA caches only (unified addressing)"
                 )
-            if chunks.min_bytes < chunk_offset + rows.layout.total_bytes:
-                raise TransferError(
-                    f"a chunk holds {chunks.min_bytes} bytes but chunk_offset={chunk_offset} + the group's "
-                    f"{rows.layout.total_bytes} bytes do not fit"
-                )
-            if chunks.mapped_host:
-                if group.device.type != "cuda":
-                    raise TransferError(
-                        f"the chunks are pinned host memory but the caches are on {group.device}; allowed: host "
-                        "chunks with CUDA caches only (unified addressing)"
-                    )
-            elif not group.on_group_device(chunks.keep_alive[0]):
-                raise TransferError(
-                    f"the chunks are on {chunks.keep_alive[0].device} but the caches are on {group.device}; allowed: "
-                    "the caches' device, or pinned host memory with CUDA caches"
-                )
-        batches.append(ResolvedChunkBatch(group=group, slots=slots, buffers=chunks, rows=rows,
-                                          chunk_offset=chunk_offset, store=store))
-    return batches
+        elif not group.on_group_device(chunks.keep_alive[0]):
+            raise TransferError(
+                f"the chunks are on {chunks.keep_alive[0].device} but the caches are on {group.device}; allowed: "
+                "the caches' device, or pinned host memory with CUDA caches"
+            )
+    return ResolvedChunkBatch(group=group, slots=slots, buffers=chunks, rows=rows, chunk_offset=chunk_offset,
+                              store=store)

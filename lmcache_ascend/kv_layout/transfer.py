@@ -30,7 +30,7 @@ from lmcache_ascend.kernels import (
     chunk_buffers,
     chunk_rows,
     pool_chunk_buffers,
-    resolve_chunk_batches,
+    resolve_chunk_batch,
     transfer_chunk_batches,
     transfer_group,
 )
@@ -434,9 +434,11 @@ class ChunkMover:
             return 0
         slots = self._device_slots(slots)
         buffers = chunks if isinstance(chunks, ChunkBuffers) else chunk_buffers(chunks)
-        parts = [(rows, byte_offset) for _, byte_offset, rows in self.batch_rows(slots, starts)]
-        return transfer_chunk_batches(resolve_chunk_batches(slots.slots, buffers, parts, store=store),
-                                      backend=self.backend)
+        batches = [
+            resolve_chunk_batch(slots.slots, buffers, rows, store=store, chunk_offset=byte_offset)
+            for _, byte_offset, rows in self.batch_rows(slots, starts)
+        ]
+        return transfer_chunk_batches(batches, backend=self.backend)
 
     def staging_buffer(self, chunks: int) -> tuple[torch.Tensor, int]:
         """(device staging buffer, bytes per chunk in it) for up to `chunks` full chunks (fewer where

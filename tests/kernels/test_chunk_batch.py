@@ -26,7 +26,6 @@ from lmcache_ascend.kernels import (
     chunk_rows,
     launch_counter,
     resolve_chunk_batch,
-    resolve_chunk_batches,
     transfer_chunk_batches,
     transfer_group,
 )
@@ -109,12 +108,8 @@ def _run_groups(device: str, backend: str, store: bool, chunk_offset: int = 32):
         parts = ((group, starts, counts, layout, chunk_offset),
                  (second, second_starts, second_counts, second_layout, second_offset))
         if batched:
-            batches = resolve_chunk_batches(slots, chunks, [(chunk_rows(g, lay, s, c), o) for g, s, c, lay, o in parts],
-                                            store=store)
-            one_by_one = [resolve_chunk_batch(slots, chunks, batch.rows, store=store, chunk_offset=batch.chunk_offset)
-                          for batch in batches]
-            assert [(b.group, b.slots, b.rows, b.chunk_offset, b.store, b.buffers.addresses.tolist()) for b in batches] == [
-                (b.group, b.slots, b.rows, b.chunk_offset, b.store, b.buffers.addresses.tolist()) for b in one_by_one]
+            batches = [resolve_chunk_batch(slots, chunks, chunk_rows(g, lay, s, c), store=store, chunk_offset=o)
+                       for g, s, c, lay, o in parts]
             launch_counter.reset()
             launched = transfer_chunk_batches(batches, backend=backend)
             assert launched == (1 if backend == "triton" else 2) == launch_counter.triton + launch_counter.torch
@@ -189,13 +184,6 @@ def test_batch_inputs_are_refused_naming_them():
         chunk_rows(group, layout, starts[:, :1], counts[:, :1])
     with pytest.raises(TransferError, match="allowed: ChunkRows"):
         resolve_chunk_batch(slots, chunks, (starts, counts), store=True)
-    # Several groups of one call: each part is checked against the shared chunks and slots.
-    with pytest.raises(TransferError, match="chunk_offset=10 \\+ the group's"):
-        resolve_chunk_batches(slots, [c[: layout.total_bytes + 9] for c in chunks], [(rows, 0), (rows, 10)], store=True)
-    with pytest.raises(TransferError, match="allowed: ChunkRows"):
-        resolve_chunk_batches(slots, chunks, [(rows, 0), ((starts, counts), 0)], store=True)
-    with pytest.raises(TransferError, match="chunk_offset"):
-        resolve_chunk_batches(slots, chunks, [(rows, 0), (rows, -1)], store=True)
     with pytest.raises(TransferError, match=r"chunks\[1\] = torch.int16"):
         resolve_chunk_batch(slots, [chunks[0], chunks[1][:-1].view(torch.int16)], chunk_rows(group, layout, starts[:2], counts[:2]),
                             store=True)
