@@ -141,7 +141,7 @@ def _expansion_plan(step: StepBlockIds, groups: Mapping[int, KVGroupSpec], cache
     lengths: dict[int, int] = {}
     rows_total = 0
     blocks_total = 0
-    for group, ids in step.group_block_ids().items():
+    for group, count in step.group_block_counts().items():
         spec = groups.get(group)
         if spec is None:
             raise LayoutError(
@@ -157,11 +157,11 @@ def _expansion_plan(step: StepBlockIds, groups: Mapping[int, KVGroupSpec], cache
                 f"caches have {spec}; block size, compress ratio and sliding window must agree"
             )
         num_rows = spec.num_rows(step.num_tokens)
-        plan.append((rows_total, num_rows, blocks_total, len(ids), spec.rows_per_block,
+        plan.append((rows_total, num_rows, blocks_total, count, spec.rows_per_block,
                      cached_row_count(spec, cached_tokens, num_rows)))
         offsets[group], lengths[group] = rows_total, num_rows
         rows_total += num_rows
-        blocks_total += len(ids)
+        blocks_total += count
     return _ExpansionPlan(plan, offsets, lengths, rows_total)
 
 
@@ -222,7 +222,7 @@ class DeviceSlots:
         host = np.full(cursor, -1, dtype=np.int64)
         for key, plan in plans.items():
             begin = bounds[key][0]
-            _expand_block_ids(np.asarray(requests[key][0].block_ids, dtype=np.int64), plan.groups,
+            _expand_block_ids(requests[key][0].block_ids, plan.groups,
                               host[begin : begin + plan.rows])
         joined = _to_device(host, device)
         return {key: cls(joined[slice(*bounds[key])], plan.offsets, plan.lengths) for key, plan in plans.items()}
@@ -615,10 +615,9 @@ class _StagedWaves:
     halves: int  # wave k uses half k % halves
     half_bytes: int
     waves: list[tuple[int, int]]
-    # The host chunks [0, checked) (`chunk_buffers`), their addresses and their `_joined_neighbours`
-    # as Python lists: a wave's bookkeeping is a few dozen integers, cheaper in Python than in numpy
-    # calls, which cost several microseconds each on a host the bus transfer left cold.
-    host: ChunkBuffers | None = None
+    # The addresses of the host chunks [0, checked) (checked by `chunk_buffers`) and their
+    # `_joined_neighbours`, as Python lists: a wave's bookkeeping is a few dozen integers, cheaper in
+    # Python than in numpy calls, which cost several microseconds each on a host the bus transfer left cold.
     addresses: list[int] = field(default_factory=list)
     joined: list[bool] = field(default_factory=list)
     checked: int = 0
@@ -631,7 +630,7 @@ class _StagedWaves:
         if host.min_bytes < self.total:
             index = int(np.argmin(host.sizes))
             raise LayoutError(f"chunk {index} holds {host.min_bytes} bytes; a full chunk needs {self.total}")
-        self.host, self.checked, self.addresses = host, through, host.addresses.tolist()
+        self.checked, self.addresses = through, host.addresses.tolist()
         self.joined = _joined_neighbours(self.addresses, host.sizes.tolist(), self.total, self.stride, self.store)
 
     def plan(self, index: int) -> tuple[list[tuple[int, int, int]], ChunkBuffers, list[int]]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout, chunk_row_window
-from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID, GroupBlockTracker, unpack_block_ids
+from lmcache_ascend.multigroup.tracker import BLOCK_ID_DTYPE, NULL_BLOCK_ID, GroupBlockTracker, unpack_block_ids
 
 __all__ = ["StepBlockIds", "step_block_ids"]
 
@@ -41,7 +41,7 @@ class StepBlockIds:
     ``packed_block_ids`` holds, for each transferred group in group order, the
     ``groups[g].num_blocks(num_tokens)`` blocks that the first ``num_tokens``
     tokens' rows occupy, as `GroupBlockTracker.packed_block_ids` packs them
-    (`block_ids` reads them, `group_block_ids` splits them). ``num_tokens`` equals
+    (`block_ids` reads them, `group_block_ids` splits them, `group_block_counts` counts them). ``num_tokens`` equals
     ``len(req_meta.token_ids)``; ``chunk_size`` is LMCache's chunk size and
     ``vllm_cached_tokens`` the prefix vLLM already holds (0 if no load).
     """
@@ -61,21 +61,27 @@ class StepBlockIds:
     def transferred_groups(self) -> tuple[int, ...]:
         return tuple(group.group_index for group in self.groups if group.transferred)
 
+    def group_block_counts(self) -> dict[int, int]:
+        """Transferred group -> how many of the ids are its blocks, in order; checks the total length
+        (without reading the ids)."""
+        counts = {group.group_index: group.num_blocks(self.num_tokens) for group in self.groups if group.transferred}
+        if len(self.packed_block_ids) != sum(counts.values()) * BLOCK_ID_DTYPE.itemsize:
+            shipped = len(self.packed_block_ids) / BLOCK_ID_DTYPE.itemsize
+            raise ValueError(
+                f"StepBlockIds carries {shipped:g} block ids; its {len(counts)} transferred groups need "
+                f"{sum(counts.values())} for {self.num_tokens} tokens"
+            )
+        return counts
+
     def group_block_ids(self) -> dict[int, np.ndarray]:
         """Transferred group -> its blocks (views of `block_ids`); checks the total length."""
+        counts = self.group_block_counts()
         block_ids = self.block_ids
         out: dict[int, np.ndarray] = {}
         cursor = 0
-        for group in self.groups:
-            if group.transferred:
-                count = group.num_blocks(self.num_tokens)
-                out[group.group_index] = block_ids[cursor : cursor + count]
-                cursor += count
-        if cursor != len(block_ids):
-            raise ValueError(
-                f"StepBlockIds carries {len(block_ids)} block ids; its {len(out)} transferred groups need "
-                f"{cursor} for {self.num_tokens} tokens"
-            )
+        for group, count in counts.items():
+            out[group] = block_ids[cursor : cursor + count]
+            cursor += count
         return out
 
     def store_hole_chunks(self) -> tuple[int, ...]:

@@ -317,6 +317,11 @@ def test_device_slots_refuse_unregistered_or_disagreeing_groups():
     short = StepBlockIds(layout.groups, step.packed_block_ids[:-8], 16, 16)
     with pytest.raises(ValueError, match="carries 2 block ids; its 2 transferred groups need 3 for 16 tokens"):
         DeviceSlots.from_block_ids(short, layout.groups_by_index(), CPU)
+    torn = StepBlockIds(layout.groups, step.packed_block_ids[:-4], 16, 16)  # not whole ids
+    with pytest.raises(ValueError, match="carries 2.5 block ids; its 2 transferred groups need 3"):
+        DeviceSlots.from_block_ids(torn, layout.groups_by_index(), CPU)
+    with pytest.raises(ValueError, match="carries 2.5 block ids"):
+        torn.group_block_ids()
 
 
 def test_device_slots_of_nothing_hold_one_skipped_slot():
