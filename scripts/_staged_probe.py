@@ -116,51 +116,9 @@ def _waves_capacity(chunks, capacity, first=transfer.FIRST_WAVE_CHUNKS):
 VARIANTS = {"doubling": _waves_doubling, "capacity": _waves_capacity}
 
 
-def variants_ab(case, store: bool, rounds: int) -> dict:
-    """pinned copy / staged call under each of `VARIANTS`, rounds interleaved in a rotating order; medians
-    and [p25-p75] of the per-round ratios."""
-    order = ["copy_pinned", *VARIANTS]
-    times: dict[str, list[float]] = {name: [] for name in order}
-    saved = transfer.staging_waves
-
-    def run(name):
-        if name == "copy_pinned":
-            case.copy_pinned(store)
-            return
-        transfer.staging_waves = VARIANTS[name]
-        try:
-            case.ours(case.host_chunks, store, "staging")
-        finally:
-            transfer.staging_waves = saved
-
-    for name in order:  # warm each
-        run(name)
-    for round_index in range(rounds):
-        shift = round_index % len(order)
-        for name in order[shift:] + order[:shift]:
-            torch.cuda.synchronize()
-            begin = time.perf_counter()
-            run(name)
-            times[name].append((time.perf_counter() - begin) * 1e6)
-    out = {}
-    for name in VARIANTS:
-        ratios = sorted(p / v for p, v in zip(times["copy_pinned"], times[name]))
-        out[name] = {"us": round(statistics.median(times[name]), 1),
-                     "pinned_over_staged": round(statistics.median(ratios), 3),
-                     "p25": round(ratios[len(ratios) // 4], 3), "p75": round(ratios[(3 * len(ratios)) // 4], 3)}
-    out["copy_pinned_us"] = round(statistics.median(times["copy_pinned"]), 1)
-    return out
-
-
-def against_ab(case, other_case, store: bool, rounds: int) -> dict:
-    """pinned copy / staged call, this tree's against another checkout's (`other_case`: the same request
-    built by its `_bench_request`), rounds interleaved in a rotating order; medians and [p25-p75] of the
-    ratios, and of other / this tree per round."""
-    runs = {
-        "copy_pinned": lambda: case.copy_pinned(store),
-        "this_tree": lambda: case.ours(case.host_chunks, store, "staging"),
-        "other": lambda: other_case.ours(other_case.host_chunks, store, "staging"),
-    }
+def _interleaved(runs: dict, rounds: int) -> dict[str, list[float]]:
+    """Each of `runs` (name -> call, "copy_pinned" among them) warmed, then timed `rounds` times in a
+    rotating order, synchronized before each: name -> us per round."""
     order = list(runs)
     times: dict[str, list[float]] = {name: [] for name in order}
     for name in order:
@@ -172,16 +130,51 @@ def against_ab(case, other_case, store: bool, rounds: int) -> dict:
             begin = time.perf_counter()
             runs[name]()
             times[name].append((time.perf_counter() - begin) * 1e6)
-    out = {}
-    for name in ("this_tree", "other"):
-        ratios = sorted(p / v for p, v in zip(times["copy_pinned"], times[name]))
-        out[name] = {"us": round(statistics.median(times[name]), 1),
-                     "pinned_over_staged": round(statistics.median(ratios), 3),
-                     "p25": round(ratios[len(ratios) // 4], 3), "p75": round(ratios[(3 * len(ratios)) // 4], 3)}
-    paired = sorted(o / t for o, t in zip(times["other"], times["this_tree"]))
-    out["other_over_this_tree"] = {"median": round(statistics.median(paired), 4), "p25": round(paired[len(paired) // 4], 4),
-                                   "p75": round(paired[(3 * len(paired)) // 4], 4)}
+    return times
+
+
+def _quartiles(values: list[float], digits: int) -> dict:
+    ordered = sorted(values)
+    return {"median": round(statistics.median(ordered), digits), "p25": round(ordered[len(ordered) // 4], digits),
+            "p75": round(ordered[(3 * len(ordered)) // 4], digits)}
+
+
+def _against_pinned(times: dict[str, list[float]], names) -> dict:
+    """Per name: its median us and the pinned copy / it per round (median, p25, p75)."""
+    out = {name: {"us": round(statistics.median(times[name]), 1),
+                  "pinned_over_staged": _quartiles([p / v for p, v in zip(times["copy_pinned"], times[name])], 3)}
+           for name in names}
     out["copy_pinned_us"] = round(statistics.median(times["copy_pinned"]), 1)
+    return out
+
+
+def variants_ab(case, store: bool, rounds: int) -> dict:
+    """pinned copy / staged call under each of `VARIANTS`, rounds interleaved."""
+    saved = transfer.staging_waves
+
+    def under(waves):
+        def run():
+            transfer.staging_waves = waves
+            try:
+                case.ours(case.host_chunks, store, "staging")
+            finally:
+                transfer.staging_waves = saved
+        return run
+
+    runs = {"copy_pinned": lambda: case.copy_pinned(store), **{name: under(w) for name, w in VARIANTS.items()}}
+    return _against_pinned(_interleaved(runs, rounds), VARIANTS)
+
+
+def against_ab(case, other_case, store: bool, rounds: int) -> dict:
+    """pinned copy / staged call, this tree's against another checkout's (`other_case`: the same request
+    built by its `_bench_request`), rounds interleaved; and other / this tree per round."""
+    times = _interleaved({
+        "copy_pinned": lambda: case.copy_pinned(store),
+        "this_tree": lambda: case.ours(case.host_chunks, store, "staging"),
+        "other": lambda: other_case.ours(other_case.host_chunks, store, "staging"),
+    }, rounds)
+    out = _against_pinned(times, ("this_tree", "other"))
+    out["other_over_this_tree"] = _quartiles([o / t for o, t in zip(times["other"], times["this_tree"])], 4)
     return out
 
 
