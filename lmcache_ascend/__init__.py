@@ -16,6 +16,9 @@ __all__ = ["activate", "deactivate", "__version__"]
 
 _activation_lock = threading.Lock()
 
+# The installed listing command ([project.scripts] in pyproject.toml).
+CLI_SCRIPT = "lmcache-ascend-patches"
+
 
 def activate(source: str = "explicit") -> None:
     """Validate the flags and arm every patch; idempotent and thread-safe.
@@ -38,7 +41,13 @@ def deactivate() -> None:
         registry.process_registry().deactivate()
 
 
-# `python -m lmcache_ascend.patches` imports this package while sys.argv[0] is
-# still "-m"; the CLI then activates (or not) by its own options.
-if getattr(sys, "argv", [])[:1] != ["-m"]:
+def _started_as_cli() -> bool:
+    """`python -m lmcache_ascend.patches` imports this package while sys.argv[0] is still "-m",
+    the installed `lmcache-ascend-patches` script while it is the script's path; the CLI then
+    checks the flags and activates (or not) by its own options."""
+    started_as = getattr(sys, "argv", [""])[:1] or [""]
+    return started_as[0] == "-m" or started_as[0].rsplit("/", 1)[-1] == CLI_SCRIPT
+
+
+if not _started_as_cli():
     activate(source="import")

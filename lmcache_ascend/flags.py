@@ -286,7 +286,11 @@ def _config_file_values(path: str, modified: float) -> dict[str, object]:
     try:
         import yaml  # LMCache's own dependency; only needed when its config file is used
     except ImportError:
-        return {}
+        # Silence here would run with defaults where the file may set other values.
+        raise FlagError(
+            f"{CONFIG_FILE_VARIABLE}={path!r} is set but PyYAML is not installed, so the lmcache-ascend "
+            "keys it may hold can't be read; install it: pip install 'lmcache-ascend[yaml]'"
+        ) from None
     try:
         with open(path, encoding="utf-8") as handle:
             document = yaml.safe_load(handle)

@@ -22,6 +22,7 @@ import shutil
 import sys
 import textwrap
 
+from lmcache_ascend import CLI_SCRIPT
 from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat.source import fingerprint
 from lmcache_ascend.compat.versions import installed_projects
@@ -233,6 +234,13 @@ def _catalogue(write: bool) -> int:
         print(source, end="")
         return 0
     path = Path(__file__).with_name("catalogue.py")
+    checkout = path.parents[2]
+    if not (checkout / "pyproject.toml").is_file() or not (checkout / "lmcache_ascend" / "patches").is_dir():
+        # An installed package is not where declarations are edited: rewriting it would make the
+        # wheel disagree with its own source.
+        print(f"catalogue --write: {path} is not in a source checkout of lmcache-ascend (no pyproject.toml "
+              f"at {checkout}); run it from the checkout whose declarations you edited", file=sys.stderr)
+        return 2
     path.write_text(source)
     print(f"wrote {path}")
     return 0
@@ -254,8 +262,14 @@ def _flags(markdown: bool) -> int:
     return 0
 
 
+def _program_name() -> str:
+    started_as = os.path.basename(getattr(sys, "argv", [""])[0] or "")
+    return CLI_SCRIPT if started_as == CLI_SCRIPT else "python -m lmcache_ascend.patches"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lmcache_ascend.patches", description=__doc__.splitlines()[0])
+    program = _program_name()
+    parser = argparse.ArgumentParser(prog=program, description=__doc__.splitlines()[0])
     parser.add_argument("--import", dest="import_targets", action="store_true",
                         help="import the patch targets and report the real states")
     parser.add_argument("--json", action="store_true", help="print JSON (with schema_version)")
@@ -268,6 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", nargs="?", help="patch name for 'show' and 'fingerprint'")
     args = parser.parse_args(argv)
 
+    if args.command in (None, "flags"):
+        # Bad flag values are bad input to every command that reads the flags: one line, exit 2.
+        try:
+            flag_table.validate_all()
+        except flag_table.FlagError as error:
+            if args.command == "flags":
+                _flags(args.markdown)
+            print(f"{program}: {error}", file=sys.stderr)
+            return 2
     if args.command == "flags":
         return _flags(args.markdown)
     if args.command == "catalogue":

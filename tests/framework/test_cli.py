@@ -1,4 +1,5 @@
-"""`python -m lmcache_ascend.patches`: table, JSON schema, strict mode, show, flags."""
+"""`python -m lmcache_ascend.patches` and the installed `lmcache-ascend-patches`: table, JSON schema,
+strict mode, show, flags, bad flags."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from lmcache_ascend import CLI_SCRIPT
 from lmcache_ascend import flags as flag_table
 from lmcache_ascend.patches import registry as registry_module
 from tests.conftest import REPO_ROOT
@@ -92,10 +95,64 @@ def test_no_import_mode_does_not_import_targets():
     assert "HEAVY=\n" in result.stdout
 
 
-def test_strict_fails_on_a_bad_flag_and_names_it():
-    result = run_cli("--strict", env={"LMCACHE_ASCEND_TRANSFER_BACKEND": "cuda-graphs"}, bare=True)
-    assert result.returncode == 1
-    assert "LMCACHE_ASCEND_TRANSFER_BACKEND='cuda-graphs' is not allowed; allowed: auto | triton | torch" in result.stdout
+BAD_BACKEND = {"LMCACHE_ASCEND_TRANSFER_BACKEND": "cuda-graphs"}
+BAD_BACKEND_TEXT = "LMCACHE_ASCEND_TRANSFER_BACKEND='cuda-graphs' is not allowed; allowed: auto | triton | torch"
+
+
+@pytest.mark.parametrize("args", [(), ("--strict",), ("--json",), ("--import",), ("flags",)], ids=" ".join)
+def test_a_bad_flag_is_one_line_and_exit_2(args):
+    result = run_cli(*args, env=BAD_BACKEND, bare=args != ("--import",))
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    problem = [line for line in result.stderr.splitlines() if "LMCACHE_ASCEND" in line]
+    assert problem == [f"python -m lmcache_ascend.patches: invalid lmcache-ascend flag: {BAD_BACKEND_TEXT}"]
+    assert "Traceback" not in result.stderr
+
+
+def test_a_config_file_without_pyyaml_is_an_error_not_defaults(tmp_path):
+    config = tmp_path / "lmcache.yaml"
+    config.write_text("chunk_size: 256\nascend_transfer_backend: torch\n")
+    result = run_cli(env={"LMCACHE_CONFIG_FILE": str(config)}, bare=True)  # -S: no PyYAML
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert f"LMCACHE_CONFIG_FILE={str(config)!r} is set but PyYAML is not installed" in result.stderr
+    assert "pip install 'lmcache-ascend[yaml]'" in result.stderr
+
+
+def _installed_script() -> Path:
+    script = Path(sys.executable).parent / CLI_SCRIPT
+    if not script.exists():
+        pytest.skip(f"{CLI_SCRIPT} is not installed beside {sys.executable} (scripts/test-env installs the project)")
+    return script
+
+
+def _outside_checkout_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LMCACHE_ASCEND_", "VLLM_ASCEND_", "PYTHONPATH"))}
+    env.update(LMCACHE_ASCEND_AUTOLOAD="0", **extra)
+    return env
+
+
+def test_installed_console_script_lists_and_reports_bad_flags(tmp_path):
+    script = _installed_script()
+    listed = subprocess.run([str(script)], cwd=tmp_path, env=_outside_checkout_env(), capture_output=True, text=True,
+                            timeout=300)
+    assert listed.returncode == 0, listed.stderr
+    for name in REGISTRY.names():
+        assert name in listed.stdout
+    bad = subprocess.run([str(script), "--strict"], cwd=tmp_path, env=_outside_checkout_env(**BAD_BACKEND),
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2, (bad.stdout, bad.stderr)
+    assert bad.stderr.strip().splitlines() == [f"{CLI_SCRIPT}: invalid lmcache-ascend flag: {BAD_BACKEND_TEXT}"]
+
+
+def test_catalogue_write_refuses_an_installed_package(tmp_path):
+    _installed_script()  # the project is installed in this environment
+    code = "import lmcache_ascend.patches.catalogue as c, pathlib; print(pathlib.Path(c.__file__).read_bytes().hex())"
+    env = _outside_checkout_env()
+    before = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    written = subprocess.run([sys.executable, "-m", "lmcache_ascend.patches", "catalogue", "--write"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=300)
+    after = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert written.returncode == 2 and "is not in a source checkout of lmcache-ascend" in written.stderr
+    assert before.returncode == 0 and before.stdout == after.stdout
 
 
 @pytest.mark.parametrize("name", REGISTRY.names())

@@ -47,7 +47,7 @@ def test_against_real_vllm_ascend_source():
         for name in PATCH_MODULES:
             assert registry.apply_now(name) is State.TARGET_MISSING
         return
-    sdist = REPO / ".venvs" / "sdists" / f"vllm-ascend-{SDIST_VERSION}"
+    sdist = REPO / os.environ.get("VENVS", ".venvs") / "sdists" / f"vllm-ascend-{SDIST_VERSION}"
     assert (sdist / "vllm_ascend").is_dir(), f"missing {sdist}: run scripts/fetch-vllm-ascend"
     env = dict(os.environ, LMCACHE_ASCEND_AUTOLOAD="0", VLLM_ASCEND_SDIST=str(sdist))
     env.pop("VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE", None)
