@@ -181,13 +181,19 @@ def _event():
     return event
 
 
+LOOKUP_ANSWER_TIMEOUT_S = 60
+
+
 def _lookup(scheduler, tokens, name: str) -> int:
     """Tokens LMCache holds for `tokens` (stores finish on a host callback: poll a little)."""
     found = 0
     for attempt in range(40):
         request_id = f"{name}-{attempt}"
         scheduler.maybe_submit_lookup_request(request_id, list(tokens))
+        deadline = time.monotonic() + LOOKUP_ANSWER_TIMEOUT_S
         while (found := scheduler.check_lookup_result(request_id)) is None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"lookup {request_id} got no answer in {LOOKUP_ANSWER_TIMEOUT_S} s")
             time.sleep(0.05)
         if found:
             return found

@@ -206,8 +206,9 @@ def test_unpatched_registration_carries_no_groups():
 def test_connector_module_records_events_on_lmcache_device(applied):
     from lmcache.v1.platform import torch_dev
 
+    if torch.cuda.is_available():
+        pytest.skip("on a CUDA host LMCache's torch_dev is torch.cuda itself: nothing tells the two apart")
     applied(DEVICE_EVENTS)
-    assert not torch.cuda.is_available()
     assert MODULE.torch.cuda is torch_dev
     assert MODULE.torch.Tensor is torch.Tensor and MODULE.torch.float16 is torch.float16
     # The statements of start_load_kv / wait_for_save, as the module now runs them.

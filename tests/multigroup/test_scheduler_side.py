@@ -209,8 +209,7 @@ def test_single_group_results_identical_to_unpatched_lmcache():
     assert [_meta_fields(m) for m in patched_out] == [_meta_fields(m) for m in unpatched]
     for meta in patched_out:
         for req in meta.requests:
-            assert STEP_BLOCK_IDS.get(req) is None
-            assert torch.equal(req.slot_mapping, req.slot_mapping)
+            assert STEP_BLOCK_IDS.get(req) is None  # slot mappings: compared with upstream's in _meta_fields
     assert patched_tracker == unpatched_tracker  # no extra attribute on single-group trackers
 
 

@@ -32,7 +32,8 @@ SDIST_VERSION = (
 
 
 def test_patch_modules_import_without_vllm_ascend_and_report_target_missing():
-    assert importlib.util.find_spec("vllm_ascend") is None, "this process must not see vllm-ascend"
+    if importlib.util.find_spec("vllm_ascend") is not None:
+        pytest.skip("vllm-ascend is installed here: its targets are not missing")
     for name, module_name in PATCH_MODULES.items():
         module = importlib.import_module(module_name)
         assert module.PATCH.name == name
