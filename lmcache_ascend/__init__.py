@@ -23,13 +23,15 @@ CLI_SCRIPT = "lmcache-ascend-patches"
 def activate(source: str = "explicit") -> None:
     """Validate the flags and arm every patch; idempotent and thread-safe.
 
-    Raises `lmcache_ascend.flags.FlagError` naming any flag with a bad value.
+    Raises `lmcache_ascend.flags.FlagError` naming any flag with a bad value; warns once
+    about each set ``LMCACHE_ASCEND_*`` variable that is no flag (a misspelt one).
     """
     from lmcache_ascend import flags
     from lmcache_ascend.patches import registry
 
     with _activation_lock:
         flag_values = flags.validate_all()
+        flags.report_unknown_variables()
         registry.process_registry().activate(flag_values, source)
 
 

@@ -20,6 +20,7 @@ from collections import namedtuple
 from typing import Callable, Mapping
 
 __all__ = [
+    "AUXILIARY_VARIABLES",
     "FLAGS",
     "Flag",
     "FlagError",
@@ -27,6 +28,8 @@ __all__ = [
     "coerce_flag",
     "flag_value",
     "parse_flag",
+    "report_unknown_variables",
+    "unknown_variables",
     "validate_all",
 ]
 
@@ -166,6 +169,16 @@ FLAGS: tuple[Flag, ...] = (
 )
 
 _BY_NAME: Mapping[str, Flag] = {flag.name: flag for flag in FLAGS}
+
+# The namespace of the flags: a variable in it that is no flag is most likely a misspelt one.
+FLAG_PREFIX = "LMCACHE_ASCEND_"
+
+# Variables of that namespace which are not flags of the overlay: the project's test suite
+# reads them (never the overlay), so they are known, not reported.
+AUXILIARY_VARIABLES: Mapping[str, str] = {
+    "LMCACHE_ASCEND_OPS_CASES": "test suite: random cases per op in the lmcache_ascend.ops comparisons",
+    "LMCACHE_ASCEND_ENGINE_TIMEOUT": "test suite: seconds an engine test's run may take",
+}
 
 
 def _parse_bool(flag: Flag, raw: str) -> bool:
@@ -373,3 +386,54 @@ def validate_all(environ: Mapping[str, str] | None = None) -> dict[str, object]:
     if problems:
         raise FlagError("invalid lmcache-ascend flag: " + "; ".join(problems))
     return values
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[tuple[str, tuple[str, ...]]]:
+    """Each set ``LMCACHE_ASCEND_*`` variable that is neither a flag nor auxiliary, with the closest known names.
+
+    Cheap when there is none (one pass over the environment's names); difflib only runs for the
+    unknown ones.
+    """
+    env = os.environ if environ is None else environ
+    unknown = sorted(
+        name for name in env if name.startswith(FLAG_PREFIX) and name not in _BY_NAME and name not in AUXILIARY_VARIABLES
+    )
+    if not unknown:
+        return []
+    import difflib
+
+    # Compared without the shared prefix, which would make every name look close.
+    known = {name[len(FLAG_PREFIX):]: name for name in [*_BY_NAME, *AUXILIARY_VARIABLES]}
+    return [
+        (name, tuple(known[close] for close in difflib.get_close_matches(name[len(FLAG_PREFIX):], known, n=3, cutoff=0.6)))
+        for name in unknown
+    ]
+
+
+def unknown_variable_text(name: str, closest: tuple[str, ...]) -> str:
+    hint = f"did you mean {' or '.join(closest)}?" if closest else f"known: {', '.join(_BY_NAME)}"
+    return f"{name} is not an lmcache-ascend flag and is ignored; {hint}"
+
+
+_reported_unknown: set[str] = set()
+
+
+def report_unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Warn once per process about each unknown ``LMCACHE_ASCEND_*`` variable (see `unknown_variables`).
+
+    A warning, not an error: a flag of a newer lmcache-ascend set for a fleet must not stop an
+    engine that runs an older one.  Returns the messages logged now.
+    """
+    messages = []
+    for name, closest in unknown_variables(environ):
+        if name in _reported_unknown:
+            continue
+        _reported_unknown.add(name)
+        messages.append(unknown_variable_text(name, closest))
+    if messages:
+        import logging
+
+        log = logging.getLogger("lmcache_ascend")
+        for message in messages:
+            log.warning("lmcache-ascend: %s", message)
+    return messages

@@ -18,7 +18,17 @@ import builtins
 import hashlib
 from typing import Mapping
 
-__all__ = ["CHAIN_START", "needs_process_stable_hash", "stable_token_hash"]
+__all__ = [
+    "CHAIN_START",
+    "STABLE_HASH_NAME",
+    "HeldRecords",
+    "describe_chunk_hash",
+    "is_seed_advice",
+    "needs_process_stable_hash",
+    "stable_token_hash",
+]
+
+STABLE_HASH_NAME = "lmcache-stable-token-hash"
 
 
 def needs_process_stable_hash(hash_func: object, environ: Mapping[str, str]) -> bool:
@@ -70,3 +80,49 @@ def stable_token_hash(value: object) -> int:
 
 # Where the prefix-hash chain starts (LMCache's NONE_HASH) under the stable hash.
 CHAIN_START = stable_token_hash("lmcache-ascend token chain start")
+
+
+def describe_chunk_hash(hash_func: object, environ: Mapping[str, str]) -> str:
+    """What keys LMCache's chunks in this process, for the start log."""
+    if hash_func is stable_token_hash:
+        return f"{STABLE_HASH_NAME} (SHA-256, the same in every process)"
+    if hash_func is builtins.hash:
+        return f"Python's hash() with PYTHONHASHSEED={environ.get('PYTHONHASHSEED')}"
+    name = getattr(hash_func, "__qualname__", None) or type(hash_func).__name__
+    return f"LMCache's own ({getattr(hash_func, '__module__', '?')}.{name})"
+
+
+# LMCache's messages about its fallback to hash(): the PYTHONHASHSEED advice and the per-process
+# chain start. Stale where the stable hash is in force: following the advice on some instances
+# only would split a fleet into groups that never share.
+_SEED_ADVICE_MARKS = ("PYTHONHASHSEED", "Using builtin hash", "NONE_HASH")
+
+
+def is_seed_advice(message: str) -> bool:
+    return any(mark in message for mark in _SEED_ADVICE_MARKS)
+
+
+class HeldRecords:
+    """A logging filter that holds back a logger's records about the hash fallback while attached.
+
+    `release(drop)` detaches it and hands the held records back to the logger, leaving out the
+    seed advice when `drop` (the stable hash is in force).
+    """
+
+    def __init__(self, logger) -> None:
+        self.logger = logger
+        self.records: list = []
+        logger.addFilter(self)
+
+    def filter(self, record) -> bool:
+        if is_seed_advice(record.getMessage()):
+            self.records.append(record)
+            return False
+        return True
+
+    def release(self, drop: bool) -> None:
+        self.logger.removeFilter(self)
+        if not drop:
+            for record in self.records:
+                self.logger.handle(record)
+        self.records = []

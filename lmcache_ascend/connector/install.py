@@ -36,6 +36,51 @@ def _multigroup_layout(adapter: Any, kv_cache_config: Any) -> Any:
     return layout_for_connector(kv_cache_config, adapter._block_size, getattr(adapter, "config", None))
 
 
+_started: list[bool] = []  # the start line is logged once per process
+
+
+def _group_text(group: KVGroupSpec) -> str:
+    text = f"{group.group_index} {group.spec_class_name} (block {group.block_size}"
+    if group.compress_ratio > 1:
+        text += f", compress ratio {group.compress_ratio}"
+    if group.sliding_window is not None:
+        text += f", window {group.sliding_window}"
+    return text + ")"
+
+
+def start_line(engine: Any, layout: Any, vllm_block_size: int, ours: bool) -> str:
+    """What the overlay does in this engine: its version, the chunk hash in force, the groups moved and skipped."""
+    import os
+
+    from lmcache_ascend import __version__
+    from lmcache_ascend.token_hash import describe_chunk_hash
+
+    database = getattr(engine, "token_database", None)
+    chunk_hash = describe_chunk_hash(getattr(database, "hash_func", None), os.environ) if database else "unknown"
+    if layout is None:
+        groups = f"one group (vLLM block size {vllm_block_size})"
+    else:
+        moved = [_group_text(group) for group in layout.groups if group.transferred]
+        skipped = [_group_text(group) for group in layout.groups if not group.transferred]
+        groups = f"{', '.join(moved)}; skipped: {', '.join(skipped) or 'none'}"
+    mover = "lmcache-ascend's MultiGroupGPUConnector" if ours else "LMCache's own GPU connector"
+    return (
+        f"lmcache-ascend {__version__} active: chunk keys by {chunk_hash}; KV-cache groups moved: {groups}; "
+        f"transfers by {mover}"
+    )
+
+
+def _log_start(adapter: Any, engine: Any, layout: Any, ours: bool) -> None:
+    if _started:
+        return
+    _started.append(True)
+    # Through LMCache's adapter logger where LMCache set one up (our own logger has no handler in
+    # an engine, and INFO would be lost); LMCACHE_LOG_LEVEL then governs it as it does LMCache's lines.
+    adapter_logger = logging.getLogger(type(adapter).__module__)
+    target = adapter_logger if adapter_logger.handlers else logger
+    target.info("%s", start_line(engine, layout, getattr(adapter, "_block_size", 0), ours))
+
+
 def plan_for_engine(
     engine: Any,
     kv_caches: Mapping[str, object],
@@ -119,6 +164,7 @@ def install_multigroup_connector(adapter: Any):
     backend_layouts = describe_kv_caches(getattr(adapter, "_vllm_config", None), moved)
     ours = isinstance(engine.gpu_connector, MultiGroupGPUConnector)
     if not ours and not needs_multigroup_connector(kv_caches, plane_groups, backend_layouts):
+        _log_start(adapter, engine, layout if layout is not None and layout.is_multi_group else None, False)
         return None
     if getattr(adapter, "use_layerwise", False):
         raise LayoutError(
@@ -126,7 +172,7 @@ def install_multigroup_connector(adapter: Any):
             "connectors handle one homogeneous layer set); set use_layerwise: false"
         )
     config = getattr(adapter, "config", None)
-    return plan_for_engine(
+    connector = plan_for_engine(
         engine,
         kv_caches,
         plane_groups,
@@ -136,3 +182,5 @@ def install_multigroup_connector(adapter: Any):
         backend=flag_value("LMCACHE_ASCEND_TRANSFER_BACKEND", lmcache_config=config),
         backend_layouts=backend_layouts,
     )
+    _log_start(adapter, engine, layout if layout is not None and layout.is_multi_group else None, True)
+    return connector

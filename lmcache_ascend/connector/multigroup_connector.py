@@ -117,7 +117,9 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self._request_slots = {req_id: blocks for req_id, blocks in block_ids_by_request.items() if blocks is not None}
         storing = {(req_id, True): (self._request_slots[req_id], 0) for req_id in stores if req_id in self._request_slots}
         self._device_slots_by_request = (
-            DeviceSlots.for_requests(storing, mover.layout.geometry_by_group, mover.device) if storing else {}
+            DeviceSlots.for_requests(storing, mover.layout.geometry_by_group, mover.device, mover.block_counts)
+            if storing
+            else {}
         )
 
     def release_requests(self) -> None:
@@ -128,7 +130,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         mover = self._require_registered()
         cached_tokens = 0 if store else int(kwargs.get("vllm_cached_tokens", 0) or 0)
         if kwargs.get("slot_mappings_by_group") is not None:
-            return mover.upload(_as_group_mapping(kwargs["slot_mappings_by_group"]), cached_tokens)
+            return mover.upload(_as_group_mapping(kwargs["slot_mappings_by_group"]), cached_tokens, kwargs.get("req_id"))
         key = (kwargs.get("req_id"), store)
         request_blocks = self._request_slots.get(key[0])
         if request_blocks is not None:
@@ -139,7 +141,8 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
             resolved = self._device_slots_by_request.get(key)
             if resolved is None:  # a load, or a store not named at hand-over: resolved here, once
                 resolved = DeviceSlots.from_block_ids(
-                    request_blocks, mover.layout.geometry_by_group, mover.device, cached_tokens
+                    request_blocks, mover.layout.geometry_by_group, mover.device, cached_tokens,
+                    mover.block_counts, key[0],
                 )
                 self._device_slots_by_request[key] = resolved
             return resolved
@@ -150,7 +153,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
                     f"only 'slot_mapping' was given but the registered caches use scheduler groups {in_use}; "
                     "pass 'slot_mappings_by_group'"
                 )
-            return mover.upload({0: kwargs["slot_mapping"]}, cached_tokens)
+            return mover.upload({0: kwargs["slot_mapping"]}, cached_tokens, kwargs.get("req_id"))
         raise LayoutError("neither 'slot_mappings_by_group' nor 'slot_mapping' was given")
 
     def _memory_bytes(self, memory_obj: Any, start: int, end: int, total: int) -> torch.Tensor:

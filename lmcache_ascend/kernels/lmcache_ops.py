@@ -18,6 +18,10 @@ torch baseline (`lmcache/v1/platform/torch_ops/mem_kernels.py`,
 * MLA plane tuples move whatever the object row's length and plane order; the
   baseline fails on a one-token slice when the row length or a plane's offset in
   it is no multiple of that plane's element size;
+* a `block_size` (`shape_desc.bs`) that the paged tensors' blocks do not have
+  raises wherever the slot arithmetic uses it, and `key_value` must hold every
+  layer of the paged list; the baseline raises on most of these (an index out of
+  bounds) but moves rows at shifted offsets, or only the first layers, on others;
 * bytes are moved, never values: the chunk and the caches must have one dtype
   (the baseline's `copy_` would convert); non-tight block strides
   (`block_stride_elems`) are honoured where the baseline refuses them.
@@ -303,7 +307,8 @@ def _token_layers(key_value_ptrs: object, layers: int, facts: FormatFacts, dtype
 
 
 def _kv_planes(layers: list[torch.Tensor], facts: FormatFacts, block_size: int, op: str) -> list[list[torch.Tensor]]:
-    """Per plane (MLA: one; else K and V) the per-layer blocks-first tensors."""
+    """Per plane (MLA: one; else K and V) the per-layer blocks-first tensors; a `block_size` the
+    [NB, 2, BS, ...] layers do not have is refused."""
     if facts.mla:
         return [layers]
     if facts.two_major:
@@ -315,6 +320,13 @@ def _kv_planes(layers: list[torch.Tensor], facts: FormatFacts, block_size: int, 
         if layer.dim() < 3 or layer.shape[1] != 2:
             raise TransferError(
                 f"{op}: key_value_ptrs[{index}] has shape {tuple(layer.shape)}; allowed: [NB, 2, BS, ...]"
+            )
+        if block_size and layer.shape[2] != block_size:
+            # Slots are split into (block, offset) by block_size (0: the op takes the tensor's own):
+            # another size would move rows at shifted offsets.
+            raise TransferError(
+                f"{op}: block_size={block_size} but key_value_ptrs[{index}] has shape {tuple(layer.shape)} "
+                f"(blocks of {layer.shape[2]} rows); allowed: block_size={layer.shape[2]}"
             )
     return [[layer[:, kv] for layer in layers] for kv in range(2)]
 
@@ -656,6 +668,14 @@ def multi_layer_block_kv_transfer(
             _tensor(cache, f"{op} plane {index} layer {layer}", op)
             if not facts.kv_tuple:
                 _same_dtype(cache, dtype, f"paged plane {index} layer {layer}", "the KV dtype", op)
+            # Blocks-first planes hold [NB, BS, ...]: block ids become slots by shape_desc.bs, so
+            # another block size would move rows at shifted offsets.
+            if not facts.pbs_fused and (cache.dim() < 2 or cache.shape[1] != bs):
+                raise TransferError(
+                    f"{op}: shape_desc.bs={bs} but paged plane {index} layer {layer} has shape "
+                    f"{tuple(cache.shape)}; allowed: shape_desc.bs={cache.shape[1] if cache.dim() >= 2 else '?'} "
+                    "(its blocks' rows)"
+                )
     layers = len(planes[0])
     row_bytes = [_row_bytes(caches[0], bs) if not facts.pbs_fused else
                  math.prod(caches[0].shape[1:]) * caches[0].element_size() for caches in planes]
@@ -670,7 +690,7 @@ def multi_layer_block_kv_transfer(
     ids = _slot_tensor(ids, op, "block_ids")
     if ids.is_cpu and ids.numel():
         smallest, largest = int(ids.min()), int(ids.max())
-        if smallest < 0 or largest * bs >= rows:
+        if smallest < 0 or (largest + 1) * bs > rows:  # the block's last row must be in the cache too
             raise TransferError(
                 f"{op}: block_ids holds {smallest if smallest < 0 else largest}; allowed: 0..{rows // bs - 1}"
             )

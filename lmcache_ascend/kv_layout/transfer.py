@@ -165,6 +165,52 @@ def _expansion_plan(step: StepBlockIds, groups: Mapping[int, KVGroupSpec], cache
     return _ExpansionPlan(plan, offsets, lengths, rows_total)
 
 
+def _request_name(key: Hashable) -> str:
+    request = key[0] if isinstance(key, tuple) and key else key
+    return "a request" if request is None else f"request {request!r}"
+
+
+def _check_block_ids(key: Hashable, block_ids: np.ndarray, plan: _ExpansionPlan, block_counts: Mapping[int, int],
+                     fewest: int) -> None:
+    """Refuse a block id outside its group's cache (negative, past the end, or wrapping in the
+    slot arithmetic) before any row is resolved.
+
+    One min and one max over the request's ids; the groups are only looked at one by one when
+    those leave the range every group's cache has (`fewest` blocks).
+    """
+    if not len(block_ids):
+        return
+    if block_ids.min() >= 0 and block_ids.max() < fewest:
+        return
+    for group, (_, _, first_block, count, _, _) in zip(plan.offsets, plan.groups):
+        limit = block_counts.get(group)
+        if limit is None:
+            continue
+        ids = block_ids[first_block : first_block + count]
+        bad = np.flatnonzero((ids < 0) | (ids >= limit))
+        if len(bad):
+            raise LayoutError(
+                f"{_request_name(key)}, KV-cache group {group}: block id {int(ids[bad[0]])} (position {int(bad[0])} "
+                f"of its {count}) is not a block of this worker's cache, which has {limit} blocks "
+                f"(allowed ids 0..{limit - 1}); nothing was moved"
+            )
+
+
+def _check_slots(request: object, group: int, slots: np.ndarray, rows: int | None) -> None:
+    """Refuse a slot outside the group's cache rows (-1 means "skip") before anything moves."""
+    if rows is None or not len(slots):
+        return
+    low, high = int(slots.min()), int(slots.max())
+    if low >= -1 and high < rows:
+        return
+    position = int(np.flatnonzero((slots < -1) | (slots >= rows))[0])
+    raise LayoutError(
+        f"{_request_name(request)}, KV-cache group {group}: slot {int(slots[position])} (position {position}) "
+        f"is not a row of this worker's cache, which has {rows} rows (allowed: -1 to skip, 0..{rows - 1}); "
+        "nothing was moved"
+    )
+
+
 @dataclass(frozen=True)
 class DeviceSlots:
     """The slot mappings of one request (or one call) on the caches' device, in ONE int64 tensor.
@@ -185,6 +231,8 @@ class DeviceSlots:
         groups: Mapping[int, KVGroupSpec],
         device: torch.device,
         cached_tokens: int = 0,
+        block_counts: Mapping[int, int] | None = None,
+        request: Hashable = None,
     ) -> "DeviceSlots":
         """The slots of every transferred group of `step`, on `device`, from its block ids.
 
@@ -192,9 +240,10 @@ class DeviceSlots:
         ``block_id = ids_g[r // rows_per_block]``; -1 on vLLM's null block and on the rows
         of vLLM's cached prefix (`cached_row_count` of `cached_tokens`; 0 for a store).
         `groups` are the registered groups: each transferred group must be among them
-        with the geometry the scheduler used.
+        with the geometry the scheduler used. `block_counts` (group -> blocks of the worker's
+        cache): an id outside them is refused, naming `request`, before anything moves.
         """
-        return cls.for_requests({None: (step, cached_tokens)}, groups, device)[None]
+        return cls.for_requests({request: (step, cached_tokens)}, groups, device, block_counts)[request]
 
     @classmethod
     def for_requests(
@@ -202,6 +251,7 @@ class DeviceSlots:
         requests: Mapping[Hashable, tuple[StepBlockIds, int]],
         groups: Mapping[int, KVGroupSpec],
         device: torch.device,
+        block_counts: Mapping[int, int] | None = None,
     ) -> dict[Hashable, "DeviceSlots"]:
         """`from_block_ids` of many (block ids, cached tokens) at once: key -> its `DeviceSlots`.
 
@@ -211,10 +261,15 @@ class DeviceSlots:
         for the kernels to anchor on). On an H100 the same expansion as torch ops on the
         device took 0.7-2.2 ms of launches per request, several times the copy of its
         result (scripts/bench_slot_resolution.py --device cuda, notes/issue-13-bench.md).
+        `block_counts`: see `from_block_ids`; every request is checked before any is expanded.
         """
         if not requests:
             return {}
         plans = {key: _expansion_plan(step, groups, cached_tokens) for key, (step, cached_tokens) in requests.items()}
+        if block_counts:
+            fewest = min(block_counts.values())
+            for key, plan in plans.items():
+                _check_block_ids(key, requests[key][0].block_ids, plan, block_counts, fewest)
         bounds, cursor = {}, 0
         for key, plan in plans.items():
             bounds[key] = (cursor, cursor + max(plan.rows, 1))
@@ -234,9 +289,14 @@ class DeviceSlots:
         groups: Mapping[int, KVGroupSpec],
         device: torch.device,
         cached_tokens: int = 0,
+        slot_rows: Mapping[int, int] | None = None,
+        request: Hashable = None,
     ) -> "DeviceSlots":
         """Concatenate `slot_mappings` (group -> 1-D ints), mask the rows of vLLM's cached
-        prefix (`cached_row_count`; 0 for a store) and copy them to `device` at once."""
+        prefix (`cached_row_count`; 0 for a store) and copy them to `device` at once.
+
+        `slot_rows` (group -> rows of the worker's cache): a slot outside them (or below -1)
+        is refused, naming `request` and the group, before anything moves."""
         parts = []
         offsets: dict[int, int] = {}
         lengths: dict[int, int] = {}
@@ -255,6 +315,8 @@ class DeviceSlots:
             if host.ndim != 1:
                 raise LayoutError(f"slot mapping of scheduler group {group} has shape {host.shape}; allowed: 1-D")
             host = host.astype(np.int64, copy=True)
+            if slot_rows is not None:
+                _check_slots(request, group, host, slot_rows.get(group))
             masked = cached_row_count(spec, cached_tokens, len(host))
             host[:masked] = -1
             parts.append(host)
@@ -294,6 +356,17 @@ class ChunkMover:
             )
             for group in layout.layer_groups
         )
+        # Per scheduler group, the rows and blocks every one of its caches has: ids and slots
+        # beyond them are refused before anything moves (`DeviceSlots`).
+        rows: dict[int, int] = {}
+        for group in layout.layer_groups:
+            for planes in group.plane_layouts:
+                for plane in planes:
+                    rows[plane.scheduler_group] = min(rows.get(plane.scheduler_group, plane.num_rows), plane.num_rows)
+        self.slot_rows: dict[int, int] = rows
+        self.block_counts: dict[int, int] = {
+            g: count // layout.geometry_by_group[g].rows_per_block for g, count in rows.items()
+        }
         self._staging: torch.Tensor | None = None
         # Per (chunks, STAGING_BYTES) of a staged call: (buffer, chunk stride, halves, half bytes, waves);
         # emptied with the buffer.
@@ -311,9 +384,11 @@ class ChunkMover:
     def device(self) -> torch.device:
         return self.paged_groups[0].device
 
-    def upload(self, slot_mappings: Mapping[int, object], cached_tokens: int = 0) -> DeviceSlots:
-        """`DeviceSlots` of these slot mappings on the caches' device."""
-        return DeviceSlots.upload(slot_mappings, self.layout.geometry_by_group, self.device, cached_tokens)
+    def upload(self, slot_mappings: Mapping[int, object], cached_tokens: int = 0, request: Hashable = None) -> DeviceSlots:
+        """`DeviceSlots` of these slot mappings on the caches' device (slots outside the caches refused)."""
+        return DeviceSlots.upload(
+            slot_mappings, self.layout.geometry_by_group, self.device, cached_tokens, self.slot_rows, request
+        )
 
     def plane_rows(self, slots: DeviceSlots, starts: np.ndarray, ends: np.ndarray):
         """Per layer group, (first slot index, row count) arrays [chunks, planes] of the chunks [starts, ends).

@@ -11,6 +11,7 @@ from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, CONNECTOR_LAYOU
 from lmcache_ascend.multigroup.connector_state import (
     check_chunk_size,
     check_discard_partial_chunks,
+    check_single_group_chunk_size,
     layout_for_connector,
 )
 from lmcache_ascend.multigroup.slicing import prefix_bound_in_vllm_blocks
@@ -23,7 +24,8 @@ _NOT_SET = object()
 def connector_layout(connector):
     """Layout of LMCache's scheduler-side `connector` (computed once); None for single-group models.
 
-    Raises naming the setting when multi-group mode can't work with the connector's config.
+    Raises naming the setting when the connector's config can't move KV exactly: multi-group
+    mode without whole chunks, or a chunk_size that does not nest with some moved group's blocks.
     """
     layout = CONNECTOR_LAYOUT.get(connector, _NOT_SET)
     if layout is not _NOT_SET:
@@ -32,10 +34,17 @@ def connector_layout(connector):
     layout = layout_for_connector(
         getattr(parent, "_kv_cache_config", None), connector._block_size, getattr(connector, "config", None)
     )
+    chunk_size = connector._lmcache_chunk_size
     if layout is not None and layout.is_multi_group:
         check_discard_partial_chunks(layout, connector._discard_partial_chunks)
-        check_chunk_size(layout, connector._lmcache_chunk_size)
+        check_chunk_size(layout, chunk_size)
     else:
+        # One group (vLLM's hybrid manager off, or a one-group model): LMCache's own
+        # path, whose chunks must nest with the blocks all the same.
+        if layout is not None:
+            check_chunk_size(layout, chunk_size)
+        else:
+            check_single_group_chunk_size(connector._block_size, chunk_size)
         layout = None
     CONNECTOR_LAYOUT.set(connector, layout)
     return layout

@@ -8,7 +8,8 @@ connector.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Sequence
 
 from lmcache_ascend.flags import flag_value
 from lmcache_ascend.multigroup.specs import MultiGroupLayout, layout_from_kv_cache_config
@@ -17,9 +18,11 @@ from lmcache_ascend.multigroup.state_skip import StateGroupPolicy, policy_from_v
 __all__ = [
     "MultiGroupConfigError",
     "check_chunk_size",
+    "check_single_group_chunk_size",
     "check_discard_partial_chunks",
     "check_native_adapter",
     "layout_for_connector",
+    "nearest_chunk_sizes",
     "policy_for_config",
 ]
 
@@ -58,8 +61,53 @@ def check_native_adapter(use_native: bool, group_count: int) -> None:
         )
 
 
+def _tiles(chunk_size: int, block_size: int) -> bool:
+    """Chunks and blocks nest: every chunk lies inside one block, or is whole blocks."""
+    return chunk_size % block_size == 0 or block_size % chunk_size == 0
+
+
+def _chunk_size_fits(chunk_size: int, block_sizes: Sequence[int], compress_ratios: Sequence[int]) -> bool:
+    return all(_tiles(chunk_size, size) for size in block_sizes) and all(
+        chunk_size % ratio == 0 for ratio in compress_ratios
+    )
+
+
+def nearest_chunk_sizes(
+    chunk_size: int, block_sizes: Sequence[int], compress_ratios: Sequence[int] = ()
+) -> tuple[int, ...]:
+    """The allowed chunk sizes nearest to `chunk_size`: the largest below it and the smallest above it.
+
+    Any multiple of every block size and compress ratio is allowed, so the search
+    upwards ends within one least common multiple (run once, at connector start).
+    """
+    step = math.lcm(*block_sizes, *compress_ratios)
+    below = next(
+        (size for size in range(chunk_size - 1, 0, -1) if _chunk_size_fits(size, block_sizes, compress_ratios)), None
+    )
+    above = next(
+        size
+        for size in range(chunk_size + 1, chunk_size + step + 1)
+        if _chunk_size_fits(size, block_sizes, compress_ratios)
+    )
+    return tuple(size for size in (below, above) if size is not None)
+
+
+def _refuse_chunk_size(chunk_size: int, groups: Sequence[tuple[str, int]], compress_ratios: Sequence[int]) -> None:
+    sizes = [size for _, size in groups]
+    if _chunk_size_fits(chunk_size, sizes, compress_ratios):
+        return
+    described = ", ".join(f"{size} ({label})" for label, size in groups)
+    nearest = " or ".join(str(size) for size in nearest_chunk_sizes(chunk_size, sizes, compress_ratios))
+    raise MultiGroupConfigError(
+        f"LMCache chunk_size={chunk_size} does not fit the KV-cache block sizes {described}: every block "
+        "size must divide chunk_size or be a multiple of it, or a chunk would end inside a block that "
+        f"also holds the next chunk's tokens and a load would not restore that block exactly; "
+        f"set chunk_size to {nearest}"
+    )
+
+
 def check_chunk_size(layout: MultiGroupLayout, chunk_size: int) -> None:
-    """Every compressed row must sit inside one LMCache chunk."""
+    """Every compressed row sits inside one LMCache chunk, and chunks nest with every moved group's blocks."""
     for group, keep in zip(layout.groups, layout.transferred):
         if keep and chunk_size % group.compress_ratio:
             raise MultiGroupConfigError(
@@ -67,6 +115,17 @@ def check_chunk_size(layout: MultiGroupLayout, chunk_size: int) -> None:
                 f"{group.compress_ratio} of KV-cache group {group.group_index} "
                 f"({group.spec_class_name}); choose a chunk_size divisible by every compress ratio"
             )
+    moved = [layout.groups[index] for index in layout.transferred_group_indices]
+    _refuse_chunk_size(
+        chunk_size,
+        [(f"group {group.group_index} {group.spec_class_name}", group.block_size) for group in moved],
+        [group.compress_ratio for group in moved],
+    )
+
+
+def check_single_group_chunk_size(vllm_block_size: int, chunk_size: int) -> None:
+    """The one-group path (no KV-cache config, or vLLM's hybrid manager off): the same nesting rule."""
+    _refuse_chunk_size(chunk_size, [("vLLM block_size", vllm_block_size)], ())
 
 
 def layout_for_connector(kv_cache_config: Any, vllm_block_size: int, lmcache_config: Any) -> MultiGroupLayout | None:

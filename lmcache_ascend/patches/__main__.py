@@ -259,6 +259,13 @@ def _flags(markdown: bool) -> int:
         print(f"{flag.name} = {current if current is not None else flag.default_text() + ' (default)'}")
         print(textwrap.fill(f"{flag.help} Allowed: {flag.allowed_text()}.", width=100, initial_indent="    ",
                             subsequent_indent="    "))
+    unknown = flag_table.unknown_variables()
+    if unknown:
+        print()
+        print("set but unknown (ignored):")
+        for name, closest in unknown:
+            print(f"{name} = {os.environ[name]}")
+            print(f"    {flag_table.unknown_variable_text(name, closest)}")
     return 0
 
 

@@ -262,7 +262,7 @@ def test_a_steps_store_slots_are_resolved_at_hand_over_and_the_store_only_indexe
         STEP_BLOCK_IDS.set(load_request, STEP_BLOCK_IDS.get(request))
         saver._parent._connector_metadata = LMCacheConnectorMetadata(requests=[load_request])
         saver.start_load_kv(_forward_context())
-        assert events == [("resolve", [None])]  # from_block_ids, once, inside the load
+        assert events == [("resolve", ["req-0"])]  # from_block_ids, once, inside the load (named for errors)
         assert connector.tokens_loaded == 3 * CHUNK and connector._device_slots_by_request == {}
     finally:
         LMCacheEngineBuilder.destroy("ascend-adapter-e2e")

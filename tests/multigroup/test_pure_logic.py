@@ -158,7 +158,7 @@ def test_flag_beats_lmcache_config_value(monkeypatch):
 
 
 def test_config_checks_name_the_settings():
-    layout = layout_from_groups((KVGroupSpec(0, "A", 512, 4), KVGroupSpec(1, "B", 384, 128)), 128, StateGroupPolicy())
+    layout = layout_from_groups((KVGroupSpec(0, "A", 512, 4), KVGroupSpec(1, "B", 512, 128)), 128, StateGroupPolicy())
     with pytest.raises(MultiGroupConfigError, match="discard_partial_chunks.*save_unfull_chunk"):
         check_discard_partial_chunks(layout, False)
     check_discard_partial_chunks(layout, True)
