@@ -57,7 +57,7 @@ def llm_options(spec: dict) -> dict:
     ``disable_hybrid_kv_cache_manager: null`` leaves the choice to vLLM (it turns the
     hybrid manager off for a connector that is not ``SupportsHMA``);
     ``kv_cache_memory_bytes: null`` leaves the KV-cache size to vLLM (on the CPU,
-    ``VLLM_CPU_KVCACHE_SPACE``).
+    ``VLLM_CPU_KVCACHE_SPACE``); ``max_num_batched_tokens: null`` takes vLLM's default.
     """
     options = dict(
         model=spec["model"],
@@ -65,15 +65,15 @@ def llm_options(spec: dict) -> dict:
         enable_prefix_caching=False,  # every reuse must come from LMCache
         dtype="float32",
         max_model_len=spec.get("max_model_len", 2048),
-        max_num_batched_tokens=spec.get("max_num_batched_tokens", 2048),
         seed=0,
         gpu_memory_utilization=0.05,
         disable_log_stats=False,
         disable_hybrid_kv_cache_manager=spec.get("disable_hybrid_kv_cache_manager", False),
     )
-    kv_cache_memory_bytes = spec.get("kv_cache_memory_bytes", 256 << 20)
-    if kv_cache_memory_bytes is not None:
-        options["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    for key, default in (("max_num_batched_tokens", 2048), ("kv_cache_memory_bytes", 256 << 20)):
+        value = spec.get(key, default)
+        if value is not None:
+            options[key] = value
     if spec.get("lmcache"):
         from vllm.config import KVTransferConfig
 
