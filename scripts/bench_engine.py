@@ -254,8 +254,7 @@ def run_group(model_name: str, lengths: list[int], repeats: int, reserved: str, 
             engine.kill()
     return {"model": model_name, "groups_expected": list(model.expected_groups), "reserved_cpus": reserved,
             "lengths": lengths, "repeats": repeats, "tail": args.tail, "max_model_len": max_model_len,
-            "capacity": {config: {k: v for k, v in report.items() if k != "workers"} | {"workers": report["workers"]}
-                         for config, report in ready.items()},
+            "capacity": ready,  # vLLM's report at start, per configuration
             "final": final, "requests": requests}
 
 
@@ -323,7 +322,7 @@ def markdown(result: dict) -> str:
     lines = [
         *(["**A `--quick` check** (short prefixes, few repeats): it shows the script works, it is not the "
            "measurement.", ""] if meta.get("quick") else []),
-        f"Run: `{meta['command']}`  ",
+        f"Run: `{meta['command']}`" + (f", {meta['wall_s'] / 60:.0f} minutes" if "wall_s" in meta else "") + "  ",
         f"Commit `{meta['commit']}`, {meta['date']}; machine: {meta['machine']}; device {meta['device']}; "
         f"vLLM {meta['versions']['vllm']}, LMCache {meta['versions']['lmcache']}, torch {meta['versions']['torch']}.  ",
         f"KV cache: `VLLM_CPU_KVCACHE_SPACE={meta['kv_space_gib']}` (GiB) per engine; LMCache: local CPU backend, "
@@ -502,6 +501,7 @@ def main() -> int:
 
     out = REPO_ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
     result = {"meta": _meta(args), "groups": []}
     plan = [(name, args.lengths, args.repeats, "1") for name in models]
     if default_length and args.device == "cpu":
@@ -513,6 +513,7 @@ def main() -> int:
             group = run_group(name, lengths_, repeats, reserved, args, Path(scratch))
             group["summary"] = summarize(group)
             result["groups"].append(group)
+    result["meta"]["wall_s"] = time.monotonic() - started
     table = markdown(result)
     (out / "bench_engine.json").write_text(json.dumps(result, indent=1))
     (out / "bench_engine.md").write_text(table + "\n")
