@@ -112,7 +112,7 @@ def _free_loopback_port() -> int:
         return probe.getsockname()[1]
 
 
-def _stop_group(process: subprocess.Popen) -> None:
+def stop_group(process: subprocess.Popen) -> None:
     """SIGTERM the process group (LMCache's server shuts down on it), then SIGKILL what is left."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -148,7 +148,7 @@ def mp_server(chunk_size: int, l1_size_gb: float = 0.5):
             _wait_until_listening(process, port, log_path)
             yield port
         finally:
-            _stop_group(process)
+            stop_group(process)
 
 
 def _wait_until_listening(process: subprocess.Popen, port: int, log_path: Path) -> None:

@@ -20,6 +20,8 @@ import time
 
 def worker_report(worker) -> dict:
     """Runs inside each vLLM worker (through ``LLM.collective_rpc``)."""
+    import torch
+
     config = worker.model_runner.kv_cache_config
     groups = [
         {"spec": type(group.kv_cache_spec).__name__, "layers": list(group.layer_names),
@@ -46,7 +48,51 @@ def worker_report(worker) -> dict:
             }
     except Exception as error:  # the report must not hide the outputs
         moved = {"error": repr(error)}
-    return {"groups": groups, "connector": moved, "kv_connector": kv_connector}
+    return {"groups": groups, "connector": moved, "kv_connector": kv_connector, "omp_threads": torch.get_num_threads()}
+
+
+def llm_options(spec: dict) -> dict:
+    """``vllm.LLM`` keyword arguments for `spec` (the engine tests' settings; the benchmark's too).
+
+    ``disable_hybrid_kv_cache_manager: null`` leaves the choice to vLLM (it turns the
+    hybrid manager off for a connector that is not ``SupportsHMA``);
+    ``kv_cache_memory_bytes: null`` leaves the KV-cache size to vLLM (on the CPU,
+    ``VLLM_CPU_KVCACHE_SPACE``); ``max_num_batched_tokens: null`` takes vLLM's default.
+    """
+    options = dict(
+        model=spec["model"],
+        skip_tokenizer_init=True,
+        enable_prefix_caching=False,  # every reuse must come from LMCache
+        dtype="float32",
+        max_model_len=spec.get("max_model_len", 2048),
+        seed=0,
+        gpu_memory_utilization=0.05,
+        disable_log_stats=False,
+        disable_hybrid_kv_cache_manager=spec.get("disable_hybrid_kv_cache_manager", False),
+    )
+    for key, default in (("max_num_batched_tokens", 2048), ("kv_cache_memory_bytes", 256 << 20)):
+        value = spec.get(key, default)
+        if value is not None:
+            options[key] = value
+    if spec.get("lmcache"):
+        from vllm.config import KVTransferConfig
+
+        options["kv_transfer_config"] = KVTransferConfig(
+            kv_connector=spec.get("kv_connector", "LMCacheConnectorV1"),
+            kv_role="kv_both",
+            kv_connector_extra_config=spec.get("kv_connector_extra_config", {}),
+        )
+    return options
+
+
+def output_record(output) -> dict:
+    """A finished request's greedy tokens, their logprobs and vLLM's ``num_cached_tokens``."""
+    completion = output.outputs[0]
+    return {
+        "tokens": list(completion.token_ids),
+        "logprobs": [step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)],
+        "num_cached_tokens": output.num_cached_tokens,
+    }
 
 
 def main(spec_path: str, out_path: str) -> None:
@@ -57,28 +103,7 @@ def main(spec_path: str, out_path: str) -> None:
 
     from vllm import LLM, SamplingParams
 
-    options = dict(
-        model=spec["model"],
-        skip_tokenizer_init=True,
-        enable_prefix_caching=False,  # every reuse must come from LMCache
-        dtype="float32",
-        max_model_len=spec.get("max_model_len", 2048),
-        max_num_batched_tokens=spec.get("max_num_batched_tokens", 2048),
-        seed=0,
-        gpu_memory_utilization=0.05,
-        kv_cache_memory_bytes=256 << 20,
-        disable_log_stats=False,
-        disable_hybrid_kv_cache_manager=spec.get("disable_hybrid_kv_cache_manager", False),
-    )
-    if spec.get("lmcache"):
-        from vllm.config import KVTransferConfig
-
-        options["kv_transfer_config"] = KVTransferConfig(
-            kv_connector=spec.get("kv_connector", "LMCacheConnectorV1"),
-            kv_role="kv_both",
-            kv_connector_extra_config=spec.get("kv_connector_extra_config", {}),
-        )
-    llm = LLM(**options)
+    llm = LLM(**llm_options(spec))
     ready = time.monotonic()
     sampling = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 12), logprobs=0, detokenize=False)
     rounds = []
@@ -88,14 +113,7 @@ def main(spec_path: str, out_path: str) -> None:
             # round that looks its chunks up at once may find them not stored yet.
             time.sleep(spec["settle_s"])
         outputs = llm.generate([{"prompt_token_ids": prompt} for prompt in prompts], sampling, use_tqdm=False)
-        rounds.append([
-            {
-                "tokens": list(output.outputs[0].token_ids),
-                "logprobs": [step[token].logprob for step, token in zip(output.outputs[0].logprobs, output.outputs[0].token_ids)],
-                "num_cached_tokens": output.num_cached_tokens,
-            }
-            for output in outputs
-        ])
+        rounds.append([output_record(output) for output in outputs])
     metrics = {metric.name: metric.value for metric in llm.get_metrics() if hasattr(metric, "value")}
     workers = llm.collective_rpc(worker_report)
     result = {
