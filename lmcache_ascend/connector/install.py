@@ -3,7 +3,9 @@
 Called by the worker adapter patch right after vLLM registered its KV caches:
 decides whether LMCache's own connector can serve them, and if not plans the
 chunk buffer, registers the caches with `MultiGroupGPUConnector` and makes the
-engine use it (its metadata then allocates byte-format chunks).
+engine use it (its metadata then allocates byte-format chunks), and folds a
+digest of the chunk plan and of the model's files into the model name LMCache
+puts in every chunk key (`name_keys_by_layout`).
 
 Imports LMCache-facing modules lazily; the decisions are the pure functions of
 `lmcache_ascend.kv_layout.registration`.
@@ -24,7 +26,7 @@ from lmcache_ascend.kv_layout.registration import (
 from lmcache_ascend.multigroup.attachments import CHUNK_PLANNER, CONNECTOR_LAYOUT
 from lmcache_ascend.multigroup.specs import KVGroupSpec
 
-__all__ = ["install_multigroup_connector", "plan_for_engine"]
+__all__ = ["install_multigroup_connector", "name_keys_by_layout", "plan_for_engine"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +93,14 @@ def plan_for_engine(
     flatten_multi_spec: bool,
     backend: str | None = None,
     backend_layouts: Mapping[str, Any] | None = None,
+    model: Mapping[str, Any] | None = None,
 ):
     """Register `kv_caches` with a MultiGroupGPUConnector and make `engine` use it.
 
     `backend_layouts`: the attention backend's `BackendLayout` of each layer
-    registered as a single tensor (see `connector.backend_layouts`).
+    registered as a single tensor (see `connector.backend_layouts`). `model`: the
+    model's identity (`kv_layout.chunk_identity.model_identity`), folded with the
+    chunk plan into the model name of every chunk key (`name_keys_by_layout`).
     """
     from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
 
@@ -115,6 +120,7 @@ def plan_for_engine(
     connector.register(layers, chunk_layout)
     engine.gpu_connector = connector
     CHUNK_PLANNER.set(engine.metadata, chunk_layout)  # read by the lmcache-metadata-chunk-bytes patch
+    name_keys_by_layout(engine.metadata, chunk_layout, model)
     logger.info(
         "lmcache-ascend: %d layers in %d layer groups, %d bytes per %d-token chunk",
         len(layers),
@@ -123,6 +129,42 @@ def plan_for_engine(
         chunk_size,
     )
     return connector
+
+
+def name_keys_by_layout(metadata: Any, chunk_layout: Any, model: Mapping[str, Any] | None) -> str:
+    """Fold the digest of the chunk plan and the model into LMCache's model name, which every key carries.
+
+    LMCache's token database builds each key from this metadata object, on store,
+    lookup and retrieve alike, so engines whose chunks hold other bytes (another
+    plan, other weights) never find each other's chunks. Returns the new name.
+    """
+    from lmcache_ascend.kv_layout.chunk_identity import chunk_identity_digest, keyed_model_name, plan_description
+
+    identity = dict(model) if model is not None else {"revision": None, "config": {}, "weights": None}
+    digest = chunk_identity_digest(plan_description(chunk_layout), identity)
+    before = metadata.model_name
+    metadata.model_name = keyed_model_name(before, digest)
+    weights = identity.get("weights")
+    logger.info(
+        "lmcache-ascend: chunk keys name model %r as %r (chunk plan of %d bytes, %s)",
+        before,
+        metadata.model_name,
+        chunk_layout.full_plan.total_bytes,
+        f"{len(weights)} weights files" if weights is not None else "no local weights files: config and name only",
+    )
+    return metadata.model_name
+
+
+def _model_identity(adapter: Any) -> dict:
+    from lmcache_ascend.kv_layout.chunk_identity import model_identity
+
+    model_config = getattr(getattr(adapter, "_vllm_config", None), "model_config", None)
+    if model_config is None:
+        return model_identity("", None, None)
+    hf_config = getattr(model_config, "hf_config", None)
+    config = hf_config.to_diff_dict() if hasattr(hf_config, "to_diff_dict") else {}
+    config.pop("transformers_version", None)
+    return model_identity(str(model_config.model), config, getattr(model_config, "revision", None))
 
 
 def install_multigroup_connector(adapter: Any):
@@ -181,6 +223,7 @@ def install_multigroup_connector(adapter: Any):
         flatten_multi_spec=flag_value("LMCACHE_ASCEND_FLATTEN_MULTI_SPEC", lmcache_config=config),
         backend=flag_value("LMCACHE_ASCEND_TRANSFER_BACKEND", lmcache_config=config),
         backend_layouts=backend_layouts,
+        model=_model_identity(adapter),
     )
     _log_start(adapter, engine, layout if layout is not None and layout.is_multi_group else None, True)
     return connector
