@@ -231,7 +231,6 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         target="lmcache.integration.vllm.vllm_v1_adapter",
         requires={"lmcache": ">=0.4.5,<0.6"},
         flags=("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"),
-        after=("lmcache-adapter-multigroup",),
     ),
 )
 

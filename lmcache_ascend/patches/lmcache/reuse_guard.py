@@ -30,7 +30,6 @@ PATCH = Patch(
     requires={"lmcache": ">=0.4.5,<0.6"},
     flags=("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"),
     wrappers={"LMCacheConnectorV1Impl.get_num_new_matched_tokens": get_num_new_matched_tokens_wrapper},
-    after=("lmcache-adapter-multigroup",),
     summary="LMCache's lookup reports 0 tokens for models whose reuse cannot be exact (state-space groups, vLLM's own reuse off)",
     why="a Mamba group's recurrent state is not per-token KV, and vLLM's CPU MLA path over a cached prefix gives "
     "other tokens: a supplied prefix would make the model continue from a state that never saw it",
