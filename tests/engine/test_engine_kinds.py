@@ -42,18 +42,7 @@ def _rounds(seed: int = 11) -> list[list[list[int]]]:
 
 
 ROUNDS = _rounds()
-# Granite hybrid and Mamba2 have not been run through these tests yet (engine starts took
-# about 6 minutes each on the shared machine): skipped until they are.
-_NOT_RUN_YET = pytest.mark.skip(reason="not yet run on stack D; remove this mark once they pass")
-KINDS = [
-    pytest.param(name, marks=_NOT_RUN_YET) if name in ("granite-hybrid", "mamba2") else name for name in KIND_MODELS
-]
-# Found on stack D: the MLA connector run still got 512-token hits in the warm rounds
-# (the lookup guard did not take effect in the engine core; not yet understood).
-_MLA_GUARD_GAP = pytest.mark.xfail(
-    strict=True, reason="MLA: LMCache still supplied 512 tokens per warm round in the real engine"
-)
-REUSE_KINDS = [pytest.param("deepseek-v2-mla", marks=_MLA_GUARD_GAP), *KINDS[1:]]
+KINDS = list(KIND_MODELS)
 
 
 def _spec(model_dir, name: str, *, lmcache: bool, env: dict | None = None) -> dict:
@@ -88,7 +77,7 @@ def test_model_sees_every_prompt_token(model_dir, name):
     assert a["tokens"] != control["tokens"], f"{name}: output does not depend on the first prompt token"
 
 
-@pytest.mark.parametrize("name", REUSE_KINDS)
+@pytest.mark.parametrize("name", KINDS)
 def test_no_prefix_supplied_and_baseline_outputs(model_dir, name):
     baseline = run_engine(_spec(model_dir, name, lmcache=False))
     run = run_engine(_spec(model_dir, name, lmcache=True))
