@@ -7,16 +7,21 @@ transferred group covers.  Used by the ``lmcache-adapter-multigroup`` patch.
 
 from __future__ import annotations
 
-from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, CONNECTOR_LAYOUT
+import logging
+
+from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, CONNECTOR_LAYOUT, REUSE_BLOCKER
 from lmcache_ascend.multigroup.connector_state import (
     check_chunk_size,
     check_discard_partial_chunks,
     check_single_group_chunk_size,
     layout_for_connector,
 )
+from lmcache_ascend.multigroup.reuse_verdict import reuse_blocker
 from lmcache_ascend.multigroup.slicing import prefix_bound_in_vllm_blocks
 
-__all__ = ["connector_layout", "roll_back_trackers"]
+__all__ = ["connector_layout", "connector_reuse_blocker", "roll_back_trackers"]
+
+logger = logging.getLogger(__name__)
 
 _NOT_SET = object()
 
@@ -34,6 +39,7 @@ def connector_layout(connector):
     layout = layout_for_connector(
         getattr(parent, "_kv_cache_config", None), connector._block_size, getattr(connector, "config", None)
     )
+    _decide_reuse(connector, layout)
     chunk_size = connector._lmcache_chunk_size
     if layout is not None and layout.is_multi_group:
         check_discard_partial_chunks(layout, connector._discard_partial_chunks)
@@ -77,3 +83,22 @@ def roll_back_trackers(connector, scheduler_output, layout) -> None:
         keep = min(request.num_computed_tokens, covered_blocks * layout.vllm_block_size)
         tracker.token_ids = list(request.all_token_ids[:keep])
         tracker.num_saved_tokens = min(tracker.num_saved_tokens, keep)
+
+
+def _decide_reuse(connector, layout) -> None:
+    """Decide once per connector whether it may supply prefixes; say why not, once, at start."""
+    blocker = reuse_blocker(layout, getattr(connector, "_vllm_config", None))
+    REUSE_BLOCKER.set(connector, blocker)
+    if blocker is not None:
+        logger.warning(
+            "lmcache-ascend: LMCache supplies no prefix to this engine (every lookup reports 0 tokens; "
+            "vLLM computes every prompt): %s",
+            blocker,
+        )
+
+
+def connector_reuse_blocker(connector):
+    """Why LMCache's scheduler-side `connector` supplies no prefix, or None (decided at start)."""
+    if not REUSE_BLOCKER.is_set(connector):
+        connector_layout(connector)
+    return REUSE_BLOCKER.get(connector)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-__all__ = ["BLOCK_TRACKER", "CHUNK_PLANNER", "CONNECTOR_LAYOUT", "STEP_BLOCK_IDS", "Attachment"]
+__all__ = ["BLOCK_TRACKER", "CHUNK_PLANNER", "CONNECTOR_LAYOUT", "REUSE_BLOCKER", "STEP_BLOCK_IDS", "Attachment"]
 
 T = TypeVar("T")
 
@@ -53,3 +53,7 @@ BLOCK_TRACKER: Attachment = Attachment("ascend_block_tracker", "GroupBlockTracke
 CONNECTOR_LAYOUT: Attachment = Attachment("_ascend_multigroup_layout", "MultiGroupLayout or None")
 # On the LMCache engine's metadata: the chunk planner whose byte shape memory objects take.
 CHUNK_PLANNER: Attachment = Attachment("ascend_chunk_layout", "kv_layout.ChunkPlanner of the registered caches")
+
+REUSE_BLOCKER: Attachment = Attachment(
+    "_ascend_reuse_blocker", "why the connector supplies no prefix (str), or None where reuse may be exact"
+)

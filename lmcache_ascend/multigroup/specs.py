@@ -24,6 +24,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from lmcache_ascend.multigroup.spec_kinds import BUNDLE_SPEC_NAMES, SpecKind, classify
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 
 __all__ = [
@@ -55,7 +56,10 @@ class KVGroupSpec:
     row per c tokens. ``sliding_window`` is in tokens (None: full attention), a
     multiple of c. ``is_state`` marks groups holding recurrent state;
     ``transferred`` is False for a group LMCache leaves out (a state group under
-    the state-skip policy). Every value is checked here, naming the group.
+    the state-skip policy). ``no_reuse`` names why the group makes prefix reuse
+    impossible (its spec is `SpecKind.NO_REUSE`): such a group is never moved,
+    and a layout with one reuses nothing. Every value is checked here, naming
+    the group.
     """
 
     group_index: int
@@ -65,6 +69,7 @@ class KVGroupSpec:
     sliding_window: int | None = None
     is_state: bool = False
     transferred: bool = True
+    no_reuse: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.group_index, bool) or not isinstance(self.group_index, int) or self.group_index < 0:
@@ -195,6 +200,11 @@ class MultiGroupLayout:
         return tuple(group.transferred for group in self.groups)
 
     @functools.cached_property
+    def no_reuse_groups(self) -> tuple[KVGroupSpec, ...]:
+        """The groups that make prefix reuse impossible (empty: reuse may be exact)."""
+        return tuple(group for group in self.groups if group.no_reuse is not None)
+
+    @functools.cached_property
     def transferred_group_indices(self) -> tuple[int, ...]:
         return tuple(group.group_index for group in self.groups if group.transferred)
 
@@ -216,7 +226,8 @@ class MultiGroupLayout:
         chosen = self.__dict__.setdefault("_upstream_table_group", {})
         group = chosen.get(chunk_size)
         if group is None:
-            candidates = [self.groups[g] for g in self.transferred_group_indices]
+            # (A layout that moves no group reuses nothing; any table then does.)
+            candidates = [self.groups[g] for g in self.transferred_group_indices] or list(self.groups)
             dividing = [g for g in candidates if chunk_size % g.block_size == 0]
             if dividing:
                 best = max(dividing, key=lambda g: (g.block_size, g.sliding_window is None, -g.group_index))
@@ -249,9 +260,23 @@ def _one_value(group_index: int, name: str, values: Iterable[Any]) -> Any:
     return distinct.pop()
 
 
+def _class_names(spec: Any) -> list[str]:
+    """The spec's class name, then its ancestors' (most derived first), without `object`."""
+    return [cls.__name__ for cls in type(spec).__mro__ if cls is not object]
+
+
 def _spec_to_group(group_index: int, spec: Any, policy: StateGroupPolicy) -> KVGroupSpec:
+    if type(spec).__name__ not in BUNDLE_SPEC_NAMES and isinstance(getattr(spec, "kv_cache_specs", None), dict):
+        classify(type(spec).__name__, _class_names(spec)[1:])  # an unknown bundle type is refused too
     inner_specs = _unpacked_specs(spec)
     class_name = _one_value(group_index, "spec class", (type(s).__name__ for s in inner_specs))
+    try:
+        verdict = classify(class_name, _class_names(inner_specs[0])[1:])
+    except ValueError as error:
+        raise ValueError(f"KV-cache group {group_index}: {error}") from None
+    no_reuse = None
+    if verdict.kind is SpecKind.NO_REUSE:
+        no_reuse = f"{class_name}: {verdict.reason}"
     compress_ratio = _one_value(
         group_index, "compress_ratio", (int(getattr(s, "compress_ratio", 1) or 1) for s in inner_specs)
     )
@@ -264,7 +289,8 @@ def _spec_to_group(group_index: int, spec: Any, policy: StateGroupPolicy) -> KVG
         block_size=int(spec.block_size),
         compress_ratio=compress_ratio,
         sliding_window=sliding_window,
-        is_state=policy.is_state_spec(class_name),
+        is_state=no_reuse is not None or policy.is_state_spec(class_name),
+        no_reuse=no_reuse,
     )
 
 
@@ -291,9 +317,13 @@ def layout_from_groups(
 ) -> MultiGroupLayout:
     """Layout of already-typed groups; the policy decides which groups move."""
     moved = tuple(
-        dataclasses.replace(group, transferred=not (policy.skip_state_groups and group.is_state)) for group in groups
+        dataclasses.replace(
+            group, transferred=group.no_reuse is None and not (policy.skip_state_groups and group.is_state)
+        )
+        for group in groups
     )
-    if len(moved) > 0 and not any(group.transferred for group in moved):
+    no_reuse = any(group.no_reuse is not None for group in moved)
+    if len(moved) > 0 and not no_reuse and not any(group.transferred for group in moved):
         raise ValueError(
             "every KV-cache group would be skipped as a state group "
             f"({[g.spec_class_name for g in groups]}); check LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"

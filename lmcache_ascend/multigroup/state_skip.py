@@ -7,13 +7,17 @@ C4 indexer KV group is real per-token KV and is kept.
 
 The decision comes from two flags (see `lmcache_ascend.flags`):
 ``LMCACHE_ASCEND_SKIP_STATE_GROUPS`` (on by default) and
-``LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST`` (spec class names to skip; empty
-keeps `DEFAULT_STATE_SPEC_CLASS_NAMES`).
+``LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST`` (spec class names to skip, each a
+type `spec_kinds.SPEC_KINDS` knows; empty keeps `DEFAULT_STATE_SPEC_CLASS_NAMES`).
+Groups whose spec makes reuse impossible (``SpecKind.NO_REUSE``) are never moved,
+whatever the flags say.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from lmcache_ascend.multigroup.spec_kinds import SPEC_KINDS, SpecKind, known_spec_names
 
 __all__ = [
     "DEFAULT_STATE_SPEC_CLASS_NAMES",
@@ -21,17 +25,11 @@ __all__ = [
     "policy_from_values",
 ]
 
-# vllm-ascend's DeepSeek-V4 state specs (from LMCache-Ascend #246). The C4
-# indexer *KV* spec is deliberately absent: its rows are needed for reuse.
+# The spec types classified as not needed for reuse (`spec_kinds.SpecKind.SKIP`):
+# vllm-ascend's DeepSeek-V4 state specs among them. The C4 indexer *KV* spec is
+# deliberately absent: its rows are needed for reuse.
 DEFAULT_STATE_SPEC_CLASS_NAMES: frozenset[str] = frozenset(
-    {
-        "C4AttnKVState",
-        "C4AttnScoreState",
-        "C4IndexerKVState",
-        "C4IndexerScoreState",
-        "C128AttnKVState",
-        "C128AttnScoreState",
-    }
+    name for name, (kind, _) in SPEC_KINDS.items() if kind is SpecKind.SKIP
 )
 
 
@@ -65,6 +63,12 @@ def policy_from_values(skip_state_groups: object, allowlist: object) -> StateGro
         raise ValueError(
             f"LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST={allowlist!r} is not allowed; "
             "allowed: comma-separated spec class names (Python identifiers)"
+        )
+    unknown = sorted(set(allowlist) - known_spec_names())
+    if unknown:
+        raise ValueError(
+            f"LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST names {', '.join(unknown)}, which is no known KV-cache "
+            f"spec type (a misspelt name would move every state group); allowed: {', '.join(sorted(SPEC_KINDS))}"
         )
     names = frozenset(allowlist) if allowlist else DEFAULT_STATE_SPEC_CLASS_NAMES
     return StateGroupPolicy(skip_state_groups=skip_state_groups, state_spec_class_names=names)

@@ -219,6 +219,19 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         target="lmcache.v1.multiprocess.server",
         requires={"lmcache": ">=0.4.5,<0.5", "cupy-cuda13x": ">=13"},
     ),
+    CatalogueEntry(
+        name="vllm-prefix-reuse-off-reason",
+        module="lmcache_ascend.patches.vllm.prefix_reuse_off",
+        target="vllm.platforms.cpu",
+        requires={"vllm": ">=0.18.0"},
+    ),
+    CatalogueEntry(
+        name="lmcache-reuse-guard",
+        module="lmcache_ascend.patches.lmcache.reuse_guard",
+        target="lmcache.integration.vllm.vllm_v1_adapter",
+        requires={"lmcache": ">=0.4.5,<0.6"},
+        flags=("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"),
+    ),
 )
 
 # The declaration modules, in order.

@@ -100,6 +100,94 @@ MODELS: dict[str, TinyModel] = {
 }
 
 
+# Further model kinds (tests/engine/test_engine_kinds.py): MLA and state-space models.
+KIND_MODELS: dict[str, TinyModel] = {
+    model.name: model
+    for model in (
+        # DeepSeek-V2 style MLA, dense MLPs. vLLM's CPU MLA kernel takes only a 576-wide
+        # latent row (kv_lora_rank 512 + rope 64).
+        TinyModel(
+            name="deepseek-v2-mla",
+            architecture="DeepseekV2ForCausalLM",
+            config=dict(
+                vocab_size=512,
+                hidden_size=128,
+                intermediate_size=256,
+                moe_intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                n_routed_experts=4,
+                n_shared_experts=1,
+                num_experts_per_tok=2,
+                first_k_dense_replace=2,
+                kv_lora_rank=512,
+                q_lora_rank=None,
+                qk_rope_head_dim=64,
+                qk_nope_head_dim=32,
+                v_head_dim=32,
+                max_position_embeddings=4096,
+                initializer_range=0.02,
+            ),
+            seed=1,
+            expected_groups=("MLAAttentionSpec",),
+            sliding_window=None,
+        ),
+        # Mamba2 layers beside attention layers: a MambaSpec group and a full-attention group.
+        TinyModel(
+            name="granite-hybrid",
+            architecture="GraniteMoeHybridForCausalLM",
+            config=dict(
+                vocab_size=512,
+                hidden_size=128,
+                intermediate_size=256,
+                shared_intermediate_size=256,
+                num_local_experts=0,
+                num_experts_per_tok=0,
+                num_hidden_layers=4,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                layer_types=["mamba", "attention", "mamba", "attention"],
+                mamba_n_heads=8,
+                mamba_d_head=32,
+                mamba_d_state=16,
+                mamba_n_groups=1,
+                mamba_expand=2,
+                mamba_d_conv=4,
+                mamba_chunk_size=256,
+                position_embedding_type="rope",
+                max_position_embeddings=4096,
+                initializer_range=0.02,
+            ),
+            seed=1,
+            expected_groups=("MambaSpec", "FullAttentionSpec"),
+            sliding_window=None,
+        ),
+        # A pure state-space model: Mamba2 layers only.
+        TinyModel(
+            name="mamba2",
+            architecture="Mamba2ForCausalLM",
+            config=dict(
+                vocab_size=512,
+                hidden_size=128,
+                num_hidden_layers=2,
+                state_size=16,
+                expand=2,
+                head_dim=32,
+                num_heads=8,
+                n_groups=1,
+                conv_kernel=4,
+                chunk_size=256,
+                initializer_range=0.02,
+            ),
+            seed=1,
+            expected_groups=("MambaSpec",),
+            sliding_window=None,
+        ),
+    )
+}
+
+
 def build(model: TinyModel, directory: Path) -> Path:
     """Write `model`'s checkpoint under `directory` (reused when already written)."""
     import torch

@@ -43,12 +43,12 @@ def test_yaml_sets_keys_and_environment_wins(config_module, tmp_path, monkeypatc
     path = tmp_path / "lmcache.yaml"
     path.write_text(
         "chunk_size: 512\nascend_skip_state_groups: false\n"
-        "ascend_skip_state_spec_allowlist: [C4AttnKVState, Custom]\nascend_transfer_backend: torch\n"
+        "ascend_skip_state_spec_allowlist: [C4AttnKVState, C128AttnKVState]\nascend_transfer_backend: torch\n"
     )
     config = config_module.LMCacheEngineConfig.from_file(str(path))
     assert (config.chunk_size, config.ascend_skip_state_groups, config.ascend_transfer_backend) == (512, False, "torch")
-    assert config.ascend_skip_state_spec_allowlist == ("C4AttnKVState", "Custom")
-    assert policy_for_config(config) == StateGroupPolicy(False, frozenset({"C4AttnKVState", "Custom"}))
+    assert config.ascend_skip_state_spec_allowlist == ("C4AttnKVState", "C128AttnKVState")
+    assert policy_for_config(config) == StateGroupPolicy(False, frozenset({"C4AttnKVState", "C128AttnKVState"}))
     monkeypatch.setenv("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "1")
     config.update_config_from_env()
     assert config.ascend_skip_state_groups is True

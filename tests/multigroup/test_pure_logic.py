@@ -131,11 +131,17 @@ def test_layout_rejects_groups_out_of_order_and_all_skipped():
 
 def test_state_policy_default_allowlist_and_switch():
     assert "C4IndexerKV" not in DEFAULT_STATE_SPEC_CLASS_NAMES
-    assert len(DEFAULT_STATE_SPEC_CLASS_NAMES) == 6
+    assert {name for name in DEFAULT_STATE_SPEC_CLASS_NAMES if name.endswith("State")} == {
+        "C4AttnKVState", "C4AttnScoreState", "C4IndexerKVState", "C4IndexerScoreState", "C128AttnKVState",
+        "C128AttnScoreState",
+    }
     default = policy_from_environment({})
     assert default.skip_state_groups and default.state_spec_class_names == DEFAULT_STATE_SPEC_CLASS_NAMES
-    custom = policy_from_environment({"LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST": "Foo, Bar"})
-    assert custom.state_spec_class_names == frozenset({"Foo", "Bar"})
+    custom = policy_from_environment({"LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST": "C4AttnKVState, C128AttnKVState"})
+    assert custom.state_spec_class_names == frozenset({"C4AttnKVState", "C128AttnKVState"})
+    # A misspelt name would leave every other state group moved: refused, naming it.
+    with pytest.raises(ValueError, match="names C4AttnKVStat, which is no known KV-cache spec type"):
+        policy_from_environment({"LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST": "C4AttnKVStat, C128AttnKVState"})
     off = policy_from_environment({"LMCACHE_ASCEND_SKIP_STATE_GROUPS": "0"})
     assert not off.skip_state_groups
     with pytest.raises(ValueError, match="LMCACHE_ASCEND_SKIP_STATE_GROUPS='maybe'"):
@@ -147,11 +153,11 @@ def test_state_policy_default_allowlist_and_switch():
 def test_flag_beats_lmcache_config_value(monkeypatch):
     class Config:
         ascend_skip_state_groups = False
-        ascend_skip_state_spec_allowlist = ("OnlyThis",)
+        ascend_skip_state_spec_allowlist = ("C128AttnKVState",)
 
     monkeypatch.delenv("LMCACHE_ASCEND_SKIP_STATE_GROUPS", raising=False)
     monkeypatch.delenv("LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST", raising=False)
-    assert policy_for_config(Config()) == StateGroupPolicy(False, frozenset({"OnlyThis"}))
+    assert policy_for_config(Config()) == StateGroupPolicy(False, frozenset({"C128AttnKVState"}))
     monkeypatch.setenv("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "1")
     assert flag_value("LMCACHE_ASCEND_SKIP_STATE_GROUPS", lmcache_config=Config()) is True
     assert policy_for_config(None) == StateGroupPolicy()

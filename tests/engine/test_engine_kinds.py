@@ -1,0 +1,93 @@
+"""The real engine per model kind: where reuse cannot be exact, LMCache supplies nothing.
+
+Stack D (vLLM's CPU build + LMCache 0.5.6). Beside the attention models of
+`test_engine_reuse`, three kinds whose prefix LMCache must not supply here:
+
+- MLA (DeepSeek-V2 style): vLLM's CPU platform turns its own prefix caching off
+  for MLA (its computation over a cached prefix gives other tokens), so the
+  overlay supplies no external prefix either;
+- a Mamba hybrid (GraniteMoeHybrid: Mamba2 + attention layers) and a pure
+  state-space model (Mamba2): a Mamba layer's state is the state after a
+  request's last token, not per-token KV, so no prefix can be restored exactly.
+
+Each kind runs once without a connector and once with LMCache in process, on
+rounds of one prompt each (vLLM's CPU MLA output depends on batching): A cold,
+C (A with its first token changed), A warm, B (A's first 600 tokens + others).
+LMCache must supply 0 tokens (vLLM's counters), load nothing (the connector's
+count of loaded tokens), and every output must equal the no-connector run;
+C's output must differ from A's, so the model sees every prompt token.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.engine.harness import run_engine
+from tests.engine.models import KIND_MODELS, build
+from tests.engine.test_engine_reuse import LMCACHE_ENV, LOGPROB_TOLERANCE, model_dir  # noqa: F401 - fixture
+
+
+def _rounds(seed: int = 11) -> list[list[list[int]]]:
+    draw = random.Random(seed)
+
+    def tokens(count: int) -> list[int]:
+        return [draw.randrange(3, 500) for _ in range(count)]
+
+    a = tokens(700)
+    b = a[:600] + tokens(100)
+    control = [(a[0] + 1) % 500 or 3] + a[1:]
+    return [[a], [control], [a], [b]]
+
+
+ROUNDS = _rounds()
+KINDS = list(KIND_MODELS)
+
+
+def _spec(model_dir, name: str, *, lmcache: bool, env: dict | None = None) -> dict:
+    spec = {"model": str(build(KIND_MODELS[name], model_dir)), "rounds": ROUNDS, "lmcache": lmcache, "max_tokens": 8}
+    if lmcache:
+        spec["env"] = {**LMCACHE_ENV, **(env or {})}
+    return spec
+
+
+def _groups(run: dict) -> list[str]:
+    (worker,) = run["workers"]
+    return [group["spec"] for group in worker["groups"]]
+
+
+def _hits(run: dict) -> list[int]:
+    return [output["num_cached_tokens"] for round_ in run["rounds"] for output in round_]
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_groups_vllm_makes(model_dir, name):
+    baseline = run_engine(_spec(model_dir, name, lmcache=False))
+    run = run_engine(_spec(model_dir, name, lmcache=True))
+    expected = list(KIND_MODELS[name].expected_groups)
+    assert _groups(baseline) == expected
+    assert _groups(run) == expected, "LMCache must not change the KV-cache groups vLLM makes"
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_model_sees_every_prompt_token(model_dir, name):
+    baseline = run_engine(_spec(model_dir, name, lmcache=False))
+    a, control = baseline["rounds"][0][0], baseline["rounds"][1][0]
+    assert a["tokens"] != control["tokens"], f"{name}: output does not depend on the first prompt token"
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_no_prefix_supplied_and_baseline_outputs(model_dir, name):
+    baseline = run_engine(_spec(model_dir, name, lmcache=False))
+    run = run_engine(_spec(model_dir, name, lmcache=True))
+    (worker,) = run["workers"]
+    assert worker["kv_connector"] is not None, "the run had no KV connector: it would prove nothing"
+    assert _hits(run) == [0] * len(ROUNDS), f"LMCache supplied a prefix: {_hits(run)}"
+    assert run["metrics"].get("vllm:external_prefix_cache_hits", 0) == 0
+    connector = worker["connector"] or {}
+    assert not connector.get("tokens_loaded"), f"KV was loaded into the paged cache: {connector}"
+    for index, (expected, got) in enumerate(zip(baseline["rounds"], run["rounds"], strict=True)):
+        assert got[0]["tokens"] == expected[0]["tokens"], f"round {index}: tokens differ from the no-connector run"
+        worst = max(abs(x - y) for x, y in zip(got[0]["logprobs"], expected[0]["logprobs"], strict=True))
+        assert worst <= LOGPROB_TOLERANCE, f"round {index}: logprobs differ by {worst:.2e}"
