@@ -51,5 +51,5 @@ PATCH = Patch(
     "reuse off; LMCache supplied prefixes there with nothing guarding",
     mirrors="vllm.platforms.cpu.CpuPlatform.check_and_update_config (MLA on a non-GPU platform)",
     delete_when="vLLM's CPU platform keeps prefix caching on for MLA",
-    tested_fingerprints={"CpuPlatform.check_and_update_config": ("1b7d84fd8bc6", "078708824be6")},
+    tested_fingerprints={"CpuPlatform.check_and_update_config": ("078708824be6", "5a25b15e39ea", "71aba091ac07", "1b7d84fd8bc6")},
 )
