@@ -26,7 +26,7 @@ import pytest
 
 from tests.engine.harness import run_engine
 from tests.engine.models import KIND_MODELS, build
-from tests.engine.test_engine_reuse import LMCACHE_ENV, LOGPROB_TOLERANCE, model_dir  # noqa: F401 - fixture
+from tests.engine.test_engine_reuse import LMCACHE_ENV, _assert_same_outputs, _groups, model_dir  # noqa: F401 - fixture
 
 
 def _rounds(seed: int = 11) -> list[list[list[int]]]:
@@ -50,11 +50,6 @@ def _spec(model_dir, name: str, *, lmcache: bool, env: dict | None = None) -> di
     if lmcache:
         spec["env"] = {**LMCACHE_ENV, **(env or {})}
     return spec
-
-
-def _groups(run: dict) -> list[str]:
-    (worker,) = run["workers"]
-    return [group["spec"] for group in worker["groups"]]
 
 
 def _hits(run: dict) -> list[int]:
@@ -87,7 +82,4 @@ def test_no_prefix_supplied_and_baseline_outputs(model_dir, name):
     assert run["metrics"].get("vllm:external_prefix_cache_hits", 0) == 0
     connector = worker["connector"] or {}
     assert not connector.get("tokens_loaded"), f"KV was loaded into the paged cache: {connector}"
-    for index, (expected, got) in enumerate(zip(baseline["rounds"], run["rounds"], strict=True)):
-        assert got[0]["tokens"] == expected[0]["tokens"], f"round {index}: tokens differ from the no-connector run"
-        worst = max(abs(x - y) for x, y in zip(got[0]["logprobs"], expected[0]["logprobs"], strict=True))
-        assert worst <= LOGPROB_TOLERANCE, f"round {index}: logprobs differ by {worst:.2e}"
+    _assert_same_outputs(baseline, run)
