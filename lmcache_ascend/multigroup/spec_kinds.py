@@ -66,6 +66,9 @@ _NO_ROW_RULE = "the overlay has no exact row rule for this layout"
 SPEC_KINDS: dict[str, tuple[SpecKind, str]] = {
     # vLLM (vllm.v1.kv_cache_interface, 0.18 to 0.33)
     "FullAttentionSpec": (SpecKind.MOVE, "per-token K/V"),
+    "TQFullAttentionSpec": (
+        SpecKind.NO_REUSE, f"TurboQuant slots: a token's bytes come from tq_slot_size, not heads x head size; {_NO_ROW_RULE}"
+    ),
     "MLAAttentionSpec": (SpecKind.MOVE, "per-token latent KV (one row per token, or per compress_ratio tokens)"),
     "SlidingWindowSpec": (SpecKind.MOVE, "per-token K/V; each chunk's last window is moved"),
     "SlidingWindowMLASpec": (SpecKind.MOVE, "per-token latent KV in a sliding window"),

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from lmcache_ascend.kv_layout.chunk_identity import KEY_SEPARATOR
+from lmcache_ascend.patches import State, registry
 from tests.e2e.test_engine_roundtrip import (  # noqa: F401 - fixtures
     CHUNK,
     NUM_TOKENS,
@@ -25,6 +26,19 @@ from tests.e2e.test_engine_roundtrip import (  # noqa: F401 - fixtures
     multigroup_layout,
 )
 from tests.fixtures.kv_caches import dsv4_ascend_kv_caches
+
+
+STABLE_HASH_PATCH = "lmcache-stable-token-hash"
+
+
+@pytest.fixture
+def stable_hash_patch():
+    """Armed as the product arms it: without it, LMCache 0.4's builtin-hash fallback draws a new
+    chain start for every engine created in a process, so even two engines of one layout would
+    key chunks apart and the control below could not hold."""
+    assert registry.apply_now(STABLE_HASH_PATCH) is State.APPLIED, registry.record(STABLE_HASH_PATCH).reason
+    yield
+    registry.revert(STABLE_HASH_PATCH)
 
 
 def _planned_engine(caches, kv_cache_config, layout, bundle=True):
@@ -71,7 +85,7 @@ def test_keys_carry_the_layout_digest(metadata_patch, multigroup_layout):
         _destroy(*ids)
 
 
-def test_a_store_under_another_layout_is_not_found(metadata_patch, multigroup_layout):
+def test_a_store_under_another_layout_is_not_found(metadata_patch, stable_hash_patch, multigroup_layout):
     """Two engines over one storage (the bundled one's local CPU backend): no cross-layout hit."""
     kv_cache_config, layout = multigroup_layout
     source = dsv4_ascend_kv_caches("random", seed=3)

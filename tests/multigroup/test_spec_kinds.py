@@ -35,9 +35,9 @@ from lmcache_ascend.multigroup.spec_kinds import (
 )
 from lmcache_ascend.multigroup.specs import layout_from_kv_cache_config
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
+from tests.fixtures.sdists import sdists_dir
 
 ABSTRACT_BASES = {"KVCacheSpec", "AttentionSpec"}
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _vllm_spec_types() -> list[type]:
@@ -58,7 +58,7 @@ def test_every_vllm_spec_type_is_classified():
 
 
 def _ascend_sdists() -> list[Path]:
-    return sorted((REPO_ROOT / ".venvs" / "sdists").glob("vllm-ascend-*/vllm_ascend"))
+    return sorted(sdists_dir().glob("vllm-ascend-*/vllm_ascend"))
 
 
 def test_every_vllm_ascend_spec_type_is_classified():

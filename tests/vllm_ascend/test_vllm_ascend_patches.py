@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from lmcache_ascend.compat.versions import installed_version
 import os
 import subprocess
 import sys
@@ -13,7 +12,9 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from lmcache_ascend.compat.versions import installed_version
 from lmcache_ascend.patches import State, registry
+from tests.fixtures.sdists import sdists_dir
 
 REPO = Path(__file__).resolve().parents[2]
 PATCH_MODULES = {
@@ -48,7 +49,7 @@ def test_against_real_vllm_ascend_source():
         for name in PATCH_MODULES:
             assert registry.apply_now(name) is State.TARGET_MISSING
         return
-    sdist = REPO / os.environ.get("VENVS", ".venvs") / "sdists" / f"vllm-ascend-{SDIST_VERSION}"
+    sdist = sdists_dir() / f"vllm-ascend-{SDIST_VERSION}"
     assert (sdist / "vllm_ascend").is_dir(), f"missing {sdist}: run scripts/fetch-vllm-ascend"
     env = dict(os.environ, LMCACHE_ASCEND_AUTOLOAD="0", VLLM_ASCEND_SDIST=str(sdist))
     env.pop("VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE", None)
