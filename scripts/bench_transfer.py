@@ -286,13 +286,13 @@ def tune(device: torch.device) -> list[dict]:
         group, slots, chunk, layout, payload = build_layout(planes, layers, 8192, device, blob)
         for store in (True, False):
             transfer = resolve_transfer(group, slots, chunk, store=store)
-            for tile, per_program, warps in ((512, 8192, 4), (1024, 16384, 4), (1024, 32768, 4), (2048, 32768, 8),
-                                             (512, 16384, 4), (1024, 16384, 8), (256, 16384, 2), (2048, 65536, 8)):
+            for tile, segment, warps in ((64, 128, 4), (32, 256, 4), (16, 512, 4), (8, 1024, 4), (4, 2048, 4),
+                                         (128, 128, 8), (32, 128, 4), (16, 256, 2)):
                 _, kernel_us = profile_kernels(
-                    lambda: tt.triton_transfer(transfer, tile=tile, bytes_per_program=per_program, num_warps=warps),
+                    lambda: tt.triton_transfer(transfer, shape=tt.LaunchShape(tile, segment, warps)),
                     ("paged_chunk",),
                 )
-                results.append({"layout": name, "store": store, "tile": tile, "bytes_per_program": per_program,
+                results.append({"layout": name, "store": store, "tile": tile, "segment": segment,
                                 "warps": warps, "kernel_us": round(kernel_us, 2),
                                 "kernel_gbps": round(payload / kernel_us / 1e3, 1)})
             src = torch.empty(payload, dtype=torch.uint8, device=device)

@@ -1,25 +1,25 @@
 """Triton implementation of the paged <-> chunk transfer: one launch per group, or per call for many chunks.
 
 One source for CUDA and Ascend (triton-ascend): only portable `tl` ops
-(loads/stores with masks, pointer bitcasts, integer arithmetic); no inline
-assembly, no int-to-pointer casts. Every address is reached as a byte or
-element offset from one of two anchor tensors passed to the kernel (the chunk
-buffer for data, the first plane's slot array for slots), so caches living in
-other allocations are addressed by their (signed, 64-bit) distance.
+(loads/stores with masks, integer arithmetic); no inline assembly, no
+int-to-pointer casts, no pointer casts between element widths (triton-ascend
+cannot lower them). Every address is reached as a byte offset from one of two
+anchor tensors passed to the kernel (the chunk buffer, as bytes, for data; the
+first plane's slot array for slots), so caches living in other allocations are
+addressed by their (signed, 64-bit) distance.
 
 One chunk, one group (`triton_transfer`): grid (programs, layers x planes).
-Program (i, l*P + p) moves bytes [i*BYTES_PER_PROGRAM, (i+1)*BYTES_PER_PROGRAM)
-of plane p's region of layer l. Many chunks, every group of a call
-(`triton_transfer_chunk_batches`, every group of a call in one launch):
-grid (work items, chunks), each work item one
-program's bytes of one (group, layer, plane) region. A program walks its bytes
-as a flat run of vectors (the chunk side is contiguous; each vector looks up
-its row's slot), so no lanes idle on row ends. Each plane moves with
-the widest element width (16/4/2/1 bytes) dividing its row bytes, block strides,
-cache addresses, chunk region offsets and the data anchor; 16 bytes are four
-int32 the compiler is told are 16-byte aligned, so it emits 128-bit accesses.
-Slot and row arithmetic is int32 where the host guarantees it fits (cache rows
-and region bytes below 2**31).
+Program (i, l*P + p) moves rows [i*T, (i+1)*T) of plane p's region of layer l,
+T = TILE for a plane moved 16 bytes at a time, fewer for narrower ones
+(`rows_per_program`). Many chunks, every group of a call (`triton_transfer_chunk_batches`,
+in one launch): grid (work items, chunks), each work item one program's T
+rows of one (group, layer, plane) region. A program reads its rows' slots, then
+moves each row as contiguous byte ranges on both sides (on Ascend: row-sized
+DMA transfers between global memory and the unified buffer). Each plane moves
+with the widest width (16/4/2/1 bytes) dividing its row bytes, block strides,
+cache addresses, chunk region offsets and the data anchor, which the compiler
+is told, so on CUDA 16 bytes are one 128-bit access. Slot and row arithmetic is
+int32 where the host guarantees it fits (cache rows below 2**31).
 
 Host cost per call is kept to a dictionary lookup, a few integer operations per
 plane and a direct launch of the cached compiled kernel: every table is built
@@ -56,32 +56,41 @@ __all__ = ["supports_device", "triton_transfer", "triton_transfer_chunk_batches"
 
 logger = logging.getLogger(__name__)
 
-# Vectors per tile and bytes each program moves (tuned on H100, see
-# scripts/bench_transfer.py --tune).
-VECTORS_PER_TILE = 512
-BYTES_PER_PROGRAM = 8192
+# A program moves one tile: TILE rows of one (layer, plane) region, each row as SEGMENTS
+# contiguous column steps of SEGMENT bytes (the last one masked at the row's end). SEGMENTS is
+# fixed per launch by its widest row (`launch_segments`), so every loop is unrolled at compile
+# time (no loop bound is a run-time value). A tile step is TILE x SEGMENT bytes (8 KiB by
+# default): on Ascend the unified-buffer working set of one step (192 KiB UB per vector core
+# on A2), moved as one DMA transfer per row of SEGMENT bytes (a multiple of the 32-byte UB
+# alignment); on CUDA 64 bytes per thread of 4 warps (54 registers on sm_90, Triton 3.9). On one
+# H100 (torch 2.11, Triton 3.6; scripts/bench_transfer.py, the 16K-token request, kernel us store /
+# load) this shape runs DeepSeek-V4-like 281 / 284 and MLA 854 / 867, where a same-byte copy kernel
+# runs 246 / 245 and 760 / 759. Measured before the narrow-width branches took fewer rows (the
+# kernel then had 255 registers and spilled), segments covering whole rows (4/2048/4: 553 / 552 and
+# 1038 / 1050) and one block per program without column steps (16/128/4 at best: 368 / 368 and
+# 1089 / 1124) were slower than this shape (351 / 359 and 995 / 989).
+ROWS_PER_TILE = 64
+ROW_SEGMENT_BYTES = 128
 NUM_WARPS = 4
 
 
 @dataclass(frozen=True)
 class LaunchShape:
-    """How a multi-chunk launch splits its regions: vectors per tile, bytes per program, warps."""
+    """How a launch splits its regions: rows per program (a power of two), bytes of a row per step
+    (a power of two), warps."""
 
     tile: int
-    bytes_per_program: int
+    segment: int
     num_warps: int
 
 
-DEFAULT_LAUNCH_SHAPE = LaunchShape(VECTORS_PER_TILE, BYTES_PER_PROGRAM, NUM_WARPS)
+DEFAULT_LAUNCH_SHAPE = LaunchShape(ROWS_PER_TILE, ROW_SEGMENT_BYTES, NUM_WARPS)
 # A multi-chunk launch picks its shape by the most bytes one region of any of its groups
 # moves: (up to this many region bytes, shape), the first that fits; larger regions take
-# DEFAULT_LAUNCH_SHAPE. A region smaller than a tile leaves most lanes masked, so where every
-# region is small the programs are small. H100, scripts/bench_transfer.py --tune-request, a
-# DSv4-like request (regions of 1152 to 147456 bytes) in one launch, kernel us store / load:
-# 258 / 259 with the default shape, 279 / 285 with 128/2048/4, and 266 / 267 with two launches
-# (the 8192-byte regions' group with 128/2048/4, the rest with the default); its indexer regions
-# alone had taken 43 us with 128/2048/4 vs 72 with the default when each group launched alone.
-CHUNK_LAUNCH_SHAPES: tuple[tuple[int, LaunchShape], ...] = ((8192, LaunchShape(128, 2048, 4)),)
+# DEFAULT_LAUNCH_SHAPE. Where every region is small (a few KiB: DSv4's indexer scales and
+# compressed groups), smaller tiles spread them over more programs instead of leaving most
+# rows of a 64-row tile masked.
+CHUNK_LAUNCH_SHAPES: tuple[tuple[int, LaunchShape], ...] = ((8192, LaunchShape(16, ROW_SEGMENT_BYTES, 4)),)
 
 
 def chunk_launch_shape(max_region_bytes: int) -> LaunchShape:
@@ -90,6 +99,18 @@ def chunk_launch_shape(max_region_bytes: int) -> LaunchShape:
         if max_region_bytes <= limit:
             return shape
     return DEFAULT_LAUNCH_SHAPE
+
+
+def rows_per_program(tile: int, width: int) -> int:
+    """Rows one program moves of a plane moved `width` bytes at a time: `tile` at 16 bytes, else
+    tile x width / 16 rounded up to a multiple of 4 (triton-ascend's linalg lowering fails on a
+    1-row tile)."""
+    return tile if width == 16 else -(-tile * width // 64) * 4
+
+
+def launch_segments(max_row_bytes: int, segment: int) -> int:
+    """Column steps of `segment` bytes a launch unrolls to cover its widest row (`max_row_bytes`)."""
+    return max(-(-max_row_bytes // segment), 1)
 
 # The kernel reads one int64 device table, built and uploaded ONCE per (group,
 # chunk shape, chunk offset, chunk-buffer alignment) and cached on the group:
@@ -122,10 +143,10 @@ def supports_device(device: torch.device) -> bool:
 
 
 @triton.jit
-def _move_region(
-    data_anchor,
+def _move_rows(
+    data_anchor,  # uint8*: every data address is a byte offset from it
     slot_ptr,  # int64*: this plane's slots, already advanced by `start`
-    first_byte,  # first byte of the region this program moves
+    first_row,  # first row of the region this program moves (TILE rows from it, cut at count)
     count,
     cache_delta,  # cache address minus the data anchor's, bytes
     cache_rows,
@@ -135,75 +156,79 @@ def _move_region(
     region_offset,  # the region's start, bytes from the data anchor
     row_pitch,  # bytes from one chunk row of the region to the next
     STORE: tl.constexpr,
-    ELEMENT: tl.constexpr,
-    ELEMENT_BYTES: tl.constexpr,
-    VECTOR: tl.constexpr,
+    WIDTH: tl.constexpr,  # bytes dividing every offset and size below (16/4/2/1)
     TILE: tl.constexpr,
-    BYTES_PER_PROGRAM: tl.constexpr,
+    SEGMENT: tl.constexpr,
+    SEGMENTS: tl.constexpr,
 ):
-    # The moved rows (count rows of row_bytes) are walked as a flat run of
-    # VECTOR-element vectors: contiguous inside each row on both sides, rows
-    # `row_pitch` apart in the chunk. Each vector finds its row's slot.
-    VECTOR_BYTES: tl.constexpr = ELEMENT_BYTES * VECTOR
-    STEPS: tl.constexpr = BYTES_PER_PROGRAM // (TILE * VECTOR_BYTES)
-    base = data_anchor.to(tl.pointer_type(ELEMENT), bitcast=True)
-    row_vectors = (row_bytes // VECTOR_BYTES).to(tl.int32)
-    total_vectors = count.to(tl.int32) * row_vectors
-    cache_base = cache_delta // ELEMENT_BYTES
-    stride_elements = block_stride // ELEMENT_BYTES
-    row_elements = row_bytes // ELEMENT_BYTES
-    chunk_base = region_offset // ELEMENT_BYTES
-    pitch_elements = row_pitch // ELEMENT_BYTES
-    block_size32 = block_size.to(tl.int32)
-    lane = tl.arange(0, VECTOR)
-    for step in range(STEPS):
-        vectors = (first_byte // VECTOR_BYTES).to(tl.int32) + step * TILE + tl.arange(0, TILE)
-        in_region = vectors < total_vectors
-        rows = vectors // row_vectors
-        columns = vectors - rows * row_vectors
-        slots = tl.load(slot_ptr + rows, mask=in_region, other=-1)
+    # A tile is TILE rows by SEGMENT contiguous bytes of each, per step: one slot per row, then
+    # the row's bytes as one contiguous range on both sides. On Ascend the rows become a loop
+    # of row-sized DMA transfers (global <-> UB); on CUDA each thread moves WIDTH-byte accesses
+    # (the hints below say every offset is a multiple of WIDTH, so 16 bytes are 128-bit).
+    # Bytes stay bytes: no pointer changes element type (triton-ascend cannot lower that).
+    if first_row < count:  # programs past the region (a plane shorter than the grid) move nothing
+        lane = tl.arange(0, SEGMENT)
+        bound = (row_bytes // WIDTH) * WIDTH  # == row_bytes; written so the compiler sees the divisor
+        tile_rows = first_row + tl.arange(0, TILE)
+        in_region = tile_rows < count
+        slots = tl.load(slot_ptr + tile_rows, mask=in_region, other=-1)
         valid = in_region & (slots >= 0) & (slots < cache_rows)
         # Valid slots are < cache_rows < 2**31 (checked on the host): int32 from here.
         slot32 = tl.where(valid, slots, 0).to(tl.int32)
+        block_size32 = block_size.to(tl.int32)
         blocks = slot32 // block_size32
         in_block = slot32 - blocks * block_size32
-        cache_elements = (
-            cache_base
-            + blocks.to(tl.int64) * stride_elements
-            + in_block.to(tl.int64) * row_elements
-            + columns.to(tl.int64) * VECTOR
-        )
-        chunk_elements = chunk_base + rows.to(tl.int64) * pitch_elements + columns.to(tl.int64) * VECTOR
-        cache_elements = tl.multiple_of(cache_elements, VECTOR)
-        chunk_elements = tl.multiple_of(chunk_elements, VECTOR)
-        mask = valid[:, None] & (lane < VECTOR)[None, :]
-        cache_ptrs = base + (cache_elements[:, None] + lane[None, :])
-        chunk_ptrs = base + (chunk_elements[:, None] + lane[None, :])
-        if STORE:
-            tl.store(chunk_ptrs, tl.load(cache_ptrs, mask=mask), mask=mask)
-        else:
-            tl.store(cache_ptrs, tl.load(chunk_ptrs, mask=mask), mask=mask)
+        cache_offsets = tl.multiple_of(
+            cache_delta + blocks.to(tl.int64) * block_stride + in_block.to(tl.int64) * row_bytes, WIDTH)
+        chunk_offsets = tl.multiple_of(region_offset + tile_rows.to(tl.int64) * row_pitch, WIDTH)
+        if not STORE:
+            # Loading, a row whose slot is not valid is written back onto its own chunk bytes,
+            # unchanged, so the store into the cache rows is masked by ranges only (a per-row mask
+            # there makes triton-ascend scatter element by element). Safe: those are the bytes this
+            # program has just read, and nothing writes a chunk buffer while a load reads it (a
+            # retrieve only reads its memory objects; staging copies are stream-ordered before the
+            # launch), so every reader sees the same bytes before and after.
+            cache_offsets = tl.multiple_of(tl.where(valid, cache_offsets, chunk_offsets), WIDTH)
+        for segment in tl.static_range(SEGMENTS):
+            # Steps past this plane's row end (a plane narrower than the launch's widest) are skipped.
+            if segment * SEGMENT < bound:
+                columns = segment * SEGMENT + lane
+                cache_ptrs = data_anchor + (cache_offsets[:, None] + columns[None, :])
+                chunk_ptrs = data_anchor + (chunk_offsets[:, None] + columns[None, :])
+                if STORE:
+                    mask = valid[:, None] & (columns < bound)[None, :]
+                    tl.store(chunk_ptrs, tl.load(cache_ptrs, mask=mask), mask=mask)
+                else:
+                    mask = in_region[:, None] & (columns < bound)[None, :]
+                    tl.store(cache_ptrs, tl.load(chunk_ptrs, mask=mask), mask=mask)
 
 
 @triton.jit
-def _move_plane(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
+def _move_plane(data_anchor, slot_ptr, program, count, cache_delta, cache_rows, block_size, block_stride,
                 row_bytes, region_offset, width, row_pitch, STORE: tl.constexpr, TILE: tl.constexpr,
-                BYTES_PER_PROGRAM: tl.constexpr):
-    """One program's part of one (layer, plane) region with the widest element width the table
-    allows (16 bytes as four int32). The caller loads every scalar before its first branch, so a
-    program waits for one round of table loads, not one per branch."""
+                SEGMENT: tl.constexpr, SEGMENTS: tl.constexpr):
+    """Program `program`'s rows of one (layer, plane) region, told the widest width the table allows.
+    The branches differ only in what the compiler may assume; every one moves bytes. A width of W
+    bytes moves TILE x W / 16 rows a program (at least 4; `rows_per_program`), so every branch
+    holds the same few accesses per thread: the kernel's registers are its widest branch's, and a
+    narrow branch with TILE rows would hold 16 / W times as many (on CUDA: fewer programs resident).
+    The caller loads every scalar before its first branch, so a program waits for one round of
+    table loads."""
     if width == 16:
-        _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                     row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 4, TILE, BYTES_PER_PROGRAM)
+        _move_rows(data_anchor, slot_ptr, program.to(tl.int64) * TILE, count, cache_delta, cache_rows, block_size,
+                   block_stride, row_bytes, region_offset, row_pitch, STORE, 16, TILE, SEGMENT, SEGMENTS)
     elif width == 4:
-        _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                     row_bytes, region_offset, row_pitch, STORE, tl.int32, 4, 1, TILE, BYTES_PER_PROGRAM)
+        _move_rows(data_anchor, slot_ptr, program.to(tl.int64) * ((TILE * 4 + 63) // 64 * 4), count, cache_delta,
+                   cache_rows, block_size, block_stride, row_bytes, region_offset, row_pitch, STORE, 4,
+                   (TILE * 4 + 63) // 64 * 4, SEGMENT, SEGMENTS)
     elif width == 2:
-        _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                     row_bytes, region_offset, row_pitch, STORE, tl.int16, 2, 1, TILE, BYTES_PER_PROGRAM)
+        _move_rows(data_anchor, slot_ptr, program.to(tl.int64) * ((TILE * 2 + 63) // 64 * 4), count, cache_delta,
+                   cache_rows, block_size, block_stride, row_bytes, region_offset, row_pitch, STORE, 2,
+                   (TILE * 2 + 63) // 64 * 4, SEGMENT, SEGMENTS)
     else:
-        _move_region(data_anchor, slot_ptr, first_byte, count, cache_delta, cache_rows, block_size, block_stride,
-                     row_bytes, region_offset, row_pitch, STORE, tl.int8, 1, 1, TILE, BYTES_PER_PROGRAM)
+        _move_rows(data_anchor, slot_ptr, program.to(tl.int64) * ((TILE + 63) // 64 * 4), count, cache_delta,
+                   cache_rows, block_size, block_stride, row_bytes, region_offset, row_pitch, STORE, 1,
+                   (TILE + 63) // 64 * 4, SEGMENT, SEGMENTS)
 
 
 # Per-call values (each plane's slot offset and count) are scalar arguments, one
@@ -270,7 +295,8 @@ def _paged_chunk_kernel(
     PLANES: tl.constexpr,
     STORE: tl.constexpr,
     TILE: tl.constexpr,
-    BYTES_PER_PROGRAM: tl.constexpr,
+    SEGMENT: tl.constexpr,
+    SEGMENTS: tl.constexpr,
 ):
     program = tl.program_id(0)
     layer_plane = tl.program_id(1)
@@ -292,12 +318,10 @@ def _paged_chunk_kernel(
     region_start = tl.load(region_entry)
     width = tl.load(region_entry + 1)
     row_pitch = tl.load(region_entry + 2)
-    first_byte = program.to(tl.int64) * BYTES_PER_PROGRAM
-    if first_byte < count * row_bytes:
-        region_offset = region_start + layer.to(tl.int64) * layer_stride
-        _move_plane(data_anchor, slot_anchor + slot_offset, first_byte, count, cache_address - data_anchor_address,
-                    cache_rows, block_size, block_stride, row_bytes, region_offset, width, row_pitch, STORE, TILE,
-                    BYTES_PER_PROGRAM)
+    region_offset = region_start + layer.to(tl.int64) * layer_stride
+    _move_plane(data_anchor, slot_anchor + slot_offset, program, count, cache_address - data_anchor_address,
+                cache_rows, block_size, block_stride, row_bytes, region_offset, width, row_pitch, STORE, TILE,
+                SEGMENT, SEGMENTS)
 
 
 # Multi-chunk launch: the layer groups of a call (chunks and slots shared) in ONE launch.
@@ -326,7 +350,8 @@ def _paged_chunks_kernel(
     columns,
     STORE: tl.constexpr,
     TILE: tl.constexpr,
-    BYTES_PER_PROGRAM: tl.constexpr,
+    SEGMENT: tl.constexpr,
+    SEGMENTS: tl.constexpr,
 ):
     work = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1).to(tl.int64)
@@ -348,11 +373,9 @@ def _paged_chunks_kernel(
     chunk_address = tl.load(address_table + chunk)
     count = tl.load(rows_entry + column)
     slot_offset = tl.load(rows_entry + columns + column)
-    first_byte = program.to(tl.int64) * BYTES_PER_PROGRAM
-    if first_byte < count * row_bytes:
-        _move_plane(data_anchor, slot_anchor + slot_offset, first_byte, count, cache_address - data_anchor_address,
-                    cache_rows, block_size, block_stride, row_bytes, region_offset + chunk_address, width, row_pitch,
-                    STORE, TILE, BYTES_PER_PROGRAM)
+    _move_plane(data_anchor, slot_anchor + slot_offset, program, count, cache_address - data_anchor_address,
+                cache_rows, block_size, block_stride, row_bytes, region_offset + chunk_address, width, row_pitch,
+                STORE, TILE, SEGMENT, SEGMENTS)
 
 
 @dataclass(frozen=True)
@@ -448,15 +471,17 @@ def _integer_type(value: int) -> str:
     return "i64"
 
 
-def _check_tile(tile: int, bytes_per_program: int) -> None:
-    if bytes_per_program % (tile * 16):
-        raise ValueError(f"bytes_per_program={bytes_per_program} must be a multiple of tile={tile} x 16 bytes")
+def _check_shape(shape: LaunchShape) -> None:
+    for name in ("tile", "segment", "num_warps"):
+        value = getattr(shape, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value & (value - 1):
+            raise ValueError(f"launch shape {name}={value!r} is not allowed; allowed: a power of two")
 
 
-def triton_transfer(transfer: ResolvedTransfer, *, tile: int = VECTORS_PER_TILE,
-                    bytes_per_program: int = BYTES_PER_PROGRAM, num_warps: int = NUM_WARPS) -> None:
+def triton_transfer(transfer: ResolvedTransfer, *, shape: LaunchShape = DEFAULT_LAUNCH_SHAPE) -> None:
     """Run one validated transfer in a single kernel launch (no host-to-device copy after the first)."""
-    _check_tile(tile, bytes_per_program)
+    _check_shape(shape)
+    tile = shape.tile
     chunk = transfer.chunk_bytes
     anchor = chunk.data_ptr()
     device_table = _device_table(transfer.group, transfer.layout, transfer.chunk_offset, anchor)
@@ -468,7 +493,7 @@ def triton_transfer(transfer: ResolvedTransfer, *, tile: int = VECTORS_PER_TILE,
     slot_anchor_address = 0
     slot_offsets = [0] * MAX_PLANES
     counts = [0] * MAX_PLANES
-    max_region_bytes = 0
+    max_programs = 0
     for plane_index, plane_slots in enumerate(transfer.slots):
         count = plane_slots.count
         if count == 0:
@@ -484,12 +509,12 @@ def triton_transfer(transfer: ResolvedTransfer, *, tile: int = VECTORS_PER_TILE,
             slot_anchor, slot_anchor_address = slots, address
         slot_offsets[plane_index] = (address - slot_anchor_address) // 8 + plane_slots.start
         counts[plane_index] = count
-        region_bytes = count * geometry.row_bytes[plane_index]
-        if region_bytes > max_region_bytes:
-            max_region_bytes = region_bytes
+        programs = -(-count // rows_per_program(tile, device_table.widths[plane_index]))
+        if programs > max_programs:
+            max_programs = programs
     if slot_anchor is None:
         return  # no plane moves a row
-    grid = (-(-max_region_bytes // bytes_per_program), geometry.layer_planes, 1)
+    grid = (max_programs, geometry.layer_planes, 1)
     layer_stride = transfer.layout.layer_stride
     arguments = (chunk, anchor, slot_anchor, device_table.table, layer_stride, *slot_offsets, *counts)
     # The compiled kernel's key: pointer alignments and integer widths (counts
@@ -504,8 +529,9 @@ def triton_transfer(transfer: ResolvedTransfer, *, tile: int = VECTORS_PER_TILE,
     )
     pointers = {0: anchor, 2: slot_anchor_address, 3: device_table.address}
     _launch(_paged_chunk_kernel, grid, arguments, pointers, signature,
-            (("PLANES", planes), ("STORE", transfer.store), ("TILE", tile), ("BYTES_PER_PROGRAM", bytes_per_program)),
-            num_warps, transfer.group.device)
+            (("PLANES", planes), ("STORE", transfer.store), ("TILE", tile), ("SEGMENT", shape.segment),
+             ("SEGMENTS", launch_segments(max(geometry.row_bytes), shape.segment))),
+            shape.num_warps, transfer.group.device)
 
 
 def _upload(values: np.ndarray, device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -549,6 +575,7 @@ class _ChunksLaunch:
     work_items: int
     columns: int
     shape: LaunchShape
+    segments: int  # column steps covering the widest row of any group (the SEGMENTS constexpr)
 
 
 # Multi-chunk launches by ((rows, chunk offset) of each group, alignment mod 16, shape).
@@ -562,27 +589,29 @@ def _chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape:
     cached = _chunks_launches.get(key)
     if cached is not None:
         return cached
-    _check_tile(shape.tile, shape.bytes_per_program)
+    _check_shape(shape)
     table: list[tuple[int, ...]] = []
     programs: list[int] = []
     counts, starts = [], []
     column = 0  # the group's first plane's column in the rows table
+    widest = 1
     for batch in batches:
         rows, layout = batch.rows, batch.rows.layout
         geometry = _group_geometry(rows.group)
         planes = len(geometry.row_bytes)
         widths = _widths(geometry, layout, batch.chunk_offset, alignment)
-        largest = rows.counts.max(axis=0) * np.asarray(geometry.row_bytes, dtype=np.int64)
+        largest = rows.counts.max(axis=0)
         for layer in range(rows.group.layer_count):
             for plane in range(planes):
                 first = (layer * planes + plane) * _GEOMETRY_FIELDS
                 region = batch.chunk_offset + layout.plane_offsets[plane] + layer * layout.layer_stride
                 table.append((*geometry.rows[first : first + _GEOMETRY_FIELDS], region, widths[plane],
                               layout.row_pitch[plane], column + plane))
-                programs.append(-(-int(largest[plane]) // shape.bytes_per_program))
+                programs.append(-(-int(largest[plane]) // rows_per_program(shape.tile, widths[plane])))
         counts.append(rows.counts)
         starts.append(rows.starts)
         column += planes
+        widest = max(widest, *geometry.row_bytes)
     programs_array = np.asarray(programs, dtype=np.int64)
     work = np.empty((int(programs_array.sum()), 2), dtype=np.int32)
     work[:, 0] = np.repeat(np.arange(len(table), dtype=np.int32), programs_array)
@@ -598,6 +627,7 @@ def _chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape:
         work_items=len(work),
         columns=counts_all.shape[1],
         shape=shape,
+        segments=launch_segments(widest, shape.segment),
     )
     if len(_chunks_launches) >= _MAX_CACHED_TABLES:
         _chunks_launches.clear()
@@ -639,7 +669,8 @@ def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape) -> Non
         addresses = _pool_offsets_table(buffers.pool_offsets, device)
     else:
         addresses = torch.empty(len(buffers), dtype=torch.int64, device=device)
-        anchor_tensor, anchor = addresses, addresses.data_ptr()
+        # its bytes anchor the data (the kernel addresses bytes: a uint8 view, same address)
+        anchor_tensor, anchor = addresses.view(torch.uint8), addresses.data_ptr()
         _upload(buffers.addresses - anchor, device, out=addresses)
     # Widths must divide every chunk's distance from the anchor: the gcd of them all stands for it.
     launch = _chunks_launch(batches, math.gcd(buffers.address_gcd, anchor), shape)
@@ -661,7 +692,8 @@ def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape) -> Non
     )
     pointers = {0: anchor, 2: slot_address, 3: table_address, 4: work_address, 5: addresses_address, 6: rows_address}
     _launch(_paged_chunks_kernel, (launch.work_items, first.num_chunks, 1), arguments, pointers, signature,
-            (("STORE", first.store), ("TILE", launch.shape.tile), ("BYTES_PER_PROGRAM", launch.shape.bytes_per_program)),
+            (("STORE", first.store), ("TILE", launch.shape.tile), ("SEGMENT", launch.shape.segment),
+             ("SEGMENTS", launch.segments)),
             launch.shape.num_warps, device)
 
 

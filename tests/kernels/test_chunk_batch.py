@@ -216,9 +216,10 @@ def test_chunks_of_a_pool_move_like_separate_chunks(backend: str = "torch"):
         pool_chunk_buffers(pool, offsets + stride, layout.total_bytes)
 
 
-# Launch shapes every multi-chunk launch is checked under (each forced on every region): the
-# default, the small-region one, and one whose programs take several steps.
-_SHAPES = ((512, 8192, 4), (128, 2048, 4), (64, 4096, 2))
+# Launch shapes every multi-chunk launch is checked under (each forced on every region) as (rows
+# per program, row bytes per step, warps): the default, the small-region one, one whose rows take
+# several steps, and one whose step is wider than every row.
+_SHAPES = ((64, 128, 4), (16, 128, 4), (8, 16, 2), (4, 512, 4))
 
 
 def _run_shapes(device: str, store: bool, chunk_offset: int = 32):
@@ -226,13 +227,13 @@ def _run_shapes(device: str, store: bool, chunk_offset: int = 32):
 
     saved = tt.CHUNK_LAUNCH_SHAPES
     try:
-        for tile, per_program, warps in _SHAPES:
-            tt.CHUNK_LAUNCH_SHAPES = ((2**40, tt.LaunchShape(tile, per_program, warps)),)
+        for tile, segment, warps in _SHAPES:
+            tt.CHUNK_LAUNCH_SHAPES = ((2**40, tt.LaunchShape(tile, segment, warps)),)
             _assert_same(_run(device, "triton", store, chunk_offset))
             _assert_same(_run_groups(device, "triton", store, chunk_offset))
         # The first group's largest region is 64 bytes, the second's 48: the launch takes the shape
         # of the largest region of all.
-        small = tt.LaunchShape(64, 4096, 2)
+        small = tt.LaunchShape(8, 32, 2)
         for limit, picked in ((50, tt.DEFAULT_LAUNCH_SHAPE), (64, small)):
             tt.CHUNK_LAUNCH_SHAPES = ((limit, small),)
             tt._chunks_launches.clear()
@@ -247,7 +248,7 @@ def test_launch_shape_is_picked_by_the_largest_region():
     from lmcache_ascend.kernels import triton_transfer as tt
 
     small = tt.chunk_launch_shape(1152)
-    assert small.bytes_per_program < tt.DEFAULT_LAUNCH_SHAPE.bytes_per_program
+    assert small.tile < tt.DEFAULT_LAUNCH_SHAPE.tile
     assert tt.chunk_launch_shape(8192) == small
     assert tt.chunk_launch_shape(8193) == tt.DEFAULT_LAUNCH_SHAPE
     assert tt.chunk_launch_shape(294912) == tt.DEFAULT_LAUNCH_SHAPE
