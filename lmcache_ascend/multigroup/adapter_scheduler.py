@@ -30,7 +30,7 @@ def connector_layout(connector):
     """Layout of LMCache's scheduler-side `connector` (computed once); None for single-group models.
 
     Raises naming the setting when the connector's config can't move KV exactly: multi-group
-    mode without whole chunks, or a chunk_size that does not nest with some moved group's blocks.
+    mode without whole chunks, or a chunk_size that is not whole blocks of some moved group.
     """
     layout = CONNECTOR_LAYOUT.get(connector, _NOT_SET)
     if layout is not _NOT_SET:
@@ -46,7 +46,7 @@ def connector_layout(connector):
         check_chunk_size(layout, chunk_size)
     else:
         # One group (vLLM's hybrid manager off, or a one-group model): LMCache's own
-        # path, whose chunks must nest with the blocks all the same.
+        # path, whose chunks must be whole blocks all the same.
         if layout is not None:
             check_chunk_size(layout, chunk_size)
         else:

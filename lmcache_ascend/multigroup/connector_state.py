@@ -61,53 +61,53 @@ def check_native_adapter(use_native: bool, group_count: int) -> None:
         )
 
 
-def _tiles(chunk_size: int, block_size: int) -> bool:
-    """Chunks and blocks nest: every chunk lies inside one block, or is whole blocks."""
-    return chunk_size % block_size == 0 or block_size % chunk_size == 0
+def _chunk_fits_blocks(chunk_size: int, block_size: int, compress_ratio: int) -> bool:
+    """Every chunk is whole blocks of the group, or (compressed groups only) lies inside one block.
 
-
-def _chunk_size_fits(chunk_size: int, block_sizes: Sequence[int], compress_ratios: Sequence[int]) -> bool:
-    return all(_tiles(chunk_size, size) for size in block_sizes) and all(
-        chunk_size % ratio == 0 for ratio in compress_ratios
-    )
-
-
-def nearest_chunk_sizes(
-    chunk_size: int, block_sizes: Sequence[int], compress_ratios: Sequence[int] = ()
-) -> tuple[int, ...]:
-    """The allowed chunk sizes nearest to `chunk_size`: the largest below it and the smallest above it.
-
-    Any multiple of every block size and compress ratio is allowed, so the search
-    upwards ends within one least common multiple (run once, at connector start).
+    Only whole blocks round-trip exactly in every attention backend: some do not keep
+    a block's tokens as separate rows (vLLM's CPU backend writes a block's K transposed,
+    token by token across the block), so part of a block is not part of its tokens.
+    A compressed group's paged rows are this project's own layout, one row per
+    compress_ratio tokens, and may hold several chunks in one block.
     """
-    step = math.lcm(*block_sizes, *compress_ratios)
-    below = next(
-        (size for size in range(chunk_size - 1, 0, -1) if _chunk_size_fits(size, block_sizes, compress_ratios)), None
-    )
-    above = next(
-        size
-        for size in range(chunk_size + 1, chunk_size + step + 1)
-        if _chunk_size_fits(size, block_sizes, compress_ratios)
-    )
+    if chunk_size % compress_ratio:
+        return False
+    return chunk_size % block_size == 0 or (compress_ratio > 1 and block_size % chunk_size == 0)
+
+
+def _chunk_size_fits(chunk_size: int, blocks: Sequence[tuple[int, int]]) -> bool:
+    return all(_chunk_fits_blocks(chunk_size, size, ratio) for size, ratio in blocks)
+
+
+def nearest_chunk_sizes(chunk_size: int, blocks: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """The allowed chunk sizes nearest to `chunk_size` for `blocks` ((block_size, compress_ratio) per
+    moved group): the largest below it and the smallest above it.
+
+    Any multiple of every block size is allowed, so the search upwards ends within one
+    least common multiple (run once, at connector start).
+    """
+    step = math.lcm(*(size for size, _ in blocks))
+    below = next((size for size in range(chunk_size - 1, 0, -1) if _chunk_size_fits(size, blocks)), None)
+    above = next(size for size in range(chunk_size + 1, chunk_size + step + 1) if _chunk_size_fits(size, blocks))
     return tuple(size for size in (below, above) if size is not None)
 
 
-def _refuse_chunk_size(chunk_size: int, groups: Sequence[tuple[str, int]], compress_ratios: Sequence[int]) -> None:
-    sizes = [size for _, size in groups]
-    if _chunk_size_fits(chunk_size, sizes, compress_ratios):
+def _refuse_chunk_size(chunk_size: int, groups: Sequence[tuple[str, int, int]]) -> None:
+    blocks = [(size, ratio) for _, size, ratio in groups]
+    if _chunk_size_fits(chunk_size, blocks):
         return
-    described = ", ".join(f"{size} ({label})" for label, size in groups)
-    nearest = " or ".join(str(size) for size in nearest_chunk_sizes(chunk_size, sizes, compress_ratios))
+    described = ", ".join(f"{size} ({label})" for label, size, _ in groups)
+    nearest = " or ".join(str(size) for size in nearest_chunk_sizes(chunk_size, blocks))
     raise MultiGroupConfigError(
-        f"LMCache chunk_size={chunk_size} does not fit the KV-cache block sizes {described}: every block "
-        "size must divide chunk_size or be a multiple of it, or a chunk would end inside a block that "
-        f"also holds the next chunk's tokens and a load would not restore that block exactly; "
-        f"set chunk_size to {nearest}"
+        f"LMCache chunk_size={chunk_size} does not fit the KV-cache block sizes {described}: every chunk "
+        "must be whole blocks of each moved group (only a compressed group may hold several chunks in one "
+        "block), or a load would write part of a block, which not every attention backend stores as whole "
+        f"tokens, and the engine would not get its KV back exactly; set chunk_size to {nearest}"
     )
 
 
 def check_chunk_size(layout: MultiGroupLayout, chunk_size: int) -> None:
-    """Every compressed row sits inside one LMCache chunk, and chunks nest with every moved group's blocks."""
+    """Every compressed row sits inside one LMCache chunk, and every chunk is whole blocks of every moved group."""
     for group, keep in zip(layout.groups, layout.transferred):
         if keep and chunk_size % group.compress_ratio:
             raise MultiGroupConfigError(
@@ -118,14 +118,13 @@ def check_chunk_size(layout: MultiGroupLayout, chunk_size: int) -> None:
     moved = [layout.groups[index] for index in layout.transferred_group_indices]
     _refuse_chunk_size(
         chunk_size,
-        [(f"group {group.group_index} {group.spec_class_name}", group.block_size) for group in moved],
-        [group.compress_ratio for group in moved],
+        [(f"group {group.group_index} {group.spec_class_name}", group.block_size, group.compress_ratio) for group in moved],
     )
 
 
 def check_single_group_chunk_size(vllm_block_size: int, chunk_size: int) -> None:
-    """The one-group path (no KV-cache config, or vLLM's hybrid manager off): the same nesting rule."""
-    _refuse_chunk_size(chunk_size, [("vLLM block_size", vllm_block_size)], ())
+    """The one-group path (no KV-cache config, or vLLM's hybrid manager off): the same rule."""
+    _refuse_chunk_size(chunk_size, [("vLLM block_size", vllm_block_size, 1)])
 
 
 def layout_for_connector(kv_cache_config: Any, vllm_block_size: int, lmcache_config: Any) -> MultiGroupLayout | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -78,16 +79,30 @@ def run_engine(spec: dict, timeout_s: int = ENGINE_TIMEOUT_S) -> dict:
                 except ProcessLookupError:
                     pass
                 process.wait()
-        tail = log_path.read_text(errors="replace")[-6000:]
+        log_text = log_path.read_text(errors="replace")
+        tail = log_text[-6000:]
         if code is None:
             raise EngineRunError(f"engine run timed out after {timeout_s} s; log tail:\n{tail}")
         if code != 0 or not out_path.exists():
-            raise EngineRunError(f"engine run exited {code}; log tail:\n{tail}")
+            raise EngineRunError(f"engine run exited {code}; {_first_errors(log_text)}log tail:\n{tail}")
         result = json.loads(out_path.read_text())
     result["log_tail"] = tail
     _results[key] = result
     _record(spec, result)
     return result
+
+
+def _first_errors(log_text: str, count: int = 3) -> str:
+    """The first distinct exception lines of a failed run's log (a worker's root cause is often
+    thousands of lines above the tail)."""
+    found: list[str] = []
+    for line in log_text.splitlines():
+        message = line.split("] ", 1)[-1].strip()
+        if re.match(r"^[\w.]+(Error|Exception): ", message) and message not in found:
+            found.append(message)
+            if len(found) == count:
+                break
+    return "first errors:\n" + "\n".join(found) + "\n" if found else ""
 
 
 def _record(spec: dict, result: dict) -> None:

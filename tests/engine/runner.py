@@ -71,6 +71,8 @@ def llm_options(spec: dict) -> dict:
         disable_hybrid_kv_cache_manager=spec.get("disable_hybrid_kv_cache_manager", False),
         enforce_eager=spec.get("enforce_eager", False),
     )
+    if spec.get("attention_backend"):
+        options["attention_backend"] = spec["attention_backend"]
     for key, default in (("max_num_batched_tokens", 2048), ("kv_cache_memory_bytes", 256 << 20)):
         value = spec.get(key, default)
         if value is not None:

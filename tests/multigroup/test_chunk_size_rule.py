@@ -1,9 +1,10 @@
-"""A chunk_size that does not nest with some moved group's blocks is refused when the connector starts.
+"""A chunk_size that is not whole blocks of some moved group is refused when the connector starts.
 
-A chunk must lie inside one block or be whole blocks of every KV-cache group LMCache
-moves (and a multiple of every compress ratio).  Anything else ends a chunk inside a
-block that also holds the next chunk's tokens; the engine then gave other tokens for
-every load not ending on a block boundary.  The refusal names the key, its value, the
+A chunk must be whole blocks of every KV-cache group LMCache moves (and a multiple of
+every compress ratio); only a compressed group may hold several chunks in one block.
+Anything else makes a load write part of a block, and vLLM's CPU backend does not store
+a block's tokens as rows (its K is transposed across the block: see
+`tests/kv_layout/test_cpu_attention_blocks.py`); the engine then gave other tokens.  The refusal names the key, its value, the
 block sizes and the nearest allowed values, on the real in-process adapter (patched)
 for multi-group models, one-group models and vLLM's hybrid manager off alike.
 """
@@ -47,42 +48,45 @@ def _layout(fixture):
 
 
 @pytest.mark.parametrize(
-    "chunk_size, block_sizes, ratios, nearest",
+    "chunk_size, blocks, nearest",
     [
-        (200, [128], [], (128, 256)),
-        (192, [128], [], (128, 256)),
-        (100, [256, 64, 64, 4, 8], [], (64, 128)),
-        (1, [16], [], (2,)),  # nothing below 1
-        (256, [512, 384], [4, 128], (128, 1536)),
+        (200, [(128, 1)], (128, 256)),
+        (192, [(128, 1)], (128, 256)),
+        (64, [(128, 1)], (128,)),  # inside one block of an uncompressed group: nothing below
+        (100, [(256, 1), (64, 1), (4, 1), (8, 1)], (256,)),
+        (64, [(128, 1), (512, 4)], (128,)),
+        (256, [(512, 4), (384, 128)], (128, 1536)),  # compressed: inside a block or whole blocks
     ],
 )
-def test_nearest_allowed_chunk_sizes(chunk_size, block_sizes, ratios, nearest):
-    assert nearest_chunk_sizes(chunk_size, block_sizes, ratios) == nearest
+def test_nearest_allowed_chunk_sizes(chunk_size, blocks, nearest):
+    assert nearest_chunk_sizes(chunk_size, blocks) == nearest
 
 
-@pytest.mark.parametrize("chunk_size", [200, 192, 96, 384 + 64])
-def test_one_group_refuses_chunks_that_end_inside_a_block(chunk_size):
+@pytest.mark.parametrize("chunk_size", [200, 192, 96, 64, 16, 384 + 64])
+def test_one_group_refuses_chunks_that_are_not_whole_blocks(chunk_size):
     with pytest.raises(MultiGroupConfigError) as raised:
         check_single_group_chunk_size(128, chunk_size)
     message = str(raised.value)
     assert f"chunk_size={chunk_size} " in message and "128 (vLLM block_size)" in message
-    below, above = nearest_chunk_sizes(chunk_size, [128])
-    assert message.endswith(f"set chunk_size to {below} or {above}")
+    allowed = " or ".join(str(size) for size in nearest_chunk_sizes(chunk_size, [(128, 1)]))
+    assert message.endswith(f"set chunk_size to {allowed}")
 
 
-@pytest.mark.parametrize("chunk_size", [1, 16, 64, 128, 256, 768, 4096])
-def test_one_group_keeps_chunks_that_nest_with_its_blocks(chunk_size):
+@pytest.mark.parametrize("chunk_size", [128, 256, 768, 4096])
+def test_one_group_keeps_chunks_of_whole_blocks(chunk_size):
     check_single_group_chunk_size(128, chunk_size)
 
 
 def test_every_moved_group_counts_and_a_skipped_state_group_does_not():
-    cuda = _layout(dsv4_cuda_kv_cache_config())  # 256 / 64 / 64 / 4 / 8
+    cuda = _layout(dsv4_cuda_kv_cache_config())  # 256 / 64 / 64 / 4 / 8, none compressed
     check_chunk_size(cuda, 256)
-    check_chunk_size(cuda, 64)  # inside a 256-token block, whole 4 / 8-token blocks
+    check_chunk_size(cuda, 512)
+    with pytest.raises(MultiGroupConfigError, match=r"chunk_size=64 .*256 \(group 0 FullAttentionSpec\).*set chunk_size to 256$"):
+        check_chunk_size(cuda, 64)  # inside a 256-token block of an uncompressed group
     with pytest.raises(MultiGroupConfigError, match=r"chunk_size=192 .*256 \(group 0 FullAttentionSpec\)"):
         check_chunk_size(cuda, 128 + 64)
-    ascend = _layout(dsv4_ascend_kv_cache_config())  # 512 / 16384 / 128 / 512 moved; state groups of 128
-    check_chunk_size(ascend, 256)
+    ascend = _layout(dsv4_ascend_kv_cache_config())  # 512 (ratio 4) / 16384 (128) / 128 / 512 (4) moved
+    check_chunk_size(ascend, 256)  # several chunks in one block of each compressed group
     with pytest.raises(MultiGroupConfigError, match="set chunk_size to 256 or 512"):
         check_chunk_size(ascend, 384)
     # A group that is not moved does not constrain the chunk.
@@ -114,7 +118,9 @@ def test_real_adapter_refuses_at_start_naming_key_value_and_block_sizes(patched,
     with pytest.raises(MultiGroupConfigError, match="chunk_size=40"):
         RequestDriver(impl, "r", list(range(100))).start(100, tuple([1] * 7 for _ in fixture.kv_cache_config.kv_cache_groups))
     assert impl._request_trackers == {}
-    for allowed in (8, 16, 32, 256):
+    with pytest.raises(MultiGroupConfigError, match=r"chunk_size=8 does not fit .*set chunk_size to 16$"):
+        connector_layout(make_connector_impl(fixture, chunk_size=8))  # half a block
+    for allowed in (16, 32, 256):
         connector_layout(make_connector_impl(fixture, chunk_size=allowed))
 
 
