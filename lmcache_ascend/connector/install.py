@@ -94,6 +94,7 @@ def plan_for_engine(
     backend: str | None = None,
     backend_layouts: Mapping[str, Any] | None = None,
     model: Mapping[str, Any] | None = None,
+    num_blocks: int | None = None,
 ):
     """Register `kv_caches` with a MultiGroupGPUConnector and make `engine` use it.
 
@@ -101,6 +102,8 @@ def plan_for_engine(
     registered as a single tensor (see `connector.backend_layouts`). `model`: the
     model's identity (`kv_layout.chunk_identity.model_identity`), folded with the
     chunk plan into the model name of every chunk key (`name_keys_by_layout`).
+    `num_blocks`: vLLM's block count, where `geometry_by_group` is vLLM's groups (checked
+    against every moved plane's pages).
     """
     from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
 
@@ -113,6 +116,7 @@ def plan_for_engine(
         bundle_multi_spec=bundle_multi_spec,
         flatten_multi_spec=flatten_multi_spec,
         backend_layouts=backend_layouts,
+        num_blocks=num_blocks,
     )
     connector = engine.gpu_connector
     if not isinstance(connector, MultiGroupGPUConnector):
@@ -224,6 +228,7 @@ def install_multigroup_connector(adapter: Any):
         backend=flag_value("LMCACHE_ASCEND_TRANSFER_BACKEND", lmcache_config=config),
         backend_layouts=backend_layouts,
         model=_model_identity(adapter),
+        num_blocks=getattr(kv_cache_config, "num_blocks", None) if layout is not None else None,
     )
     _log_start(adapter, engine, layout if layout is not None and layout.is_multi_group else None, True)
     return connector

@@ -22,6 +22,7 @@ from lmcache_ascend.kv_layout.groups import build_layer_groups
 from lmcache_ascend.multigroup.specs import KVGroupSpec
 
 __all__ = [
+    "check_page_geometry",
     "needs_multigroup_connector",
     "plan_kv_caches",
     "plane_groups_from_layer_names",
@@ -99,12 +100,15 @@ def plan_kv_caches(
     bundle_multi_spec: bool = True,
     flatten_multi_spec: bool = True,
     backend_layouts: Mapping[str, BackendLayout] | None = None,
+    num_blocks: int | None = None,
 ) -> tuple[tuple[LayerLayout, ...], ChunkPlanner]:
     """Detect, group and plan; every layout error surfaces here.
 
     `backend_layouts` describes each layer registered as a single tensor (its
     attention backend's layout); layers registered as tuples of planes follow
-    vllm-ascend's documented form and need none.
+    vllm-ascend's documented form and need none. `num_blocks` (vLLM's
+    `KVCacheConfig.num_blocks`, where the groups' geometry is vLLM's) makes every
+    moved plane prove it pages its group's blocks (`check_page_geometry`).
     """
     if not kv_caches:
         raise LayoutError("no KV caches were registered")
@@ -123,8 +127,36 @@ def plan_kv_caches(
                 flatten_multi_spec=flatten_multi_spec,
             )
         )
+    if num_blocks is not None:
+        check_page_geometry(layers, geometry_by_group, num_blocks)
     layer_groups = build_layer_groups(layers, geometry_by_group, bundle_multi_spec=bundle_multi_spec)
     return tuple(layers), ChunkPlanner(layer_groups, geometry_by_group, chunk_size)
+
+
+def check_page_geometry(
+    layers: Sequence[LayerLayout], geometry_by_group: Mapping[int, KVGroupSpec], num_blocks: int
+) -> None:
+    """Every moved plane's pages are its group's blocks: as many rows per block as the group's
+    block holds (block_size // compress_ratio) and at least vLLM's `num_blocks` of them.
+
+    A tensor whose page is something else (a state-space layer's state page read as token
+    rows, a backend that pages differently from its spec) would make every slot address
+    other bytes; it is refused here, naming layer, tensor and group.
+    """
+    for layer in layers:
+        for plane, rows in zip(layer.planes, layer.paged_rows):
+            group = geometry_by_group.get(plane.scheduler_group)
+            if group is None or not group.transferred:
+                continue
+            rows_per_block = group.block_size // group.compress_ratio
+            if plane.block_size != rows_per_block or plane.num_blocks < num_blocks:
+                raise LayoutError(
+                    f"layer {layer.layer_name!r} plane {plane.plane_index} ({layer.format.name}, {plane.dtype}, "
+                    f"{plane.num_blocks} blocks of {plane.block_size} rows of {plane.row_bytes} bytes) does not page "
+                    f"KV-cache group {group.group_index} ({group.spec_class_name}: {num_blocks} blocks of "
+                    f"{group.block_size} tokens, compress_ratio {group.compress_ratio}, so {rows_per_block} rows "
+                    "per block); its slots would address other bytes"
+                )
 
 
 def needs_multigroup_connector(
