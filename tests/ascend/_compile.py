@@ -52,9 +52,9 @@ def _tools() -> tuple[Path, Path]:
 
 
 _WRAPPER = """#!/bin/sh
-# {real}, as triton-ascend calls it, keeping its temporaries in $LMCACHE_ASCEND_HIVM_TEMPS
+# {real}, as triton-ascend calls it, keeping its temporaries in $HIVM_SAVE_TEMPS_DIR
 case "$1" in --help|--version) exec "{real}" "$@";; esac
-exec "{real}" "$@" --save-temps="$LMCACHE_ASCEND_HIVM_TEMPS"
+exec "{real}" "$@" --save-temps="$HIVM_SAVE_TEMPS_DIR"
 """
 
 
@@ -137,9 +137,9 @@ def compile_kernel(kernel, arguments: tuple, constexprs: tuple, num_warps: int, 
     temps = work / "temps"
     shutil.rmtree(temps, ignore_errors=True)
     temps.mkdir(parents=True)
-    saved_env = {name: os.environ.get(name) for name in ("PATH", "LMCACHE_ASCEND_HIVM_TEMPS")}
+    saved_env = {name: os.environ.get(name) for name in ("PATH", "HIVM_SAVE_TEMPS_DIR")}
     os.environ["PATH"] = f"{compiler_dir(work, a5)}{os.pathsep}{os.environ.get('PATH', '')}"
-    os.environ["LMCACHE_ASCEND_HIVM_TEMPS"] = str(temps)
+    os.environ["HIVM_SAVE_TEMPS_DIR"] = str(temps)
     try:
         started = time.perf_counter()
         try:

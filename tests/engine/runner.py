@@ -2,7 +2,9 @@
 
 SPEC (JSON) names the model checkpoint, whether LMCache is the KV connector, its
 environment, and rounds of prompts (token ids); each round is one
-``LLM.generate`` call, so the prompts of a round are batched together.  OUT gets,
+``LLM.generate`` call, so the prompts of a round are batched together
+(``settle_s``: seconds to wait before each round after the first, or before the
+rounds listed in ``settle_before``).  OUT gets,
 per round and prompt, the greedy tokens with their logprobs and vLLM's
 ``num_cached_tokens``; vLLM's prefix-cache counters; the KV-cache groups the
 worker really allocated; and what lmcache-ascend's connector moved.
@@ -111,7 +113,7 @@ def main(spec_path: str, out_path: str) -> None:
     sampling = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 12), logprobs=0, detokenize=False)
     rounds = []
     for index, prompts in enumerate(spec["rounds"]):
-        if index and spec.get("settle_s"):
+        if index and spec.get("settle_s") and index in spec.get("settle_before", [index]):
             # An MP server stores after the request has ended, on its own time: a
             # round that looks its chunks up at once may find them not stored yet.
             time.sleep(spec["settle_s"])
