@@ -12,7 +12,6 @@ byte compared (`_cases.run_case`).
 from __future__ import annotations
 
 import collections
-import random
 
 import pytest
 import torch
@@ -22,17 +21,6 @@ from tests.ops import _cases
 pytest.importorskip("lmcache.v1.platform.torch_ops", reason="LMCache 0.5.x's torch baseline")
 
 CASES_PER_OP = 300
-
-
-class RandomDraw:
-    def __init__(self, seed: int) -> None:
-        self.random = random.Random(seed)
-
-    def int(self, lo: int, hi: int) -> int:
-        return self.random.randint(lo, hi)
-
-    def pick(self, seq):
-        return self.random.choice(list(seq))
 
 
 class _Skewed:
@@ -78,7 +66,7 @@ def test_a_cache_description_that_disagrees_is_refused_where_the_baseline_raises
     change = SKEWS[op][skew]
     outcomes = collections.Counter()
     for seed in range(CASES_PER_OP):
-        case = _cases.build(op, RandomDraw(seed), torch.device("cpu"))
+        case = _cases.build(op, _cases.RandomDraw(seed), torch.device("cpu"))
         if op == "multi_layer_kv_transfer" and change(case["meta"]["bs"]) == case["meta"]["bs"]:
             continue
         outcome, detail = _cases.run_case(case, _Skewed(mine, op, change), _Skewed(baseline, op, change))
