@@ -125,7 +125,7 @@ def _record(spec: dict, result: dict) -> None:
         handle.write(json.dumps(line) + "\n")
 
 
-MP_SERVER_START_TIMEOUT_S = 180
+SERVER_START_TIMEOUT_S = 180
 
 
 def _free_loopback_port() -> int:
@@ -148,18 +148,12 @@ def stop_group(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def mp_server(chunk_size: int, l1_size_gb: float = 0.5):
-    """LMCache's multi-process server on loopback, in a process group of its own; yields its port.
+def _server_on_loopback(label: str, command: list[str], port: int):
+    """Run `command` (a server listening on `port`) in a process group of its own; yields the port.
 
     The server is stopped (its whole process group) however the block ends.
     """
-    port = _free_loopback_port()
-    command = [
-        sys.executable, "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1", "--port", str(port),
-        "--chunk-size", str(chunk_size), "--l1-size-gb", str(l1_size_gb), "--eviction-policy", "LRU",
-        "--disable-observability",
-    ]
-    with tempfile.TemporaryDirectory(prefix="lmcache-ascend-mp-server-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="lmcache-ascend-server-") as scratch:
         log_path = Path(scratch) / "server.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
@@ -167,19 +161,35 @@ def mp_server(chunk_size: int, l1_size_gb: float = 0.5):
                 start_new_session=True,
             )
         try:
-            _wait_until_listening(process, port, log_path)
+            _wait_until_listening(label, process, port, log_path)
             yield port
         finally:
             stop_group(process)
 
 
-def _wait_until_listening(process: subprocess.Popen, port: int, log_path: Path) -> None:
-    deadline = time.monotonic() + MP_SERVER_START_TIMEOUT_S
+def mp_server(chunk_size: int, l1_size_gb: float = 0.5):
+    """LMCache's multi-process server on loopback (a context manager yielding its port)."""
+    port = _free_loopback_port()
+    return _server_on_loopback("LMCache MP server", [
+        sys.executable, "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1", "--port", str(port),
+        "--chunk-size", str(chunk_size), "--l1-size-gb", str(l1_size_gb), "--eviction-policy", "LRU",
+        "--disable-observability",
+    ], port)
+
+
+def remote_server():
+    """LMCache's own remote KV server (`lm://`, chunks kept in its memory) on loopback (yields its port)."""
+    port = _free_loopback_port()
+    return _server_on_loopback("LMCache remote server", [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"], port)
+
+
+def _wait_until_listening(label: str, process: subprocess.Popen, port: int, log_path: Path) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise EngineRunError(f"LMCache MP server exited {process.returncode}; log:\n{log_path.read_text(errors='replace')[-4000:]}")
+            raise EngineRunError(f"{label} exited {process.returncode}; log:\n{log_path.read_text(errors='replace')[-4000:]}")
         with socket.socket() as probe:
             if probe.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.5)
-    raise EngineRunError(f"LMCache MP server not listening on {port} after {MP_SERVER_START_TIMEOUT_S} s")
+    raise EngineRunError(f"{label} not listening on {port} after {SERVER_START_TIMEOUT_S} s")
