@@ -29,7 +29,6 @@ def main() -> int:
     args = parser.parse_args()
 
     from tests.ascend import _compile
-    from tests.ascend.test_compile_judge import A5_KEYS
 
     missing = _compile.available()
     if missing is not None:
@@ -42,7 +41,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ascend-report-") as scratch:
         for launch in record_launches():
             for arch in (_compile.A2, _compile.A5):
-                if arch == _compile.A5 and not args.a5_all and launch.name not in A5_KEYS:
+                if arch == _compile.A5 and not args.a5_all and launch.name not in _compile.A5_KEYS:
                     continue
                 work = Path(scratch) / f"{launch.name.replace(' ', '_')}-{arch}"
                 work.mkdir()

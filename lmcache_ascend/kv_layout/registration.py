@@ -144,7 +144,7 @@ def check_page_geometry(
     other bytes; it is refused here, naming layer, tensor and group.
     """
     for layer in layers:
-        for plane, rows in zip(layer.planes, layer.paged_rows):
+        for plane in layer.planes:
             group = geometry_by_group.get(plane.scheduler_group)
             if group is None or not group.transferred:
                 continue

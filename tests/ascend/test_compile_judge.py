@@ -15,9 +15,6 @@ from tests.ascend import _compile
 
 pytestmark = pytest.mark.skipif(_compile.available() is not None, reason=str(_compile.available()))
 
-# A5's bishengir takes 5-40 s a kernel here: one store and one load key of each entry kernel.
-A5_KEYS = ("DSv4-like bundle store", "one plane load", "pool chunks store", "separate chunks load")
-
 
 def _launches():
     if _compile.available() is not None:
@@ -29,7 +26,7 @@ def _launches():
 
 _RECORDED = _launches()
 _CASES = [(launch, _compile.A2) for launch in _RECORDED] + \
-         [(launch, _compile.A5) for launch in _RECORDED if launch.name in A5_KEYS]
+         [(launch, _compile.A5) for launch in _RECORDED if launch.name in _compile.A5_KEYS]
 
 
 def test_every_entry_kernel_is_recorded():
