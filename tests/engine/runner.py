@@ -3,11 +3,14 @@
 SPEC (JSON) names the model checkpoint, whether LMCache is the KV connector, its
 environment, and rounds of prompts (token ids); each round is one
 ``LLM.generate`` call, so the prompts of a round are batched together
-(``settle_s``: seconds to wait before each round after the first, or before the
-rounds listed in ``settle_before``).  OUT gets,
+(``wait_for_stores``: before each round after the first, wait until every
+store the worker's LMCache MP adapter submitted is answered by the server and
+its copy has ended, so that what the round looks up is what earlier rounds
+stored, however slow the machine).  OUT gets,
 per round and prompt, the greedy tokens with their logprobs and vLLM's
 ``num_cached_tokens``; vLLM's prefix-cache counters; the KV-cache groups the
-worker really allocated; and what lmcache-ascend's connector moved.
+worker really allocated; what lmcache-ascend's connector moved; and, with
+``kv_oracle``, digests of each prompt's KV blocks (`tests.engine.kv_oracle`).
 
 The engine runs as shipped: engine core and worker processes of their own.
 """
@@ -53,6 +56,30 @@ def worker_report(worker) -> dict:
     return {"groups": groups, "connector": moved, "kv_connector": kv_connector, "omp_threads": torch.get_num_threads()}
 
 
+def stores_in_flight(worker) -> int:
+    """Runs inside each vLLM worker: stores its LMCache MP adapter submitted that are not complete.
+
+    A future is complete once the server answered and the copy's event has
+    fired; the server commits a chunk (makes it visible to lookups) when that
+    copy ends, never before.
+    """
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return 0
+    adapter = getattr(get_kv_transfer_group(), "worker_adapter", None)
+    futures = list(getattr(adapter, "store_futures", {}).values())
+    return sum(not future.query() for future in futures)
+
+
+def wait_for_stores(llm, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while sum(llm.collective_rpc(stores_in_flight)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"LMCache MP stores still in flight after {timeout_s} s")
+        time.sleep(0.05)
+
+
 def llm_options(spec: dict) -> dict:
     """``vllm.LLM`` keyword arguments for `spec` (the engine tests' settings; the benchmark's too).
 
@@ -64,8 +91,9 @@ def llm_options(spec: dict) -> dict:
     options = dict(
         model=spec["model"],
         skip_tokenizer_init=True,
-        enable_prefix_caching=False,  # every reuse must come from LMCache
-        dtype="float32",
+        # Every reuse must come from LMCache, unless the spec asks for vLLM's own (its reference).
+        enable_prefix_caching=spec.get("enable_prefix_caching", False),
+        dtype=spec.get("dtype", "float32"),
         max_model_len=spec.get("max_model_len", 2048),
         seed=0,
         gpu_memory_utilization=0.05,
@@ -109,14 +137,16 @@ def main(spec_path: str, out_path: str) -> None:
     from vllm import LLM, SamplingParams
 
     llm = LLM(**llm_options(spec))
+    if spec.get("kv_oracle"):
+        from tests.engine import kv_oracle
+
+        llm.collective_rpc(kv_oracle.install)
     ready = time.monotonic()
     sampling = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 12), logprobs=0, detokenize=False)
     rounds = []
     for index, prompts in enumerate(spec["rounds"]):
-        if index and spec.get("settle_s") and index in spec.get("settle_before", [index]):
-            # An MP server stores after the request has ended, on its own time: a
-            # round that looks its chunks up at once may find them not stored yet.
-            time.sleep(spec["settle_s"])
+        if index and spec.get("wait_for_stores"):
+            wait_for_stores(llm)
         outputs = llm.generate([{"prompt_token_ids": prompt} for prompt in prompts], sampling, use_tqdm=False)
         rounds.append([output_record(output) for output in outputs])
     metrics = {metric.name: metric.value for metric in llm.get_metrics() if hasattr(metric, "value")}
@@ -125,6 +155,7 @@ def main(spec_path: str, out_path: str) -> None:
         "rounds": rounds,
         "metrics": {name: value for name, value in metrics.items() if "prefix_cache" in name},
         "workers": workers,
+        "kv_oracle": llm.collective_rpc(kv_oracle.report) if spec.get("kv_oracle") else None,
         "seconds": {"start": ready - started, "total": time.monotonic() - started},
     }
     with open(out_path, "w") as handle:

@@ -18,15 +18,27 @@ random-weight state-space layer forgets a prompt's first tokens), A warm, B (A's
 LMCache must supply 0 tokens (vLLM's counters), load nothing (the connector's
 count of loaded tokens), and every output must equal the no-connector run;
 C's output must differ from A's where the model's output follows that chunk (MLA).
+With the overlay off (``LMCACHE_ASCEND_PATCHES=0``, vLLM choosing the hybrid
+manager itself) each kind either gives the same outputs with nothing supplied
+or does not start, as LMCache alone does on this stack.
+
+Where vLLM keeps its own prefix caching for MLA (its AMX_MLA backend, on a CPU
+with AMX tiles, bfloat16), LMCache supplies the prefix, and its reuse must give
+exactly the tokens and logprobs of vLLM's own reuse of the same prefix: prompts
+whose shared prefixes are whole chunks (256) and whole blocks (128), so both
+caches supply the same tokens and the rest is computed in the same steps.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import platform
 import random
 
 import pytest
 
-from tests.engine.harness import run_engine
+from tests.engine.harness import EngineRunError, run_engine
+from tests.engine.kv_oracle import assert_loaded_blocks_were_computed
 from tests.engine.models import KIND_MODELS, build
 from tests.engine.test_engine_reuse import LMCACHE_ENV, _assert_same_outputs, _groups, model_dir  # noqa: F401 - fixture
 
@@ -95,3 +107,69 @@ def test_no_prefix_supplied_and_baseline_outputs(model_dir, name):
     connector = worker["connector"] or {}
     assert not connector.get("tokens_loaded"), f"KV was loaded into the paged cache: {connector}"
     _assert_same_outputs(baseline, run)
+
+
+# LMCache without the overlay: vLLM turns its hybrid manager off for a connector that is
+# not SupportsHMA, and a model mixing state-space and attention layers then cannot start.
+OVERLAY_OFF_REFUSED = {"granite-hybrid": "Failed to promote local KV cache specs to one unified type"}
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_overlay_off_as_lmcache_alone(model_dir, name):
+    spec = _spec(model_dir, name, lmcache=True, env={"LMCACHE_ASCEND_PATCHES": "0"})
+    spec["disable_hybrid_kv_cache_manager"] = None  # vLLM's choice, as a user's engine makes it
+    if name in OVERLAY_OFF_REFUSED:
+        with pytest.raises(EngineRunError, match=OVERLAY_OFF_REFUSED[name]):
+            run_engine(spec)
+        return
+    run = run_engine(spec)
+    assert _hits(run) == [0] * len(ROUNDS), f"LMCache alone supplied {_hits(run)}"
+    _assert_same_outputs(run_engine(_spec(model_dir, name, lmcache=False)), run)
+
+
+def _amx_tiles() -> bool:
+    import torch
+
+    return platform.machine() in ("x86_64", "AMD64") and torch.cpu._is_amx_tile_supported()
+
+
+def _amx_rounds(seed: int = 11) -> list[list[list[int]]]:
+    """A (600 tokens: vLLM's cache and LMCache both hold 512 of it), C (A's second chunk redrawn), A, B (A's 512 + others)."""
+    draw = random.Random(seed)
+
+    def tokens(count: int) -> list[int]:
+        return [draw.randrange(3, 500) for _ in range(count)]
+
+    a = tokens(600)
+    control = a[:256] + tokens(256) + a[512:]
+    return [[a], [control], [a], [a[:512] + tokens(150)]]
+
+
+AMX_MLA = dataclasses.replace(KIND_MODELS["deepseek-v2-mla"], attention_backend="AMX_MLA")
+
+
+def _amx_spec(model_dir, **options) -> dict:
+    spec = {"model": str(build(AMX_MLA, model_dir)), "rounds": _amx_rounds(), "max_tokens": 8,
+            "attention_backend": "AMX_MLA", "dtype": "bfloat16"}
+    return {**spec, **options}
+
+
+@pytest.mark.skipif(not _amx_tiles(), reason="vLLM's AMX_MLA backend (the one keeping prefix caching on) needs AMX tiles")
+def test_mla_reuse_equals_vllms_own_where_vllm_keeps_it(model_dir):
+    own = run_engine(_amx_spec(model_dir, lmcache=False, enable_prefix_caching=True))
+    run = run_engine(_amx_spec(model_dir, lmcache=True, env=LMCACHE_ENV, kv_oracle=True))
+    own_hits = _hits(own)
+    assert own_hits == [0, 256, 512, 512], f"vLLM's own cache supplied {own_hits}: the prompts no longer fit the test"
+    assert _hits(run) == own_hits, "LMCache must supply the prefixes vLLM's own cache supplies"
+    assert run["metrics"]["vllm:external_prefix_cache_hits"] == sum(own_hits)
+    (worker,) = run["workers"]
+    assert worker["connector"]["tokens_loaded"] == sum(own_hits), worker["connector"]
+    outputs = [output for round_ in run["rounds"] for output in round_]
+    references = [output for round_ in own["rounds"] for output in round_]
+    assert references[0]["tokens"] != references[1]["tokens"], "the output does not follow the redrawn chunk"
+    for index, (output, reference) in enumerate(zip(outputs, references, strict=True)):
+        assert output["tokens"] == reference["tokens"], f"prompt {index}: tokens differ from vLLM's own reuse"
+        assert output["logprobs"] == reference["logprobs"], f"prompt {index}: logprobs differ from vLLM's own reuse"
+    prompts = [prompt for round_ in _amx_rounds() for prompt in round_]
+    (records,) = run["kv_oracle"]
+    assert assert_loaded_blocks_were_computed(records, prompts, _hits(run)) == 2 * sum(own_hits) // 128

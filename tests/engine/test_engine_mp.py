@@ -22,7 +22,11 @@ products round by batch size); alone, a prompt's computation does not depend
 on timing. Every output token must equal the no-connector baseline of the same
 calls (logprobs within 1e-4), LMCache must have supplied tokens (so that
 equality proves the reused KV right; the control prompt C shows the model sees
-every cached token), and vLLM's hybrid KV-cache manager must stay on.
+every cached token), every block the server filled must hold bytes vLLM
+computed for the same tokens (`tests.engine.kv_oracle`), and vLLM's hybrid
+KV-cache manager must stay on. Before each call the runner waits until the
+worker's stores are complete (no fixed sleep): what a call looks up is
+whatever the calls before it stored, on a fast machine or a loaded one.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.harness import mp_server, run_engine
+from tests.engine.kv_oracle import assert_loaded_blocks_were_computed
 from tests.engine.models import MODELS
 from tests.engine.test_engine_reuse import (  # noqa: F401 - model_dir is a fixture
     CHUNK,
@@ -72,8 +77,8 @@ def _mp_run(model_dir, variant: str) -> dict:
                 kv_connector="LMCacheMPConnector",
                 kv_connector_extra_config={"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port},
                 env={"LMCACHE_MP_TRANSFER_MODE": "lmcache_driven", **env},
-                settle_s=5,  # the server's stores land after the cold round returns
-                settle_before=[ROUND_OF.index(index) for index in range(1, len(ROUNDS))],  # each round's first call
+                wait_for_stores=True,  # the server stores after a request has ended, on its own time
+                kv_oracle=True,
             )
             _runs[variant] = run_engine(spec)
     return _runs[variant]
@@ -88,6 +93,9 @@ def test_mp_reuse_gives_baseline_tokens(model_dir, variant):
     warm = _hits(run, 1)
     assert sum(warm) > 0, "nothing was reused: the comparison would prove nothing"
     _assert_same_outputs(baseline, run)
+    prompts = [call[0] for call in SINGLE_CALLS]
+    supplied = [call[0]["num_cached_tokens"] for call in run["rounds"]]
+    assert assert_loaded_blocks_were_computed(run["kv_oracle"][0], prompts, supplied) > 0
 
 
 @pytest.mark.parametrize("variant", list(CONNECTORS))

@@ -23,6 +23,7 @@ import random
 import pytest
 
 from tests.engine.harness import run_engine
+from tests.engine.kv_oracle import assert_loaded_blocks_were_computed
 from tests.engine.models import MODELS, build
 
 CHUNK = 256
@@ -62,6 +63,7 @@ def _spec(model_dir, name: str, *, lmcache: bool, env: dict | None = None, **opt
     spec = {"model": str(build(MODELS[name], model_dir)), "rounds": ROUNDS, "lmcache": lmcache, **options}
     if lmcache:
         spec["env"] = {**LMCACHE_ENV, **(env or {})}
+        spec.setdefault("kv_oracle", True)
     return spec
 
 
@@ -100,6 +102,18 @@ def test_lmcache_reuse_gives_baseline_tokens(model_dir, name):
     run = run_engine(_spec(model_dir, name, lmcache=True))
     assert sum(_hits(run, 1)) > 0, "nothing was reused: the comparison would prove nothing"
     _assert_same_outputs(baseline, run)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_loaded_kv_is_what_vllm_computed(model_dir, name):
+    """Every block LMCache filled holds the bytes vLLM computed for the same tokens (`kv_oracle`)."""
+    run = run_engine(_spec(model_dir, name, lmcache=True))
+    prompts = [prompt for round_ in ROUNDS for prompt in round_]
+    supplied = [hit for index in range(len(ROUNDS)) for hit in _hits(run, index)]
+    (records,) = run["kv_oracle"]
+    checked = assert_loaded_blocks_were_computed(records, prompts, supplied)
+    layers = {name for group in run["workers"][0]["groups"] for name in group["layers"]}
+    assert checked >= len(layers) * 3, f"only {checked} loaded blocks were checked"
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)

@@ -9,12 +9,15 @@ backend), so whatever a later engine loads, an earlier one stored there:
   first round of `test_engine_reuse` (A, B, L, C);
 - a reader of the same model and layout gets every chunk-aligned prefix from the
   writer, with outputs equal to the no-connector engine;
-- a reader with vLLM's hybrid manager off (other chunk bytes: one group instead
-  of two) and a reader of another checkpoint written to the same path get
-  nothing of the writer's (only what they stored themselves), start and finish
-  every request (a chunk that does not fit is never read), and give the
-  no-connector engine's outputs. The other checkpoint's outputs differ from the
-  first one's, so the path really holds other weights.
+  every block it loaded holds the bytes the writer's vLLM computed for the same
+  tokens (`tests.engine.kv_oracle`, across the two processes);
+- readers whose chunks would be other bytes or other chunks (vLLM's hybrid
+  manager off: one group instead of two; planes exploded into layer groups of
+  their own; 512-token chunks) and a reader of another checkpoint written to the
+  same path get nothing of the writer's (only what they stored themselves),
+  start and finish every request (a chunk that does not fit is never read), and
+  give the no-connector engine's outputs. The other checkpoint's outputs differ
+  from the first one's, so the path really holds other weights.
 
 The chunk key names the chunk plan and the model's config and weights files
 (`kv_layout.chunk_identity`), so engines that would read the bytes differently
@@ -29,6 +32,7 @@ import shutil
 import pytest
 
 from tests.engine.harness import remote_server, run_engine
+from tests.engine.kv_oracle import assert_loaded_blocks_were_computed
 from tests.engine.models import MODELS, build
 from tests.engine.test_engine_reuse import (  # noqa: F401 - model_dir is a fixture
     EXPECTED_WARM_HITS,
@@ -60,7 +64,7 @@ def engines(model_dir):
         env = {"LMCACHE_LOCAL_CPU": "False", "LMCACHE_REMOTE_URL": f"lm://127.0.0.1:{port}",
                "LMCACHE_REMOTE_SERDE": "naive"}
 
-        def engine(label: str, **options) -> dict:
+        def engine(label: str, env: dict = env, **options) -> dict:
             spec = _spec(model_dir, NAME, lmcache=True, env=env, rounds=ROUND_A, run_label=f"shared-{label}", **options)
             spec["model"] = str(shared_path)
             return run_engine(spec)
@@ -68,6 +72,8 @@ def engines(model_dir):
         runs["writer"] = engine("writer")
         runs["reader"] = engine("reader")
         runs["hybrid-off"] = engine("hybrid-off", disable_hybrid_kv_cache_manager=True)
+        runs["planes-exploded"] = engine("planes-exploded", env={**env, "LMCACHE_ASCEND_BUNDLE_MULTI_SPEC": "0"})
+        runs["chunk-512"] = engine("chunk-512", env={**env, "LMCACHE_CHUNK_SIZE": "512"})
         shutil.rmtree(shared_path)
         shutil.copytree(other, shared_path)
         runs["other-checkpoint"] = engine("other-checkpoint")
@@ -85,9 +91,13 @@ def test_a_second_engine_gets_the_first_engines_chunks(engines):
     assert reader["workers"][0]["connector"]["tokens_loaded"] == sum(EXPECTED_WARM_HITS[0])
     _assert_same_outputs(engines["baseline"], reader)
     _assert_same_outputs(engines["baseline"], writer)
+    prompts = ROUND_A[0] * 2  # the writer's prompts, then the reader's
+    records = writer["kv_oracle"][0] + reader["kv_oracle"][0]
+    checked = assert_loaded_blocks_were_computed(records, prompts, _hits(writer) + _hits(reader))
+    assert checked > 0, "no loaded block was checked"
 
 
-@pytest.mark.parametrize("label", ["hybrid-off", "other-checkpoint"])
+@pytest.mark.parametrize("label", ["hybrid-off", "planes-exploded", "chunk-512", "other-checkpoint"])
 def test_an_engine_that_reads_bytes_differently_gets_none_of_them(engines, label):
     """A, L and C were stored only by the writer; B shares A's first 512 tokens, so an engine may
     find them in its own store of A, depending on when its scheduler looks B up."""
@@ -103,3 +113,4 @@ def test_the_other_checkpoint_really_is_other_weights(engines):
     first = [output["tokens"] for output in engines["baseline"]["rounds"][0]]
     other = [output["tokens"] for output in engines["other-baseline"]["rounds"][0]]
     assert first != other
+
