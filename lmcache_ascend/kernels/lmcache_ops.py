@@ -31,20 +31,27 @@ Nothing here imports LMCache: LMCache imports `lmcache_ascend.ops`.
 
 from __future__ import annotations
 
+import collections
+import functools
 import math
+import operator
 import weakref
 from typing import Sequence
 
 import torch
 
 from lmcache_ascend.kernels.lmcache_formats import FormatFacts, format_facts, paged_layer_shape
-from lmcache_ascend.kernels.ops import transfer_group
+from lmcache_ascend.kernels.ops import transfer_chunk_batches, transfer_group
 from lmcache_ascend.kernels.spec import (
     MAX_PLANES,
+    ChunkRows,
     PagedGroup,
     PagedPlane,
     PlaneSlots,
     TransferError,
+    chunk_buffers,
+    chunk_rows,
+    resolve_chunk_batch,
     strided_chunk_layout,
 )
 
@@ -175,9 +182,57 @@ def _at_pointer(address: int, shape: tuple[int, ...], dtype: torch.dtype, device
     return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape, strides)
 
 
-# Pointer tables read to the host once per table and content version (a read
-# from a device tensor is a synchronizing copy): id -> (weak ref, version, list).
-_pointer_lists: dict[int, tuple[weakref.ref, int, list[int]]] = {}
+class _TableCache:
+    """Values derived from LMCache's description of the paged caches, kept between calls.
+
+    LMCache hands an engine's caches to every call the same way: a pointer table
+    (a tensor of layer addresses) or a list of the layer tensors (or of per-layer
+    tuples), registered once. What is derived from them (addresses read to the
+    host, the checked paged group) is worked out once per description and `key`
+    (the arguments that shape it). A table entry holds while the table is alive
+    and unwritten (`weakref` and ``_version``); a list entry while the list holds
+    the very same tensor objects. The bound keeps re-allocated caches from piling
+    up (least recently used go first; a list entry keeps its tensors alive).
+    """
+
+    def __init__(self, bound: int = 64) -> None:
+        self._entries: collections.OrderedDict[tuple, tuple[object, object]] = collections.OrderedDict()
+        self._bound = bound
+
+    @staticmethod
+    def _identity(paged: object, key: tuple) -> tuple[tuple, object]:
+        if isinstance(paged, torch.Tensor):
+            return (id(paged), paged._version, key), paged
+        leaves = []
+        for entry in paged:
+            if isinstance(entry, (list, tuple)):
+                leaves.extend(entry)
+            else:
+                leaves.append(entry)
+        return (id(paged), len(leaves), key), tuple(leaves)
+
+    def get(self, paged: object, key: tuple) -> object | None:
+        full, held = self._identity(paged, key)
+        entry = self._entries.get(full)
+        if entry is None:
+            return None
+        if isinstance(held, torch.Tensor):
+            if entry[0]() is not held:
+                return None
+        elif not all(map(operator.is_, entry[0], held)):
+            return None
+        self._entries.move_to_end(full)
+        return entry[1]
+
+    def put(self, paged: object, key: tuple, value: object) -> object:
+        full, held = self._identity(paged, key)
+        self._entries[full] = (weakref.ref(held) if isinstance(held, torch.Tensor) else held, value)
+        if len(self._entries) > self._bound:
+            self._entries.popitem(last=False)
+        return value
+
+
+_tables = _TableCache()
 
 
 def _pointer_list(table: object, entries: int, what: str, op: str) -> list[int]:
@@ -189,31 +244,36 @@ def _pointer_list(table: object, entries: int, what: str, op: str) -> list[int]:
         )
     if table.numel() != entries:
         raise TransferError(f"{op}: {what} has {table.numel()} pointers; allowed: exactly {entries}")
-    cached = _pointer_lists.get(id(table))
-    if cached is not None and cached[0]() is table and cached[1] == table._version:
-        return cached[2]
+    cached = _tables.get(table, ("pointers",))
+    if cached is not None:
+        return cached
+    # A read from a device tensor is a synchronizing copy: once per table and content version.
     pointers = [int(p) & (2**64 - 1) for p in table.cpu().tolist()]
     for index, pointer in enumerate(pointers):
         if pointer == 0:
             raise TransferError(f"{op}: {what}[{index}] is a null pointer; allowed: a device address")
-    if len(_pointer_lists) > 64:
-        _pointer_lists.clear()
-    _pointer_lists[id(table)] = (weakref.ref(table), table._version, pointers)
-    return pointers
+    return _tables.put(table, ("pointers",), pointers)
 
 
 # ---------------------------------------------------------------- running one move
 
 
-def _byte_span(tensor: torch.Tensor, what: str, op: str) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """A flat uint8 view from `tensor`'s first byte to its last, and its strides in bytes."""
-    element = tensor.element_size()
+def _byte_strides(tensor: torch.Tensor, what: str, op: str) -> tuple[int, ...]:
+    """`tensor`'s strides in bytes; its last dim must be contiguous (rows are moved as byte ranges)."""
     if tensor.dim() and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
         raise TransferError(f"{op}: {what} has strides {tensor.stride()}; allowed: a contiguous last dim")
+    element = tensor.element_size()
+    return tuple(stride * element for stride in tensor.stride())
+
+
+def _byte_span(tensor: torch.Tensor, what: str, op: str) -> torch.Tensor:
+    """A flat uint8 view from `tensor`'s first byte to its last (its last dim contiguous)."""
+    _byte_strides(tensor, what, op)
+    element = tensor.element_size()
     extent = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
     span = torch.empty(0, dtype=torch.uint8, device=tensor.device)
     span.set_(tensor.untyped_storage(), tensor.storage_offset() * element, (extent * element,), (1,))
-    return span, tuple(stride * element for stride in tensor.stride())
+    return span
 
 
 # PagedGroups by the address and geometry of their tensors: built (and validated)
@@ -247,9 +307,9 @@ def _move(group: PagedGroup, slots: PlaneSlots | Sequence[PlaneSlots], chunk: to
     """Move the group's rows at `slots` <-> `chunk` (offsets, pitches, stride in bytes from chunk's first byte)."""
     if isinstance(slots, PlaneSlots):
         slots = (slots,) * group.plane_count
-    span, _ = _byte_span(chunk, what, op)
-    layout = strided_chunk_layout([plane.row_bytes for plane in group.planes], [s.count for s in slots],
-                                  plane_offsets, row_pitch, layer_stride, group.layer_count)
+    span = _byte_span(chunk, what, op)
+    layout = _strided_layout(tuple(plane.row_bytes for plane in group.planes), tuple(s.count for s in slots),
+                             tuple(plane_offsets), tuple(row_pitch), layer_stride, group.layer_count)
     if layout.total_bytes > span.numel():
         raise TransferError(
             f"{op}: {what} spans {span.numel()} bytes but the move needs {layout.total_bytes}; "
@@ -264,6 +324,10 @@ def _move(group: PagedGroup, slots: PlaneSlots | Sequence[PlaneSlots], chunk: to
     transfer_group(group, slots, staged, store=store, layout=layout)
     if store:
         span.copy_(staged)
+
+
+# A call's chunk layout is one of a few (chunk sizes x formats): checked once, then looked up.
+_strided_layout = functools.lru_cache(maxsize=256)(strided_chunk_layout)
 
 
 def _row_bytes(tensor: torch.Tensor, block_size: int) -> int:
@@ -341,26 +405,38 @@ def _block_size_of(tensor: torch.Tensor, row_bytes: int, what: str, op: str) -> 
     return block_bytes // row_bytes
 
 
-def _token_move(op: str, key_value: torch.Tensor, planes: list[list[torch.Tensor]], slot_mapping: torch.Tensor,
+def _token_group(op: str, key_value_ptrs: object, key: tuple, planes) -> tuple[PagedGroup, int]:
+    """The group of a token op's paged planes (`planes()` builds them) and its slot count: built once
+    per description of the caches and `key`, the arguments that shape the tensors (`_TableCache`)."""
+    cacheable = isinstance(key_value_ptrs, (torch.Tensor, list, tuple))
+    if cacheable:
+        cached = _tables.get(key_value_ptrs, key)
+        if cached is not None:
+            return cached
+    row = key[-1]
+    group = _group([(caches, _block_size_of(caches[0], row, "key_value_ptrs[0]", op), row) for caches in planes()])
+    rows = min(geometry.num_blocks * plane.block_size
+               for per_layer in group.geometry for geometry, plane in zip(per_layer, group.planes))
+    return _tables.put(key_value_ptrs, key, (group, rows)) if cacheable else (group, rows)
+
+
+def _token_move(op: str, key_value: torch.Tensor, group: PagedGroup, rows: int, slot_mapping: torch.Tensor,
                 store: bool, start: int) -> None:
-    """key_value [planes, L, T, H] <-> the planes' rows at slot_mapping[start:] (tokens from `start`)."""
-    kv_size, layers, tokens, hidden = key_value.shape
-    row = hidden * key_value.element_size()
+    """key_value [planes, L, T, H] <-> the group's rows at slot_mapping[start:] (tokens from `start`)."""
+    tokens = key_value.shape[2]
     if slot_mapping.numel() != tokens:
         raise TransferError(
             f"{op}: slot_mapping has {slot_mapping.numel()} slots but key_value {tuple(key_value.shape)} holds "
             f"{tokens} tokens; allowed: one slot per token"
         )
-    group = _group([(caches, _block_size_of(caches[0], row, "key_value_ptrs[0]", op), row) for caches in planes])
-    rows = min(geometry.num_blocks * plane.block_size
-               for per_layer in group.geometry for geometry, plane in zip(per_layer, group.planes))
     slots = _device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
     count = max(tokens - start, 0)
     if count == 0:
         return
-    _, strides = _byte_span(key_value, "key_value", op)
+    strides = _byte_strides(key_value, "key_value", op)
+    planes = group.plane_count
     _move(group, PlaneSlots(slots, start, count), key_value,
-          [kv * strides[0] + start * strides[2] for kv in range(len(planes))], [strides[2]] * len(planes),
+          [kv * strides[0] + start * strides[2] for kv in range(planes)], [strides[2]] * planes,
           strides[1], store, op, "key_value")
 
 
@@ -401,10 +477,17 @@ def multi_layer_kv_transfer(
             f"{op}: block_size={block_size} for {facts.name} with page_buffer_size={page_buffer_size}; "
             "allowed: a block size > 0 dividing page_buffer_size"
         )
-    layers = _token_layers(key_value_ptrs, key_value.shape[1], facts, key_value.dtype, key_value.shape[3],
-                           page_buffer_size, block_size, block_stride_elems, torch.device(paged_memory_device), op)
-    _token_move(op, key_value, _kv_planes(layers, facts, block_size, op), slot_mapping, store,
-                min(skip_prefix_n_tokens, key_value.shape[2]))
+    layers, hidden, device = key_value.shape[1], key_value.shape[3], torch.device(paged_memory_device)
+
+    def planes() -> list[list[torch.Tensor]]:
+        tensors = _token_layers(key_value_ptrs, layers, facts, key_value.dtype, hidden, page_buffer_size, block_size,
+                                block_stride_elems, device, op)
+        return _kv_planes(tensors, facts, block_size, op)
+
+    key = (op, facts.name, key_value.dtype, layers, hidden, page_buffer_size, block_size, block_stride_elems, device,
+           hidden * key_value.element_size())
+    group, rows = _token_group(op, key_value_ptrs, key, planes)
+    _token_move(op, key_value, group, rows, slot_mapping, store, min(skip_prefix_n_tokens, key_value.shape[2]))
 
 
 def multi_layer_kv_transfer_unilateral(
@@ -432,10 +515,16 @@ def multi_layer_kv_transfer_unilateral(
     _int_arg(page_buffer_size, "page_buffer_size", op, 1)
     if key_value.shape[0] != 2:
         raise TransferError(f"{op}: key_value has shape {tuple(key_value.shape)}; allowed: [2, L, T, H]")
-    layers = key_value.shape[1]
-    buffers = _token_layers(key_value_ptrs, layers, facts, key_value.dtype, key_value.shape[3], page_buffer_size, 0,
-                            0, torch.device(paged_memory_device), op, per_layer=2)
-    _token_move(op, key_value, [buffers[:layers], buffers[layers:]], slot_mapping, store, 0)
+    layers, hidden, device = key_value.shape[1], key_value.shape[3], torch.device(paged_memory_device)
+
+    def planes() -> list[list[torch.Tensor]]:
+        buffers = _token_layers(key_value_ptrs, layers, facts, key_value.dtype, hidden, page_buffer_size, 0, 0,
+                                device, op, per_layer=2)
+        return [buffers[:layers], buffers[layers:]]
+
+    key = (op, facts.name, key_value.dtype, layers, hidden, page_buffer_size, device, hidden * key_value.element_size())
+    group, rows = _token_group(op, key_value_ptrs, key, planes)
+    _token_move(op, key_value, group, rows, slot_mapping, store, 0)
 
 
 def single_layer_kv_transfer(
@@ -461,7 +550,7 @@ def single_layer_kv_transfer(
         if lmc.dim() != 2 or lmc.shape[0] != tokens:
             raise TransferError(f"{op}: lmc_key_value_cache has shape {tuple(lmc.shape)}; allowed: [{tokens}, H]")
         hidden_bytes = lmc.shape[1] * lmc.element_size()
-        _, strides = _byte_span(lmc, "lmc_key_value_cache", op)
+        strides = _byte_strides(lmc, "lmc_key_value_cache", op)
         offsets, pitch = [0], strides[0]
     else:
         planes = _kv_planes([paged], facts, 0, op)
@@ -472,7 +561,7 @@ def single_layer_kv_transfer(
                 f"[{', '.join(str(d) for d in expected)}] (token_major={token_major})"
             )
         hidden_bytes = lmc.shape[2] * lmc.element_size()
-        _, strides = _byte_span(lmc, "lmc_key_value_cache", op)
+        strides = _byte_strides(lmc, "lmc_key_value_cache", op)
         if token_major:
             offsets, pitch = [0, strides[1]], strides[0]
         else:
@@ -513,7 +602,7 @@ def _flash(op: str, key_value: torch.Tensor, key_cache: torch.Tensor, value_cach
     slots = _device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
     if tokens == 0:
         return
-    _, strides = _byte_span(key_value, "key_value", op)
+    strides = _byte_strides(key_value, "key_value", op)
     base = layer_idx * strides[1]
     _move(group, PlaneSlots(slots, 0, tokens), key_value, [base, base + strides[0]], [strides[2]] * 2, 0, store,
           op, "key_value")
@@ -657,7 +746,70 @@ def multi_layer_block_kv_transfer(
         )
     dtype = _kv_dtype(paged_buffer_ptrs_tensor, lmcache_objects_ptrs, shape_desc, op)
     device = torch.device(device)
-    planes = _block_planes(paged_buffer_ptrs_tensor, facts, shape_desc, dtype, device, op)
+    group, rows, row_bytes = _block_group(paged_buffer_ptrs_tensor, facts, shape_desc, dtype, device, op)
+    layers, plane_count = group.layer_count, group.plane_count
+
+    objects = _objects(lmcache_objects_ptrs, facts, shape_desc, lmcache_chunk_size, dtype, layers, op)
+    ids = block_ids
+    if isinstance(ids, list):
+        ids = torch.tensor(ids, dtype=torch.int64)
+    ids = _slot_tensor(ids, op, "block_ids")
+    if ids.is_cpu and ids.numel():
+        smallest, largest = int(ids.min()), int(ids.max())
+        if smallest < 0 or (largest + 1) * bs > rows:  # the block's last row must be in the cache too
+            raise TransferError(
+                f"{op}: block_ids holds {smallest if smallest < 0 else largest}; allowed: 0..{rows // bs - 1}"
+            )
+    ids = ids.to(device=group.device, dtype=torch.int64)
+    blocks = ids.numel()
+    slots = (ids[:, None] * bs + torch.arange(bs, dtype=torch.int64, device=group.device)).reshape(-1).contiguous()
+    per_object = lmcache_chunk_size // bs
+    # Objects moved whole from their first row go in one launch when they share a layout and a
+    # placement the kernel reaches; an object the skipped prefix cuts into, or one that differs,
+    # is moved on its own.
+    batch: list[tuple[int, torch.Tensor, int, int]] = []  # (object, bytes, first block, end block)
+    batch_layout = None
+    for index, obj in enumerate(objects):
+        first = max(index * per_object, skip_prefix_n_blocks)
+        end = min((index + 1) * per_object, blocks)
+        if first >= end:
+            continue
+        token_offset = (first - index * per_object) * bs
+        what = f"lmcache_objects_ptrs[{index}]"
+        offsets, pitch, layer_stride = _object_layout(obj, facts, row_bytes, plane_count, layers, token_offset, what, op)
+        layout = (tuple(offsets), tuple(pitch), layer_stride)
+        if token_offset == 0 and (batch_layout is None or layout == batch_layout) and _kernel_reaches(group, obj):
+            batch_layout = layout
+            batch.append((index, _byte_span(obj, what, op), first, end))
+            continue
+        _move(group, PlaneSlots(slots, first * bs, (end - first) * bs), obj, offsets, pitch, layer_stride, store,
+              op, what)
+    if len(batch) == 1:
+        index, obj_bytes, first, end = batch[0]
+        offsets, pitch, layer_stride = batch_layout
+        _move(group, PlaneSlots(slots, first * bs, (end - first) * bs), obj_bytes, offsets, pitch, layer_stride,
+              store, op, f"lmcache_objects_ptrs[{index}]")
+    elif batch:
+        offsets, pitch, layer_stride = batch_layout
+        layout = _strided_layout(row_bytes, (per_object * bs,) * plane_count, offsets, pitch, layer_stride, layers)
+        spans = tuple((first * bs, (end - first) * bs) for _, _, first, end in batch)
+        chunks = chunk_buffers([obj_bytes for _, obj_bytes, _, _ in batch])
+        transfer_chunk_batches([resolve_chunk_batch(slots, chunks, _object_rows(group, layout, spans), store=store)])
+
+
+def _block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
+                 device: torch.device, op: str) -> tuple[PagedGroup, int, tuple[int, ...]]:
+    """The group of the block op's paged planes, its slot count and the planes' row bytes: built
+    and checked once per description of the caches and geometry (`_TableCache`)."""
+    bs = shape_desc.bs
+    cacheable = isinstance(paged, (torch.Tensor, list, tuple))
+    key = (op, facts.name, dtype, device, int(shape_desc.nb), int(shape_desc.nl), bs, int(shape_desc.nh),
+           int(shape_desc.hs), int(getattr(shape_desc, "block_stride_elems", 0) or 0))
+    if cacheable:
+        cached = _tables.get(paged, key)
+        if cached is not None:
+            return cached
+    planes = _block_planes(paged, facts, shape_desc, dtype, device, op)
     if len(planes) > MAX_PLANES:
         raise TransferError(
             f"{op}: {facts.name} with these shapes needs {len(planes)} planes (heads x K/V); allowed: at most "
@@ -676,39 +828,37 @@ def multi_layer_block_kv_transfer(
                     f"{tuple(cache.shape)}; allowed: shape_desc.bs={cache.shape[1] if cache.dim() >= 2 else '?'} "
                     "(its blocks' rows)"
                 )
-    layers = len(planes[0])
-    row_bytes = [_row_bytes(caches[0], bs) if not facts.pbs_fused else
-                 math.prod(caches[0].shape[1:]) * caches[0].element_size() for caches in planes]
+    row_bytes = tuple(_row_bytes(caches[0], bs) if not facts.pbs_fused else
+                      math.prod(caches[0].shape[1:]) * caches[0].element_size() for caches in planes)
     group = _group([(caches, 1 if facts.pbs_fused else bs, rb) for caches, rb in zip(planes, row_bytes)])
     rows = min(geometry.num_blocks * plane.block_size
                for per_layer in group.geometry for geometry, plane in zip(per_layer, group.planes))
+    result = (group, rows, row_bytes)
+    return _tables.put(paged, key, result) if cacheable else result
 
-    objects = _objects(lmcache_objects_ptrs, facts, shape_desc, lmcache_chunk_size, dtype, layers, op)
-    ids = block_ids
-    if isinstance(ids, list):
-        ids = torch.tensor(ids, dtype=torch.int64)
-    ids = _slot_tensor(ids, op, "block_ids")
-    if ids.is_cpu and ids.numel():
-        smallest, largest = int(ids.min()), int(ids.max())
-        if smallest < 0 or (largest + 1) * bs > rows:  # the block's last row must be in the cache too
-            raise TransferError(
-                f"{op}: block_ids holds {smallest if smallest < 0 else largest}; allowed: 0..{rows // bs - 1}"
-            )
-    ids = ids.to(device=group.device, dtype=torch.int64)
-    blocks = ids.numel()
-    slots = (ids[:, None] * bs + torch.arange(bs, dtype=torch.int64, device=group.device)).reshape(-1).contiguous()
-    per_object = lmcache_chunk_size // bs
-    plane_count = len(planes)
-    for index, obj in enumerate(objects):
-        first = max(index * per_object, skip_prefix_n_blocks)
-        end = min((index + 1) * per_object, blocks)
-        if first >= end:
-            continue
-        token_offset = (first - index * per_object) * bs
-        offsets, pitch, layer_stride = _object_layout(obj, facts, row_bytes, plane_count, layers, token_offset,
-                                                      f"lmcache_objects_ptrs[{index}]", op)
-        _move(group, PlaneSlots(slots, first * bs, (end - first) * bs), obj, offsets, pitch, layer_stride, store,
-              op, f"lmcache_objects_ptrs[{index}]")
+
+def _kernel_reaches(group: PagedGroup, obj: torch.Tensor) -> bool:
+    """Whether one launch can address `obj` in place: on the caches' device, or pinned host memory
+    a CUDA kernel maps; anything else is staged by `_move`."""
+    return group.on_group_device(obj) or (group.device.type == "cuda" and obj.is_cpu and obj.is_pinned())
+
+
+def _object_rows(group: PagedGroup, layout, spans: tuple[tuple[int, int], ...]) -> ChunkRows:
+    """The checked rows of a multi-object launch (every plane of object c moves slots
+    [start, start + count) of spans[c]); kept on the group per layout and spans, since the
+    kernel's device table is keyed on the rows' identity (calls of one length reuse it)."""
+    cache = group.backend_cache.setdefault("lmcache_ops.object_rows", collections.OrderedDict())
+    key = (layout, spans)
+    rows = cache.get(key)
+    if rows is None:
+        starts = [[start] * group.plane_count for start, _ in spans]
+        counts = [[count] * group.plane_count for _, count in spans]
+        rows = cache[key] = chunk_rows(group, layout, starts, counts)
+        if len(cache) > 64:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return rows
 
 
 def _kv_dtype(paged: object, objects: list, shape_desc: PageBufferShapeDesc, op: str) -> torch.dtype:

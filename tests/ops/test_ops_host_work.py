@@ -1,0 +1,92 @@
+"""What `lmcache_ascend.ops` keeps between calls, and how many launches a call makes (CPU, torch reference).
+
+LMCache hands an engine's pointer table to every call, so the paged caches
+behind it are described once; a table rewritten in place must be read again.
+A block call moves its whole objects in one launch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lmcache_ascend.kernels import launch_counter
+from lmcache_ascend.kernels import lmcache_ops as ops
+
+H2D, D2H = 0, 1
+MLA = 3  # NL_X_NB_BS_HS: one latent row per token, per layer [NB, BS, H]
+LAYERS, BLOCKS, BLOCK, HIDDEN = 2, 6, 4, 8
+
+
+def _caches(fill: float) -> list[torch.Tensor]:
+    return [torch.full((BLOCKS, BLOCK, HIDDEN), fill) for _ in range(LAYERS)]
+
+
+def _table(caches: list[torch.Tensor]) -> torch.Tensor:
+    return torch.tensor([cache.data_ptr() for cache in caches], dtype=torch.int64)
+
+
+def _rows(caches: list[torch.Tensor], slots: torch.Tensor) -> torch.Tensor:
+    return torch.stack([cache.reshape(-1, HIDDEN)[slots] for cache in caches])
+
+
+def test_a_pointer_table_rewritten_in_place_is_read_again():
+    first, second = _caches(-1.0), _caches(-2.0)
+    table = _table(first)
+    slots = torch.tensor([0, 5, 10, 23])
+    chunk = torch.arange(LAYERS * 4 * HIDDEN, dtype=torch.float32).reshape(1, LAYERS, 4, HIDDEN)
+    ops.multi_layer_kv_transfer(chunk, table, slots, "cpu", BLOCKS * BLOCK, H2D, MLA, BLOCK, HIDDEN)
+    assert torch.equal(_rows(first, slots), chunk[0])
+    table.copy_(_table(second))  # the same tensor, now naming other caches
+    ops.multi_layer_kv_transfer(chunk + 1000, table, slots, "cpu", BLOCKS * BLOCK, H2D, MLA, BLOCK, HIDDEN)
+    assert torch.equal(_rows(second, slots), chunk[0] + 1000)
+    assert torch.equal(_rows(first, slots), chunk[0]), "the first caches were written through a stale table"
+    untouched = torch.ones(BLOCKS * BLOCK, dtype=torch.bool)
+    untouched[slots] = False
+    assert all((cache.reshape(-1, HIDDEN)[untouched] == -2.0).all() for cache in second)
+
+
+def _desc() -> ops.PageBufferShapeDesc:
+    desc = ops.PageBufferShapeDesc()
+    desc.kv_size, desc.nl, desc.nb, desc.bs, desc.nh, desc.hs = 1, LAYERS, BLOCKS, BLOCK, 1, HIDDEN
+    desc.element_size, desc.dtype = 4, torch.float32
+    return desc
+
+
+def test_a_block_call_moves_its_whole_objects_in_one_launch():
+    caches = _caches(0.0)
+    for layer, cache in enumerate(caches):
+        cache.copy_(torch.randn(cache.shape, generator=torch.Generator().manual_seed(layer)))
+    block_ids = torch.tensor([4, 1, 5, 0, 2])  # 5 blocks in objects of 2: the last object half full
+    objects = [torch.full((LAYERS, 2 * BLOCK, HIDDEN), float("nan")) for _ in range(3)]
+    before = launch_counter.torch
+    ops.multi_layer_block_kv_transfer(_table(caches), objects, block_ids, "cpu", D2H, _desc(), 2 * BLOCK, MLA, 0)
+    assert launch_counter.torch - before == 1
+    for index, obj in enumerate(objects):
+        ids = block_ids[2 * index: 2 * index + 2]
+        for layer in range(LAYERS):
+            expected = caches[layer][ids].reshape(-1, HIDDEN)
+            assert torch.equal(obj[layer, : len(expected)], expected), (index, layer)
+            assert obj[layer, len(expected):].isnan().all(), "rows past the request's blocks were written"
+    # A skipped prefix that cuts into an object: that object moves on its own, the rest together.
+    objects = [torch.zeros(LAYERS, 2 * BLOCK, HIDDEN) for _ in range(3)]
+    before = launch_counter.torch
+    ops.multi_layer_block_kv_transfer(_table(caches), objects, block_ids, "cpu", D2H, _desc(), 2 * BLOCK, MLA, 1)
+    assert launch_counter.torch - before == 2
+    assert (objects[0][:, :BLOCK] == 0).all()
+    assert torch.equal(objects[0][0, BLOCK:], caches[0][block_ids[1]])
+
+
+def test_a_cache_list_given_other_tensors_is_read_again():
+    """LMCache may hand the layer tensors as a list: the same list holding other tensors is another description."""
+    first, second = _caches(0.0), _caches(0.0)
+    for layer in range(LAYERS):
+        first[layer].copy_(torch.full_like(first[layer], 1.0 + layer))
+        second[layer].copy_(torch.full_like(second[layer], 10.0 + layer))
+    paged = list(first)
+    block_ids = torch.tensor([3, 0])
+    objects = [torch.zeros(LAYERS, 2 * BLOCK, HIDDEN)]
+    ops.multi_layer_block_kv_transfer(paged, objects, block_ids, "cpu", D2H, _desc(), 2 * BLOCK, MLA, 0)
+    assert [float(objects[0][layer].unique()) for layer in range(LAYERS)] == [1.0, 2.0]
+    paged[1] = second[1]  # the same list object, one entry replaced
+    ops.multi_layer_block_kv_transfer(paged, objects, block_ids, "cpu", D2H, _desc(), 2 * BLOCK, MLA, 0)
+    assert [float(objects[0][layer].unique()) for layer in range(LAYERS)] == [1.0, 11.0]
