@@ -46,7 +46,7 @@ __all__ = ["DEFAULT_HOST_PATH", "HOST_PATHS", "STAGING_BYTES", "ChunkMover", "De
 # memory through unified addressing; elsewhere staging is used) or "staging" (a
 # device buffer, in waves whose copies run beside the next wave's kernels).
 HOST_PATHS = ("mapped", "staging")
-# Staging measured faster than mapped on H100 in every case of notes/issue-13-transfer.md, and
+# Staging measured faster than mapped on H100 in every case of docs/design-decisions.md, and
 # it serves every device (mapped memory is CUDA only).
 DEFAULT_HOST_PATH = "staging"
 # Device staging for host chunks: at most this many bytes (at least one chunk).
@@ -260,7 +260,7 @@ class DeviceSlots:
         slots are a view of it (one entry at least: an empty tensor may have no address
         for the kernels to anchor on). On an H100 the same expansion as torch ops on the
         device took 0.7-2.2 ms of launches per request, several times the copy of its
-        result (scripts/bench_slot_resolution.py --device cuda, notes/issue-13-bench.md).
+        result (scripts/bench_slot_resolution.py --device cuda, docs/design-decisions.md).
         `block_counts`: see `from_block_ids`; every request is checked before any is expanded.
         """
         if not requests:

@@ -105,7 +105,7 @@ ENGINE = Patch(
     kind=PatchKind.WRAP,
     build=_build_engine,
     # The server module imports cupy at module level (LMCache 0.4.5 requires cupy-cuda13x): without
-    # it (CPU, NPU) the module cannot be imported and no 0.4.x MP server runs (notes/issue-12-mp.md).
+    # it (CPU, NPU) the module cannot be imported and no 0.4.x MP server runs (docs/design-decisions.md).
     requires={**_REQUIRES, "cupy-cuda13x": ">=13"},
     guard=UpstreamGuard(unfixed_if_source_contains=("gpu_block_ids: list[int],",)),
     tested_fingerprints={  # LMCache 0.4.5
