@@ -17,6 +17,7 @@ from lmcache_ascend.patches.registry import Registry
 
 THREADS = 8
 RUNS = 100
+WAIT_S = 60  # bound on each wait between the threads of one run (fails, never hangs)
 BODY = """
 import race_gate
 race_gate.entered[__name__].set()
@@ -59,8 +60,8 @@ def test_activation_during_a_half_done_import_applies_once_to_the_finished_modul
         registry = Registry([_counting_patch(name, calls)])
         importer = threading.Thread(target=__import__, args=(name,))
         importer.start()
-        assert gate.entered[name].wait(10)
-        start = threading.Barrier(THREADS + 1)
+        assert gate.entered[name].wait(WAIT_S), f"run {run}: the target's import did not start in {WAIT_S} s"
+        start = threading.Barrier(THREADS + 1, timeout=WAIT_S)  # a missing thread breaks it, no hang
 
         def activate(index: int) -> None:
             start.wait()
@@ -72,7 +73,8 @@ def test_activation_during_a_half_done_import_applies_once_to_the_finished_modul
         start.wait()
         gate.release[name].set()
         for thread in activators + [importer]:
-            thread.join(10)
+            thread.join(WAIT_S)
+            assert not thread.is_alive(), f"run {run}: {thread.name} still running after {WAIT_S} s"
         module = sys.modules.pop(name)
         record = registry.record("test-race")
         assert module.answer() == 42

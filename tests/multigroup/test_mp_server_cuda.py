@@ -2,8 +2,11 @@
 
 LMCache 0.4.5's MP server needs CUDA: KV caches arrive as CUDA IPC handles,
 store/retrieve wait on interprocess CUDA events and its event bus runs on cupy
-streams (notes/issue-12-mp.md). So this test skips without CUDA or cupy, and
-runs on a GPU machine with the stack's LMCache 0.4.5.
+streams. Its server module imports cupy at load time, and without CUDA LMCache
+falls back to Python ops that lack the block transfer every store and retrieve
+calls, so that release's server cannot run on a CPU or NPU host at all. So this
+test skips without CUDA or cupy, and runs on a GPU machine with the stack's
+LMCache 0.4.5.
 
 Two server processes: one launched by importing the server module after
 ``import lmcache_ascend`` (the overlay's server patches apply), one started as
@@ -181,23 +184,33 @@ def _event():
     return event
 
 
-LOOKUP_ANSWER_TIMEOUT_S = 60
+LOOKUP_ANSWER_TIMEOUT_S = 60  # one lookup's answer from the server
+STORE_VISIBLE_TIMEOUT_S = 60  # a finished store becoming visible to lookups
+
+
+def _lookup_answer(scheduler, request_id: str, tokens) -> int:
+    """Submit one lookup and poll for its answer until LOOKUP_ANSWER_TIMEOUT_S; fail naming it."""
+    scheduler.maybe_submit_lookup_request(request_id, list(tokens))
+    deadline = time.monotonic() + LOOKUP_ANSWER_TIMEOUT_S
+    while (found := scheduler.check_lookup_result(request_id)) is None:
+        if time.monotonic() > deadline:
+            pytest.fail(f"lookup {request_id!r} ({len(tokens)} tokens) got no answer from the MP server "
+                        f"in {LOOKUP_ANSWER_TIMEOUT_S} s")
+        time.sleep(0.05)  # poll interval
+    return found
 
 
 def _lookup(scheduler, tokens, name: str) -> int:
-    """Tokens LMCache holds for `tokens` (stores finish on a host callback: poll a little)."""
-    found = 0
-    for attempt in range(40):
-        request_id = f"{name}-{attempt}"
-        scheduler.maybe_submit_lookup_request(request_id, list(tokens))
-        deadline = time.monotonic() + LOOKUP_ANSWER_TIMEOUT_S
-        while (found := scheduler.check_lookup_result(request_id)) is None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"lookup {request_id} got no answer in {LOOKUP_ANSWER_TIMEOUT_S} s")
-            time.sleep(0.05)
-        if found:
-            return found
-        time.sleep(0.25)
+    """Tokens LMCache holds for `tokens`: lookups until one finds any (a store's keys land on a
+    host callback), for at most STORE_VISIBLE_TIMEOUT_S; fails naming what it waited for."""
+    deadline = time.monotonic() + STORE_VISIBLE_TIMEOUT_S
+    attempt = 0
+    while not (found := _lookup_answer(scheduler, f"{name}-{attempt}", tokens)):
+        if time.monotonic() > deadline:
+            pytest.fail(f"a finished store of {len(tokens)} tokens was not visible to lookups in "
+                        f"{STORE_VISIBLE_TIMEOUT_S} s ({attempt + 1} lookups, each found 0 tokens)")
+        attempt += 1
+        time.sleep(0.25)  # poll interval
     return found
 
 
@@ -222,9 +235,7 @@ def test_dsv4_groups_store_and_retrieve_every_byte(patched_server):
     loaded_ids = _block_ids(2)
     assert loaded_ids != stored_ids
     request_id = "load-hit"
-    scheduler.maybe_submit_lookup_request(request_id, tokens)
-    while scheduler.check_lookup_result(request_id) is None:
-        time.sleep(0.05)
+    _lookup_answer(scheduler, request_id, tokens)  # the lookup a retrieve follows, as vLLM's scheduler does
     worker.submit_retrieve_request(request_id, _op(tokens, loaded_ids), _event())
     assert worker.retrieve_futures[request_id][0].result(timeout=120) is True
     torch.cuda.synchronize()
@@ -255,11 +266,7 @@ def test_a_group_missing_from_a_step_is_refused_and_nothing_stored(patched_serve
     worker.submit_store_request("store-missing", _op(tokens, block_ids), _event())
     assert worker.store_futures["store-missing"].result(timeout=120) is False
     assert "group 4: 0 ids, 512 needed" in log.read_text()
-    request_id = "missing-lookup"
-    scheduler.maybe_submit_lookup_request(request_id, tokens)
-    while (found := scheduler.check_lookup_result(request_id)) is None:
-        time.sleep(0.05)
-    assert found == 0
+    assert _lookup_answer(scheduler, "missing-lookup", tokens) == 0
     worker.shutdown()
 
 

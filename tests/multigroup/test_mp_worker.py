@@ -228,6 +228,8 @@ def test_connector_module_records_events_on_lmcache_device(applied):
 def test_device_events_skip_a_cuda_host(monkeypatch):
     from lmcache_ascend.compat.host import without_cuda
 
+    # Both kinds of host faked, so the check runs the same on a CPU, NPU or CUDA machine.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert without_cuda() is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert "CUDA host" in without_cuda()

@@ -175,15 +175,22 @@ def test_multi_group_without_discard_partial_chunks_fails_naming_the_key(patched
     RequestDriver(single, "r", list(range(100))).start(100, ([1, 2, 3, 4, 5, 6, 7],))
 
 
+# The single-group life's block table after each step (what vLLM's block table holds then).
+SINGLE_FIRST_BLOCKS = [4, 9, 2, 7, 1, 3, 8, 5, 6, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+SINGLE_GROWN_BLOCKS = SINGLE_FIRST_BLOCKS + [20 + i for i in range(19)]
+SINGLE_RESUMED_BLOCKS = [50 + i for i in range(38)]
+SINGLE_TABLES_BY_STEP = (SINGLE_FIRST_BLOCKS, SINGLE_GROWN_BLOCKS, SINGLE_GROWN_BLOCKS, SINGLE_RESUMED_BLOCKS)
+
+
 def _single_group_life(impl):
     """A single-group life; returns every ReqMeta and tracker snapshot it produced."""
     prompt = list(range(3, 603))
     driver = RequestDriver(impl, "req-single", prompt)
     outputs = []
-    outputs.append(driver.start(300, ([4, 9, 2, 7, 1, 3, 8, 5, 6, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19],)))
-    outputs.append(driver.advance(300, ([20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38],)))
+    outputs.append(driver.start(300, (list(SINGLE_FIRST_BLOCKS),)))
+    outputs.append(driver.advance(300, (SINGLE_GROWN_BLOCKS[len(SINGLE_FIRST_BLOCKS) :],)))
     outputs.append(driver.advance(1, None, output_token=9))
-    tables = ([50 + i for i in range(38)],)
+    tables = (list(SINGLE_RESUMED_BLOCKS),)
     outputs.append(driver.resume_after_preemption(89, tables, lmcache_cached_tokens=512, vllm_cached_tokens=128))
     snapshot = vars(impl._request_trackers["req-single"]).copy()
     driver.finish()
@@ -207,9 +214,15 @@ def test_single_group_results_identical_to_unpatched_lmcache():
     finally:
         registry.revert(PATCH)
     assert [_meta_fields(m) for m in patched_out] == [_meta_fields(m) for m in unpatched]
-    for meta in patched_out:
+    # Save in steps 1 and 2, nothing in the decode step, load after the preemption.
+    assert [len(meta.requests) for meta in patched_out] == [1, 1, 0, 1]
+    ((block_size, _, _),) = _specs(fixture)
+    for meta, table in zip(patched_out, SINGLE_TABLES_BY_STEP):
         for req in meta.requests:
-            assert STEP_BLOCK_IDS.get(req) is None  # slot mappings: compared with upstream's in _meta_fields
+            assert STEP_BLOCK_IDS.get(req) is None
+            # Both runs against vLLM's slot rule (block id * block size + offset), computed here
+            # from the step's block table: equal runs that were both wrong would fail here.
+            assert req.slot_mapping.tolist() == reference_raw_slots(block_size, 1, table, len(req.token_ids))
     assert patched_tracker == unpatched_tracker  # no extra attribute on single-group trackers
 
 
