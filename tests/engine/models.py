@@ -28,6 +28,7 @@ class TinyModel:
     sliding_window: int | None
     # vLLM attention backend to ask for (None: vLLM's choice), where its choice depends on the CPU.
     attention_backend: str | None = None
+    dtype: str = "float32"  # the engine's dtype
 
     @property
     def cache_key(self) -> str:
@@ -103,6 +104,16 @@ MODELS: dict[str, TinyModel] = {
 
 
 # Further model kinds (tests/engine/test_engine_kinds.py): MLA and state-space models.
+# The attention side the state-space hybrids share.
+_HYBRID = dict(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    initializer_range=0.02,
+)
 KIND_MODELS: dict[str, TinyModel] = {
     model.name: model
     for model in (
@@ -143,15 +154,11 @@ KIND_MODELS: dict[str, TinyModel] = {
             name="granite-hybrid",
             architecture="GraniteMoeHybridForCausalLM",
             config=dict(
-                vocab_size=512,
-                hidden_size=128,
-                intermediate_size=256,
+                _HYBRID,
                 shared_intermediate_size=256,
                 num_local_experts=0,
                 num_experts_per_tok=0,
                 num_hidden_layers=4,
-                num_attention_heads=4,
-                num_key_value_heads=2,
                 layer_types=["mamba", "attention", "mamba", "attention"],
                 mamba_n_heads=8,
                 mamba_d_head=32,
@@ -161,8 +168,6 @@ KIND_MODELS: dict[str, TinyModel] = {
                 mamba_d_conv=4,
                 mamba_chunk_size=256,
                 position_embedding_type="rope",
-                max_position_embeddings=4096,
-                initializer_range=0.02,
             ),
             seed=1,
             expected_groups=("MambaSpec", "FullAttentionSpec"),
@@ -188,6 +193,72 @@ KIND_MODELS: dict[str, TinyModel] = {
             seed=1,
             expected_groups=("MambaSpec",),
             sliding_window=None,
+        ),
+        # NemotronH: Mamba2, attention and MLP layers in a pattern.
+        TinyModel(
+            name="nemotron-h",
+            architecture="NemotronHForCausalLM",
+            config=dict(
+                _HYBRID,
+                layers_block_type=["mamba", "attention", "mlp", "mamba", "attention", "mlp"],
+                head_dim=32,
+                mamba_num_heads=8,
+                mamba_head_dim=32,
+                ssm_state_size=16,
+                n_groups=1,
+                conv_kernel=4,
+                expand=2,
+                chunk_size=256,
+            ),
+            seed=1,
+            expected_groups=("MambaSpec", "FullAttentionSpec"),
+            sliding_window=None,
+        ),
+        # Falcon-H1: attention and Mamba2 side by side in every layer.
+        TinyModel(
+            name="falcon-h1",
+            architecture="FalconH1ForCausalLM",
+            config=dict(
+                _HYBRID,
+                num_hidden_layers=2,
+                mamba_d_ssm=256,
+                mamba_n_heads=8,
+                mamba_d_head=32,
+                mamba_n_groups=1,
+                mamba_d_state=16,
+                mamba_d_conv=4,
+                mamba_expand=2,
+                mamba_chunk_size=256,
+            ),
+            seed=1,
+            expected_groups=("FullAttentionSpec", "MambaSpec"),
+            sliding_window=None,
+        ),
+        # Qwen3-Next: gated delta-net (linear attention) layers beside full attention, MoE MLPs.
+        # vLLM's CPU gated delta-net runs in bfloat16.
+        TinyModel(
+            name="qwen3-next",
+            architecture="Qwen3NextForCausalLM",
+            config=dict(
+                _HYBRID,
+                num_hidden_layers=4,
+                head_dim=32,
+                linear_conv_kernel_dim=4,
+                linear_key_head_dim=128,  # vLLM's CPU gated delta-net takes 128-wide heads
+                linear_value_head_dim=128,
+                linear_num_key_heads=1,
+                linear_num_value_heads=2,
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=64,
+                shared_expert_intermediate_size=64,
+                decoder_sparse_step=1,
+                layer_types=["linear_attention", "full_attention"] * 2,
+            ),
+            seed=1,
+            expected_groups=("MambaSpec", "FullAttentionSpec"),
+            sliding_window=None,
+            dtype="bfloat16",
         ),
     )
 }

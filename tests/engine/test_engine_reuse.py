@@ -67,13 +67,13 @@ def _spec(model_dir, name: str, *, lmcache: bool, env: dict | None = None, **opt
     return spec
 
 
-def _assert_same_outputs(baseline: dict, run: dict) -> None:
+def _assert_same_outputs(baseline: dict, run: dict, tolerance: float = LOGPROB_TOLERANCE) -> None:
     for round_index, (expected_round, got_round) in enumerate(zip(baseline["rounds"], run["rounds"], strict=True)):
         for prompt_index, (expected, got) in enumerate(zip(expected_round, got_round, strict=True)):
             where = f"round {round_index + 1}, prompt {prompt_index}"
             assert got["tokens"] == expected["tokens"], f"{where}: tokens differ from the no-connector baseline"
             worst = max(abs(x - y) for x, y in zip(got["logprobs"], expected["logprobs"], strict=True))
-            assert worst <= LOGPROB_TOLERANCE, f"{where}: logprobs differ by {worst:.2e}"
+            assert worst <= tolerance, f"{where}: logprobs differ by {worst:.2e}"
 
 
 def _hits(run: dict, round_index: int) -> list[int]:
