@@ -34,7 +34,6 @@ from __future__ import annotations
 import collections
 import functools
 import math
-import operator
 import weakref
 from typing import Sequence
 
@@ -190,8 +189,8 @@ class _TableCache:
     tuples), registered once. What is derived from them (addresses read to the
     host, the checked paged group) is worked out once per description and `key`
     (the arguments that shape it). A table entry holds while the table is alive
-    and unwritten (`weakref` and ``_version``); a list entry while the list holds
-    the very same tensor objects. The bound keeps re-allocated caches from piling
+    and unwritten (`weakref` and ``_version``); a list entry serves any list of
+    the very same tensor objects, in order. The bound keeps re-allocated caches from piling
     up (least recently used go first; a list entry keeps its tensors alive).
     """
 
@@ -201,6 +200,8 @@ class _TableCache:
 
     @staticmethod
     def _identity(paged: object, key: tuple) -> tuple[tuple, object]:
+        """The entry's key and what it holds: a table's weak reference, or a list's tensors themselves
+        (held, so that their ids, the key, stay theirs: any list of the same tensors finds it)."""
         if isinstance(paged, torch.Tensor):
             return (id(paged), paged._version, key), paged
         leaves = []
@@ -209,17 +210,12 @@ class _TableCache:
                 leaves.extend(entry)
             else:
                 leaves.append(entry)
-        return (id(paged), len(leaves), key), tuple(leaves)
+        return (tuple(map(id, leaves)), key), tuple(leaves)
 
     def get(self, paged: object, key: tuple) -> object | None:
         full, held = self._identity(paged, key)
         entry = self._entries.get(full)
-        if entry is None:
-            return None
-        if isinstance(held, torch.Tensor):
-            if entry[0]() is not held:
-                return None
-        elif not all(map(operator.is_, entry[0], held)):
+        if entry is None or (isinstance(held, torch.Tensor) and entry[0]() is not held):
             return None
         self._entries.move_to_end(full)
         return entry[1]

@@ -90,3 +90,14 @@ def test_a_cache_list_given_other_tensors_is_read_again():
     paged[1] = second[1]  # the same list object, one entry replaced
     ops.multi_layer_block_kv_transfer(paged, objects, block_ids, "cpu", D2H, _desc(), 2 * BLOCK, MLA, 0)
     assert [float(objects[0][layer].unique()) for layer in range(LAYERS)] == [1.0, 11.0]
+
+
+def test_a_new_list_of_the_same_tensors_is_the_same_description():
+    caches = _caches(3.0)
+    block_ids = torch.tensor([1, 2])
+    first = [torch.zeros(LAYERS, 2 * BLOCK, HIDDEN)]
+    ops.multi_layer_block_kv_transfer(list(caches), first, block_ids, "cpu", D2H, _desc(), 2 * BLOCK, MLA, 0)
+    second = [torch.zeros(LAYERS, 2 * BLOCK, HIDDEN)]
+    ops.multi_layer_block_kv_transfer(list(caches), second, block_ids, "cpu", D2H, _desc(), 2 * BLOCK, MLA, 0)
+    assert (first[0] == 3.0).all() and torch.equal(first[0], second[0])
+    assert sum(key[0] == tuple(map(id, caches)) for key in ops._tables._entries) == 1, "described twice"
