@@ -764,19 +764,23 @@ def multi_layer_block_kv_transfer(
     # placement the kernel reaches; an object the skipped prefix cuts into, or one that differs,
     # is moved on its own.
     batch: list[tuple[int, torch.Tensor, int, int]] = []  # (object, bytes, first block, end block)
-    batch_layout = None
+    batch_layout = batch_shape = None
     for index, obj in enumerate(objects):
         first = max(index * per_object, skip_prefix_n_blocks)
         end = min((index + 1) * per_object, blocks)
         if first >= end:
             continue
         token_offset = (first - index * per_object) * bs
+        shape = (obj.shape, obj.stride(), obj.dtype, obj.device, obj.is_cpu and obj.is_pinned())
+        if token_offset == 0 and shape == batch_shape:
+            # The batch's shape, strides and placement: its layout, checked once.
+            batch.append((index, obj.view(-1).view(torch.uint8), first, end))
+            continue
         what = f"lmcache_objects_ptrs[{index}]"
         offsets, pitch, layer_stride = _object_layout(obj, facts, row_bytes, plane_count, layers, token_offset, what, op)
-        layout = (tuple(offsets), tuple(pitch), layer_stride)
-        if token_offset == 0 and (batch_layout is None or layout == batch_layout) and _kernel_reaches(group, obj):
-            batch_layout = layout
-            batch.append((index, _byte_span(obj, what, op), first, end))
+        if token_offset == 0 and batch_shape is None and _kernel_reaches(group, obj):
+            batch_shape, batch_layout = shape, (tuple(offsets), tuple(pitch), layer_stride)
+            batch.append((index, obj.view(-1).view(torch.uint8), first, end))
             continue
         _move(group, PlaneSlots(slots, first * bs, (end - first) * bs), obj, offsets, pitch, layer_stride, store,
               op, what)
