@@ -107,10 +107,10 @@ def test_groups_vllm_makes(model_dir, name):
     assert _groups(run) == expected, "LMCache must not change the KV-cache groups vLLM makes"
 
 
-# The control needs a model whose output follows a cacheable prefix chunk. The random-weight
-# state-space models do not show it (their outputs stayed the same with a prefix token
-# changed): for them the evidence is that LMCache supplied and loaded nothing.
-PREFIX_SENSITIVE_KINDS = ["deepseek-v2-mla"]
+# The control needs a model whose output follows a cacheable prefix chunk. Two random-weight
+# state-space models do not show it (GraniteMoeHybrid and Mamba2 gave the same tokens with that
+# chunk redrawn): for them the evidence is that LMCache supplied and loaded nothing.
+PREFIX_SENSITIVE_KINDS = ["deepseek-v2-mla", "nemotron-h", "falcon-h1", "qwen3-next"]
 
 
 @pytest.mark.parametrize("name", PREFIX_SENSITIVE_KINDS)
