@@ -227,6 +227,14 @@ class _TableCache:
             self._entries.popitem(last=False)
         return value
 
+    def get_or_build(self, paged: object, key: tuple, build) -> object:
+        """The value kept for `paged` and `key`, else `build()`'s, kept (anything but a table or
+        a list is built every time)."""
+        if not isinstance(paged, (torch.Tensor, list, tuple)):
+            return build()
+        value = self.get(paged, key)
+        return value if value is not None else self.put(paged, key, build())
+
 
 _tables = _TableCache()
 
@@ -240,15 +248,15 @@ def _pointer_list(table: object, entries: int, what: str, op: str) -> list[int]:
         )
     if table.numel() != entries:
         raise TransferError(f"{op}: {what} has {table.numel()} pointers; allowed: exactly {entries}")
-    cached = _tables.get(table, ("pointers",))
-    if cached is not None:
-        return cached
-    # A read from a device tensor is a synchronizing copy: once per table and content version.
-    pointers = [int(p) & (2**64 - 1) for p in table.cpu().tolist()]
-    for index, pointer in enumerate(pointers):
-        if pointer == 0:
-            raise TransferError(f"{op}: {what}[{index}] is a null pointer; allowed: a device address")
-    return _tables.put(table, ("pointers",), pointers)
+    def read() -> list[int]:
+        # A read from a device tensor is a synchronizing copy: once per table and content version.
+        pointers = [int(p) & (2**64 - 1) for p in table.cpu().tolist()]
+        for index, pointer in enumerate(pointers):
+            if pointer == 0:
+                raise TransferError(f"{op}: {what}[{index}] is a null pointer; allowed: a device address")
+        return pointers
+
+    return _tables.get_or_build(table, ("pointers",), read)
 
 
 # ---------------------------------------------------------------- running one move
@@ -404,16 +412,13 @@ def _block_size_of(tensor: torch.Tensor, row_bytes: int, what: str, op: str) -> 
 def _token_group(op: str, key_value_ptrs: object, key: tuple, planes) -> tuple[PagedGroup, int]:
     """The group of a token op's paged planes (`planes()` builds them) and its slot count: built once
     per description of the caches and `key`, the arguments that shape the tensors (`_TableCache`)."""
-    cacheable = isinstance(key_value_ptrs, (torch.Tensor, list, tuple))
-    if cacheable:
-        cached = _tables.get(key_value_ptrs, key)
-        if cached is not None:
-            return cached
-    row = key[-1]
-    group = _group([(caches, _block_size_of(caches[0], row, "key_value_ptrs[0]", op), row) for caches in planes()])
-    rows = min(geometry.num_blocks * plane.block_size
-               for per_layer in group.geometry for geometry, plane in zip(per_layer, group.planes))
-    return _tables.put(key_value_ptrs, key, (group, rows)) if cacheable else (group, rows)
+    def build() -> tuple[PagedGroup, int]:
+        row = key[-1]
+        group = _group([(caches, _block_size_of(caches[0], row, "key_value_ptrs[0]", op), row) for caches in planes()])
+        return group, min(geometry.num_blocks * plane.block_size
+                          for per_layer in group.geometry for geometry, plane in zip(per_layer, group.planes))
+
+    return _tables.get_or_build(key_value_ptrs, key, build)
 
 
 def _token_move(op: str, key_value: torch.Tensor, group: PagedGroup, rows: int, slot_mapping: torch.Tensor,
@@ -801,14 +806,14 @@ def _block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeD
                  device: torch.device, op: str) -> tuple[PagedGroup, int, tuple[int, ...]]:
     """The group of the block op's paged planes, its slot count and the planes' row bytes: built
     and checked once per description of the caches and geometry (`_TableCache`)."""
-    bs = shape_desc.bs
-    cacheable = isinstance(paged, (torch.Tensor, list, tuple))
-    key = (op, facts.name, dtype, device, int(shape_desc.nb), int(shape_desc.nl), bs, int(shape_desc.nh),
+    key = (op, facts.name, dtype, device, int(shape_desc.nb), int(shape_desc.nl), shape_desc.bs, int(shape_desc.nh),
            int(shape_desc.hs), int(getattr(shape_desc, "block_stride_elems", 0) or 0))
-    if cacheable:
-        cached = _tables.get(paged, key)
-        if cached is not None:
-            return cached
+    return _tables.get_or_build(paged, key, lambda: _build_block_group(paged, facts, shape_desc, dtype, device, op))
+
+
+def _build_block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
+                       device: torch.device, op: str) -> tuple[PagedGroup, int, tuple[int, ...]]:
+    bs = shape_desc.bs
     planes = _block_planes(paged, facts, shape_desc, dtype, device, op)
     if len(planes) > MAX_PLANES:
         raise TransferError(
@@ -833,8 +838,7 @@ def _block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeD
     group = _group([(caches, 1 if facts.pbs_fused else bs, rb) for caches, rb in zip(planes, row_bytes)])
     rows = min(geometry.num_blocks * plane.block_size
                for per_layer in group.geometry for geometry, plane in zip(per_layer, group.planes))
-    result = (group, rows, row_bytes)
-    return _tables.put(paged, key, result) if cacheable else result
+    return group, rows, row_bytes
 
 
 def _kernel_reaches(group: PagedGroup, obj: torch.Tensor) -> bool:
