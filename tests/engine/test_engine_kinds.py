@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import platform
-import random
 
 import pytest
 
@@ -48,15 +47,12 @@ from tests.engine.test_engine_reuse import (  # noqa: F401 - model_dir is a fixt
     _assert_same_outputs,
     _groups,
     model_dir,
+    token_drawer,
 )
 
 
 def _rounds(seed: int = 11) -> list[list[list[int]]]:
-    draw = random.Random(seed)
-
-    def tokens(count: int) -> list[int]:
-        return [draw.randrange(3, 500) for _ in range(count)]
-
+    tokens = token_drawer(seed)
     a = tokens(700)
     b = a[:600] + tokens(100)
     # A chunk LMCache would supply: the second of the two 256-token chunks A's prefix holds.
@@ -162,11 +158,7 @@ def _amx_tiles() -> bool:
 
 def _amx_rounds(seed: int = 11) -> list[list[list[int]]]:
     """A (600 tokens: vLLM's cache and LMCache both hold 512 of it), C (A's second chunk redrawn), A, B (A's 512 + others)."""
-    draw = random.Random(seed)
-
-    def tokens(count: int) -> list[int]:
-        return [draw.randrange(3, 500) for _ in range(count)]
-
+    tokens = token_drawer(seed)
     a = tokens(600)
     control = a[:256] + tokens(256) + a[512:]
     return [[a], [control], [a], [a[:512] + tokens(150)]]

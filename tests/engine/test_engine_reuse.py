@@ -30,12 +30,18 @@ CHUNK = 256
 LOGPROB_TOLERANCE = 1e-4
 
 
-def _prompts(seed: int = 7) -> list[list[list[int]]]:
+def token_drawer(seed: int):
+    """`tokens(count)`: `count` random token ids of the tiny models' vocabulary, from `seed`."""
     draw = random.Random(seed)
 
     def tokens(count: int) -> list[int]:
         return [draw.randrange(3, 500) for _ in range(count)]
 
+    return tokens
+
+
+def _prompts(seed: int = 7) -> list[list[list[int]]]:
+    tokens = token_drawer(seed)
     a, long = tokens(700), tokens(1400)
     b = a[:600] + tokens(100)
     control = [(a[0] + 1) % 500 or 3] + a[1:]
