@@ -58,7 +58,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.engine.harness import engine_environment, stop_group  # noqa: E402
+from tests.engine.harness import engine_environment, ipc_reclaimed, stop_group  # noqa: E402
 from tests.engine.models import MODELS, build  # noqa: E402
 
 CHUNK = 256
@@ -506,7 +506,7 @@ def main() -> int:
     plan = [(name, args.lengths, args.repeats, "1") for name in models]
     if default_length and args.device == "cpu":
         plan.append((models[0], [default_length], args.repeats, "default"))
-    with tempfile.TemporaryDirectory(prefix="lmcache-ascend-bench-engine-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="lmcache-ascend-bench-engine-") as scratch, ipc_reclaimed():
         args.models_dir = Path(scratch) / "models"
         for name, lengths_, repeats, reserved in plan:
             (Path(scratch) / f"{name}-{reserved}").mkdir()

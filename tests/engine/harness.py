@@ -2,7 +2,8 @@
 
 Each run is ``python -m tests.engine.runner`` in a new process group: vLLM's
 engine core and worker processes belong to it, so a timeout kills all of them
-and a hung engine never hangs the suite.  The child sees no ``PYTHONHASHSEED``
+and a hung engine never hangs the suite.  What the killed processes leave behind
+(shared-memory segments and socket files) is removed after each run.  The child sees no ``PYTHONHASHSEED``
 (a user's engine would not either) and activates lmcache-ascend the way a user's
 does, through the installed entry points.
 """
@@ -15,6 +16,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -57,7 +59,7 @@ def run_engine(spec: dict, timeout_s: int = ENGINE_TIMEOUT_S) -> dict:
     key = json.dumps(spec, sort_keys=True)
     if key in _results:
         return _results[key]
-    with tempfile.TemporaryDirectory(prefix="lmcache-ascend-engine-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="lmcache-ascend-engine-") as scratch, ipc_reclaimed():
         spec_path, out_path, log_path = (Path(scratch) / name for name in ("spec.json", "out.json", "log.txt"))
         spec_path.write_text(key)
         with open(log_path, "wb") as log:
@@ -79,6 +81,7 @@ def run_engine(spec: dict, timeout_s: int = ENGINE_TIMEOUT_S) -> dict:
                 except ProcessLookupError:
                     pass
                 process.wait()
+                wait_until_group_gone(process.pid)
         log_text = log_path.read_text(errors="replace")
         tail = log_text[-6000:]
         if code is None:
@@ -90,6 +93,94 @@ def run_engine(spec: dict, timeout_s: int = ENGINE_TIMEOUT_S) -> dict:
     _results[key] = result
     _record(spec, result)
     return result
+
+
+SHARED_MEMORY_DIR = Path("/dev/shm")
+SOCKET_DIR = Path(tempfile.gettempdir())  # vLLM's and LMCache's ipc sockets and vLLM's init files
+
+
+@contextlib.contextmanager
+def ipc_reclaimed():
+    """Remove what the block's processes created in /dev/shm, and the socket files and vLLM's
+    distributed-init store files they created in the temp folder, once no live process holds them.
+
+    Engine runs end with SIGKILL to their process group (vLLM's own shutdown costs
+    seconds per engine), so nothing unlinks vLLM's shared-memory rings and
+    multiprocessing semaphores, LMCache's KV-cache segments of the MP mode
+    (256 MiB each) or the ZeroMQ socket files. On tmpfs the segments keep their
+    memory until they are removed: left alone they pile up run after run, on a
+    machine the whole suite runs on again. An entry that existed before the block,
+    or that a live process still maps, holds open or listens on, is kept: the
+    MP server's segments go when the server's own block ends.
+    """
+    before = _ipc_entries()
+    try:
+        yield
+    finally:
+        created = _ipc_entries() - before
+        # The kernel drops a dead process's listening sockets from /proc/net/unix
+        # a moment after the process is gone: look again for a little while.
+        deadline = time.monotonic() + 2.0
+        while created:
+            held = created & _held_ipc_paths()
+            for path in created - held:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            created = held
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+
+
+def wait_until_group_gone(group: int, timeout_s: float = 30.0) -> None:
+    """Wait until no live process of process group `group` is left (zombies count as gone).
+
+    A killed group's members keep their mappings until the kernel has torn them
+    down; the leftovers are judged only after that.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(_live_member(process, group) for process in Path("/proc").iterdir() if process.name.isdigit()):
+            return
+        time.sleep(0.05)
+
+
+def _live_member(process: Path, group: int) -> bool:
+    try:
+        fields = (process / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z" and int(fields[2]) == group
+
+
+def _ipc_entries() -> set[Path]:
+    entries = set(SHARED_MEMORY_DIR.iterdir()) if SHARED_MEMORY_DIR.is_dir() else set()
+    for path in SOCKET_DIR.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            if path.name.startswith("vllm_dist_") or stat.S_ISSOCK(path.lstat().st_mode):
+                entries.add(path)
+    return entries
+
+
+def _held_ipc_paths() -> set[Path]:
+    """Paths that some live process maps, holds open, or listens on (read from /proc)."""
+    held: set[Path] = set()
+    for process in Path("/proc").iterdir():
+        if not process.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):  # gone, or not ours to read
+            for line in (process / "maps").read_text().splitlines():
+                if "/dev/shm/" in line:
+                    held.add(Path(line[line.index("/dev/shm/"):].removesuffix(" (deleted)")))
+            for fd in (process / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    held.add(Path(os.readlink(fd)))
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) == 8:
+                held.add(Path(fields[7]))
+    return held
 
 
 def _first_errors(log_text: str, count: int = 3) -> str:
@@ -145,6 +236,7 @@ def stop_group(process: subprocess.Popen) -> None:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             pass
+    wait_until_group_gone(process.pid)
 
 
 @contextlib.contextmanager
@@ -153,7 +245,7 @@ def _server_on_loopback(label: str, command: list[str], port: int):
 
     The server is stopped (its whole process group) however the block ends.
     """
-    with tempfile.TemporaryDirectory(prefix="lmcache-ascend-server-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="lmcache-ascend-server-") as scratch, ipc_reclaimed():
         log_path = Path(scratch) / "server.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
