@@ -275,6 +275,14 @@ def remote_server():
     return _server_on_loopback("LMCache remote server", [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"], port)
 
 
+def redis_server():
+    """A Redis server on loopback, nothing persisted (yields its port); needs ``redis-server`` on PATH."""
+    port = _free_loopback_port()
+    return _server_on_loopback("Redis server", [
+        "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+    ], port)
+
+
 def _wait_until_listening(label: str, process: subprocess.Popen, port: int, log_path: Path) -> None:
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -1,4 +1,4 @@
-"""Two engines share KV through LMCache's own remote server: exactly, or not at all.
+"""Two engines share KV through LMCache's own remote server and through Redis: exactly, or not at all.
 
 Stack D (vLLM's CPU build + LMCache 0.5.6). LMCache's remote KV server
 (`python -m lmcache.v1.server`, chunks in its memory) runs on loopback; engine
@@ -19,6 +19,10 @@ backend), so whatever a later engine loads, an earlier one stored there:
   give the no-connector engine's outputs. The other checkpoint's outputs differ
   from the first one's, so the path really holds other weights.
 
+The same writer and reader pair also runs over a Redis server (`redis://`, LMCache's
+Redis connector; skipped where no ``redis-server`` is installed: `scripts/test`
+installs Debian's where it runs as root).
+
 The chunk key names the chunk plan and the model's config and weights files
 (`kv_layout.chunk_identity`), so engines that would read the bytes differently
 never find each other's chunks.
@@ -31,7 +35,7 @@ import shutil
 
 import pytest
 
-from tests.engine.harness import remote_server, run_engine
+from tests.engine.harness import redis_server, remote_server, run_engine
 from tests.engine.kv_oracle import assert_loaded_blocks_were_computed
 from tests.engine.models import MODELS, build
 from tests.engine.test_engine_reuse import (  # noqa: F401 - model_dir is a fixture
@@ -85,12 +89,27 @@ def engines(model_dir):
 
 
 def test_a_second_engine_gets_the_first_engines_chunks(engines):
-    writer, reader = engines["writer"], engines["reader"]
+    _assert_reader_got_the_writers_chunks(engines["writer"], engines["reader"], engines["baseline"])
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None,
+                    reason="no redis-server on PATH (Debian's redis-server package; scripts/test installs it as root)")
+def test_two_engines_share_through_redis(model_dir):
+    env = {"LMCACHE_LOCAL_CPU": "False", "LMCACHE_REMOTE_SERDE": "naive"}
+    with redis_server() as port:
+        env["LMCACHE_REMOTE_URL"] = f"redis://127.0.0.1:{port}"
+        writer, reader = (run_engine(_spec(model_dir, NAME, lmcache=True, env=env, rounds=ROUND_A,
+                                           run_label=f"redis-{label}")) for label in ("writer", "reader"))
+    baseline = run_engine(_spec(model_dir, NAME, lmcache=False, rounds=ROUND_A))  # the module's own, cached
+    _assert_reader_got_the_writers_chunks(writer, reader, baseline)
+
+
+def _assert_reader_got_the_writers_chunks(writer: dict, reader: dict, baseline: dict) -> None:
     assert writer["workers"][0]["connector"]["tokens_stored"] > 0, "the writer stored nothing"
     assert _hits(reader) == EXPECTED_WARM_HITS[0], f"reader got {_hits(reader)}, writer had {_hits(writer)}"
     assert reader["workers"][0]["connector"]["tokens_loaded"] == sum(EXPECTED_WARM_HITS[0])
-    _assert_same_outputs(engines["baseline"], reader)
-    _assert_same_outputs(engines["baseline"], writer)
+    _assert_same_outputs(baseline, reader)
+    _assert_same_outputs(baseline, writer)
     prompts = ROUND_A[0] * 2  # the writer's prompts, then the reader's
     records = writer["kv_oracle"][0] + reader["kv_oracle"][0]
     checked = assert_loaded_blocks_were_computed(records, prompts, _hits(writer) + _hits(reader))
