@@ -31,7 +31,6 @@ Nothing here imports LMCache: LMCache imports `lmcache_ascend.ops`.
 
 from __future__ import annotations
 
-import collections
 import functools
 import math
 import weakref
@@ -39,6 +38,7 @@ from typing import Sequence
 
 import torch
 
+from lmcache_ascend.bounded_cache import BoundedCache
 from lmcache_ascend.kernels.lmcache_formats import FormatFacts, format_facts, paged_layer_shape
 from lmcache_ascend.kernels.ops import transfer_chunk_batches, transfer_group
 from lmcache_ascend.kernels.spec import (
@@ -195,8 +195,7 @@ class _TableCache:
     """
 
     def __init__(self, bound: int = 64) -> None:
-        self._entries: collections.OrderedDict[tuple, tuple[object, object]] = collections.OrderedDict()
-        self._bound = bound
+        self._entries: BoundedCache[tuple[object, object]] = BoundedCache(bound)
 
     @staticmethod
     def _identity(paged: object, key: tuple) -> tuple[tuple, object]:
@@ -217,14 +216,11 @@ class _TableCache:
         entry = self._entries.get(full)
         if entry is None or (isinstance(held, torch.Tensor) and entry[0]() is not held):
             return None
-        self._entries.move_to_end(full)
         return entry[1]
 
     def put(self, paged: object, key: tuple, value: object) -> object:
         full, held = self._identity(paged, key)
-        self._entries[full] = (weakref.ref(held) if isinstance(held, torch.Tensor) else held, value)
-        if len(self._entries) > self._bound:
-            self._entries.popitem(last=False)
+        self._entries.put(full, (weakref.ref(held) if isinstance(held, torch.Tensor) else held, value))
         return value
 
     def get_or_build(self, paged: object, key: tuple, build) -> object:
@@ -284,8 +280,7 @@ def _byte_span(tensor: torch.Tensor, what: str, op: str) -> torch.Tensor:
 # once, so the Triton backend's per-group tables are reused from call to call. A
 # group keeps its tensors alive: the bound keeps a re-allocated KV cache from
 # pinning many old ones (an engine allocates its caches once).
-_groups: dict[tuple, PagedGroup] = {}
-_MAX_GROUPS = 64
+_groups: BoundedCache[PagedGroup] = BoundedCache(64)
 
 
 def _tensor_key(tensor: torch.Tensor) -> tuple:
@@ -295,14 +290,9 @@ def _tensor_key(tensor: torch.Tensor) -> tuple:
 def _group(planes: Sequence[tuple[Sequence[torch.Tensor], int, int]]) -> PagedGroup:
     """The group of these (caches per layer, block size, row bytes) planes."""
     key = tuple((tuple(_tensor_key(t) for t in caches), block_size, row_bytes) for caches, block_size, row_bytes in planes)
-    group = _groups.get(key)
-    if group is None:
-        group = PagedGroup(tuple(PagedPlane(tuple(caches), block_size, row_bytes, name=f"plane{index}")
-                                 for index, (caches, block_size, row_bytes) in enumerate(planes)))
-        if len(_groups) >= _MAX_GROUPS:
-            _groups.clear()
-        _groups[key] = group
-    return group
+    return _groups.get_or_build(key, lambda: PagedGroup(tuple(
+        PagedPlane(tuple(caches), block_size, row_bytes, name=f"plane{index}")
+        for index, (caches, block_size, row_bytes) in enumerate(planes))))
 
 
 def _move(group: PagedGroup, slots: PlaneSlots | Sequence[PlaneSlots], chunk: torch.Tensor,
@@ -851,17 +841,15 @@ def _object_rows(group: PagedGroup, layout, spans: tuple[tuple[int, int], ...]) 
     """The checked rows of a multi-object launch (every plane of object c moves slots
     [start, start + count) of spans[c]); kept on the group per layout and spans, since the
     kernel's device table is keyed on the rows' identity (calls of one length reuse it)."""
-    cache = group.backend_cache.setdefault("lmcache_ops.object_rows", collections.OrderedDict())
+    cache = group.backend_cache.get("lmcache_ops.object_rows")
+    if cache is None:
+        cache = group.backend_cache["lmcache_ops.object_rows"] = BoundedCache(64)
     key = (layout, spans)
     rows = cache.get(key)
     if rows is None:
         starts = [[start] * group.plane_count for start, _ in spans]
         counts = [[count] * group.plane_count for _, count in spans]
-        rows = cache[key] = chunk_rows(group, layout, starts, counts)
-        if len(cache) > 64:
-            cache.popitem(last=False)
-    else:
-        cache.move_to_end(key)
+        rows = cache.put(key, chunk_rows(group, layout, starts, counts))
     return rows
 
 

@@ -16,6 +16,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from lmcache_ascend.bounded_cache import BoundedCache
+
 __all__ = [
     "DEFAULT_REGION_ALIGNMENT",
     "ELEMENT_WIDTHS",
@@ -363,6 +365,9 @@ class PagedGroup:
     geometry: tuple[tuple[PagedGeometry, ...], ...] = field(init=False, repr=False, compare=False)
     device: torch.device = field(init=False, repr=False, compare=False)
     backend_cache: dict = field(init=False, repr=False, compare=False, default_factory=dict)
+    # This group's chunk layouts by (rows per plane, alignment): chunk shapes are few in practice.
+    chunk_layouts: BoundedCache[ChunkLayout] = field(init=False, repr=False, compare=False,
+                                                      default_factory=lambda: BoundedCache(256))
 
     def __post_init__(self) -> None:
         if isinstance(self.planes, PagedPlane) or not isinstance(self.planes, Sequence):
@@ -419,14 +424,8 @@ class PagedGroup:
         self, region_rows: Sequence[int], alignment: int = DEFAULT_REGION_ALIGNMENT
     ) -> ChunkLayout:
         """This group's chunk layout for the given rows per plane (memoized: one per chunk shape)."""
-        key = ("layout", tuple(region_rows), alignment)
-        layout = self.backend_cache.get(key)
-        if layout is None:
-            if len(self.backend_cache) > 256:  # bounded: chunk shapes are few in practice
-                self.backend_cache.clear()
-            layout = chunk_layout([plane.row_bytes for plane in self.planes], region_rows, self.layer_count, alignment)
-            self.backend_cache[key] = layout
-        return layout
+        return self.chunk_layouts.get_or_build((tuple(region_rows), alignment), lambda: chunk_layout(
+            [plane.row_bytes for plane in self.planes], region_rows, self.layer_count, alignment))
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lmcache_ascend.bounded_cache import BoundedCache
 from lmcache_ascend.kernels.spec import (
     MAX_PLANES,
     ChunkBuffers,
@@ -123,7 +124,7 @@ def launch_segments(max_row_bytes: int, segment: int) -> int:
 # kernel arguments, so a call uploads nothing.
 _GEOMETRY_FIELDS = 5
 _REGION_FIELDS = 3
-# Cached tables per group (chunk shapes are few in practice; bounded anyway).
+# Cached tables per group (chunk shapes are few in practice; bounded anyway: docs/hot-path.md).
 _MAX_CACHED_TABLES = 64
 
 
@@ -437,11 +438,12 @@ def _device_table(group: PagedGroup, layout: ChunkLayout, chunk_offset: int, anc
     """
     tables = group.backend_cache.get("triton.tables")
     if tables is None:
-        tables = group.backend_cache["triton.tables"] = {}
+        tables = group.backend_cache["triton.tables"] = BoundedCache(_MAX_CACHED_TABLES)
     key = (layout, chunk_offset, anchor % 16)
-    cached = tables.get(key)
-    if cached is not None:
-        return cached
+    return tables.get(key) or tables.put(key, _build_device_table(group, layout, chunk_offset, anchor))
+
+
+def _build_device_table(group: PagedGroup, layout: ChunkLayout, chunk_offset: int, anchor: int) -> _DeviceTable:
     geometry = _group_geometry(group)
     widths = _widths(geometry, layout, chunk_offset, anchor)
     values = list(geometry.rows)
@@ -450,11 +452,7 @@ def _device_table(group: PagedGroup, layout: ChunkLayout, chunk_offset: int, anc
     # A blocking copy from a tensor of its own: nothing on the host can change
     # under it, and it happens once per chunk shape, not per call.
     table = torch.tensor(values, dtype=torch.int64).to(group.device)
-    if len(tables) >= _MAX_CACHED_TABLES:
-        tables.clear()
-    cached = _DeviceTable(table, widths, table.data_ptr(), table.data_ptr() % 16 == 0)
-    tables[key] = cached
-    return cached
+    return _DeviceTable(table, widths, table.data_ptr(), table.data_ptr() % 16 == 0)
 
 
 def plane_widths(transfer: ResolvedTransfer) -> tuple[int, ...]:
@@ -552,17 +550,12 @@ def _upload(values: np.ndarray, device: torch.device, out: torch.Tensor | None =
 
 # Device copies of staging pools' chunk offsets, by (device, offsets): the waves of
 # requests of one shape use the same few.
-_pool_offsets_tables: dict[tuple, torch.Tensor] = {}
+_pool_offsets_tables: BoundedCache[torch.Tensor] = BoundedCache(_MAX_CACHED_TABLES)
 
 
 def _pool_offsets_table(offsets: np.ndarray, device: torch.device) -> torch.Tensor:
-    key = (device, offsets.tobytes())
-    table = _pool_offsets_tables.get(key)
-    if table is None:
-        if len(_pool_offsets_tables) >= _MAX_CACHED_TABLES:
-            _pool_offsets_tables.clear()
-        table = _pool_offsets_tables[key] = _upload(np.array(offsets, dtype=np.int64), device)
-    return table
+    return _pool_offsets_tables.get_or_build(
+        (device, offsets.tobytes()), lambda: _upload(np.array(offsets, dtype=np.int64), device))
 
 
 @dataclass(frozen=True)
@@ -579,16 +572,17 @@ class _ChunksLaunch:
 
 
 # Multi-chunk launches by ((rows, chunk offset) of each group, alignment mod 16, shape).
-_chunks_launches: dict[tuple, _ChunksLaunch] = {}
+_chunks_launches: BoundedCache[_ChunksLaunch] = BoundedCache(_MAX_CACHED_TABLES)
 
 
 def _chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape: LaunchShape) -> _ChunksLaunch:
     """The launch of these groups' rows at their chunk offsets in `shape`, for chunk addresses whose gcd
     with the anchor is `alignment`: built and uploaded once, then looked up."""
     key = (tuple((batch.rows, batch.chunk_offset) for batch in batches), alignment % 16, shape)
-    cached = _chunks_launches.get(key)
-    if cached is not None:
-        return cached
+    return _chunks_launches.get(key) or _chunks_launches.put(key, _build_chunks_launch(batches, alignment, shape))
+
+
+def _build_chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape: LaunchShape) -> _ChunksLaunch:
     _check_shape(shape)
     table: list[tuple[int, ...]] = []
     programs: list[int] = []
@@ -620,7 +614,7 @@ def _chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape:
     counts_all, starts_all = np.concatenate(counts, axis=1), np.concatenate(starts, axis=1)
     device = batches[0].group.device
     # Blocking copies from arrays of their own, once per launch's rows (not per call).
-    cached = _ChunksLaunch(
+    return _ChunksLaunch(
         table=torch.tensor(table, dtype=torch.int64).to(device),
         work=torch.from_numpy(work).to(device),
         rows_table=torch.from_numpy(np.ascontiguousarray(np.concatenate([counts_all, starts_all], axis=1))).to(device),
@@ -629,10 +623,6 @@ def _chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape:
         shape=shape,
         segments=launch_segments(widest, shape.segment),
     )
-    if len(_chunks_launches) >= _MAX_CACHED_TABLES:
-        _chunks_launches.clear()
-    _chunks_launches[key] = cached
-    return cached
 
 
 def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, shape: LaunchShape | None = None) -> int:

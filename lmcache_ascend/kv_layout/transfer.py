@@ -20,6 +20,7 @@ from typing import Callable, Hashable, Mapping, Sequence, Union
 import numpy as np
 import torch
 
+from lmcache_ascend.bounded_cache import BoundedCache
 from lmcache_ascend.kernels import (
     ChunkBuffers,
     ChunkRows,
@@ -59,7 +60,8 @@ _STAGING_ALIGNMENT = 256
 # at once and keep the copy engine busy while the host resolves the slots and launches the
 # first wave (H100: with 2 chunks first, the copy engine waited for the host 150-500 us).
 FIRST_WAVE_CHUNKS = 4
-# Bounded caches of per-request-shape values (chunk rows by chunk bounds and slot layout).
+# Bound of each cache of per-request-shape values (chunk rows by chunk bounds and slot layout):
+# see docs/hot-path.md.
 _MAX_CACHED_ROWS = 64
 
 
@@ -370,15 +372,15 @@ class ChunkMover:
         self._staging: torch.Tensor | None = None
         # Per (chunks, STAGING_BYTES) of a staged call: (buffer, chunk stride, halves, half bytes, waves);
         # emptied with the buffer.
-        self._staging_shapes: dict[tuple[int, int], tuple] = {}
+        self._staging_shapes: BoundedCache[tuple] = BoundedCache(_MAX_CACHED_ROWS)
         self._stream_module = _device_module(self.device)
         self._copy_stream = None
         self._staging_released = None  # an event after the last staged call's work on the buffer
-        self._windows: dict[tuple[bytes, bytes], tuple] = {}
-        self._rows: dict[tuple, tuple] = {}
+        self._windows: BoundedCache[tuple] = BoundedCache(_MAX_CACHED_ROWS)
+        self._rows: BoundedCache[tuple] = BoundedCache(_MAX_CACHED_ROWS)
         # The staging buffer's chunks at a wave's offsets (`pool_chunk_buffers`), by offsets: requests of
         # one shape whose host chunks lie alike (one allocation) use the same few; emptied with the buffer.
-        self._staged_chunks: dict[tuple[int, ...], ChunkBuffers] = {}
+        self._staged_chunks: BoundedCache[ChunkBuffers] = BoundedCache(_MAX_CACHED_ROWS)
 
     @property
     def device(self) -> torch.device:
@@ -399,13 +401,7 @@ class ChunkMover:
         bounds of recent calls (requests of one length share them).
         """
         key = (starts.tobytes(), ends.tobytes())
-        windows = self._windows.get(key)
-        if windows is None:
-            windows = self._row_windows(starts, ends)
-            if len(self._windows) >= 64:
-                self._windows.clear()
-            self._windows[key] = windows
-        per_layer_group, rows_needed = windows
+        per_layer_group, rows_needed = self._windows.get_or_build(key, lambda: self._row_windows(starts, ends))
         for scheduler_group, needed in rows_needed.items():
             length = slots.lengths.get(scheduler_group)
             if length is None:
@@ -476,19 +472,15 @@ class ChunkMover:
         full chunks starting at `starts`), checked once and remembered for the chunk starts and slot layout
         of recent calls (requests of one length share them)."""
         key = (tuple(starts), tuple(slots.offsets.items()), tuple(slots.lengths.items()))
-        cached = self._rows.get(key)
-        if cached is None:
-            starts = np.asarray(key[0], dtype=np.int64)
-            rows = self.plane_rows(slots, starts, starts + self.layout.chunk_size)
-            cached = tuple(
-                (paged_group, region.byte_offset, chunk_rows(paged_group, region.layout, firsts, counts))
-                for paged_group, region, (firsts, counts) in zip(self.paged_groups, self.layout.full_plan.regions, rows)
-                if counts.any()
-            )
-            if len(self._rows) >= _MAX_CACHED_ROWS:
-                self._rows.clear()
-            self._rows[key] = cached
-        return cached
+        return self._rows.get_or_build(key, lambda: self._batch_rows(slots, np.asarray(key[0], dtype=np.int64)))
+
+    def _batch_rows(self, slots: DeviceSlots, starts: np.ndarray) -> tuple[tuple[PagedGroup, int, ChunkRows], ...]:
+        rows = self.plane_rows(slots, starts, starts + self.layout.chunk_size)
+        return tuple(
+            (paged_group, region.byte_offset, chunk_rows(paged_group, region.layout, firsts, counts))
+            for paged_group, region, (firsts, counts) in zip(self.paged_groups, self.layout.full_plan.regions, rows)
+            if counts.any()
+        )
 
     def move_batch(
         self,
@@ -526,6 +518,13 @@ class ChunkMover:
             self._staging_shapes.clear()
             self._staging = torch.empty(wanted, dtype=torch.uint8, device=self.device)
         return self._staging, stride
+
+    def _staging_shape(self, chunks: int) -> tuple:
+        """(buffer, chunk stride, halves, half bytes, waves) of a staged call of `chunks` full chunks."""
+        staging, stride = self.staging_buffer(chunks)
+        halves = 2 if self._stream_module is not None and staging.numel() >= 2 * stride else 1
+        half_bytes = (staging.numel() // halves) // _STAGING_ALIGNMENT * _STAGING_ALIGNMENT
+        return staging, stride, halves, half_bytes, staging_waves(chunks, max(1, half_bytes // stride))
 
     def reachable(self, chunks: Sequence[torch.Tensor], host_path: str) -> bool:
         """Whether the kernels can address every chunk where it lies."""
@@ -584,14 +583,8 @@ class ChunkMover:
         are ever written, and a failed store is not kept by LMCache.
         """
         module = self._stream_module
-        shape = self._staging_shapes.get((len(chunks), STAGING_BYTES))
-        if shape is None:
-            staging, stride = self.staging_buffer(len(chunks))
-            halves = 2 if module is not None and staging.numel() >= 2 * stride else 1
-            half_bytes = (staging.numel() // halves) // _STAGING_ALIGNMENT * _STAGING_ALIGNMENT
-            shape = self._staging_shapes[(len(chunks), STAGING_BYTES)] = (
-                staging, stride, halves, half_bytes, staging_waves(len(chunks), max(1, half_bytes // stride)))
-        staging, stride, halves, half_bytes, waves = shape
+        staging, stride, halves, half_bytes, waves = self._staging_shapes.get_or_build(
+            (len(chunks), STAGING_BYTES), lambda: self._staging_shape(len(chunks)))
         staged = _StagedWaves(chunks, starts, self.layout.full_plan.total_bytes, stride, store, staging,
                               self._staged_chunks, halves, half_bytes, waves)
         if module is None:  # no streams: in order on the host
@@ -686,7 +679,7 @@ class _StagedWaves:
     stride: int  # bytes between chunks in the staging buffer
     store: bool
     staging: torch.Tensor
-    staged_chunks: dict  # the mover's `_staged_chunks`
+    staged_chunks: BoundedCache[ChunkBuffers]  # the mover's `_staged_chunks`
     halves: int  # wave k uses half k % halves
     half_bytes: int
     waves: list[tuple[int, int]]
@@ -715,12 +708,8 @@ class _StagedWaves:
             raise AssertionError(f"wave {index} ends at chunk {end}, past the {self.checked} checked")
         spans, offsets = _staging_spans(self.addresses, self.joined, begin, end, self.total,
                                         (index % self.halves) * self.half_bytes)
-        buffers = self.staged_chunks.get(offsets)
-        if buffers is None:
-            if len(self.staged_chunks) >= _MAX_CACHED_ROWS:
-                self.staged_chunks.clear()
-            buffers = self.staged_chunks[offsets] = pool_chunk_buffers(
-                self.staging, np.array(offsets, dtype=np.int64), self.total)
+        buffers = self.staged_chunks.get_or_build(
+            offsets, lambda: pool_chunk_buffers(self.staging, np.array(offsets, dtype=np.int64), self.total))
         return spans, buffers, self.starts[begin:end]
 
     def copy(self, spans, *, to_staging: bool) -> None:
