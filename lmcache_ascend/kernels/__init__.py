@@ -46,7 +46,6 @@ from lmcache_ascend.kernels.ops import (
     select_backend,
     transfer_chunk_batches,
     transfer_group,
-    transfer_layers,
 )
 from lmcache_ascend.kernels.reference import reference_transfer
 from lmcache_ascend.kernels.spec import (
@@ -105,6 +104,5 @@ __all__ = [
     "triton_interpreting",
     "transfer_chunk_batches",
     "transfer_group",
-    "transfer_layers",
     "widest_element_width",
 ]

@@ -29,7 +29,6 @@ __all__ = [
     "select_backend",
     "transfer_chunk_batches",
     "transfer_group",
-    "transfer_layers",
 ]
 
 logger = logging.getLogger(__name__)
@@ -168,35 +167,3 @@ def transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, backend: st
             launched += 1
     launch_counter.torch += launched
     return launched
-
-
-def transfer_layers(
-    caches: Sequence[torch.Tensor],
-    slots: torch.Tensor,
-    chunk: torch.Tensor,
-    *,
-    store: bool,
-    block_size: int,
-    row_bytes: int,
-    start: int = 0,
-    count: int | None = None,
-    chunk_offset: int = 0,
-    alignment: int = DEFAULT_REGION_ALIGNMENT,
-    backend: str | None = None,
-) -> None:
-    """Multi-layer, single-plane transfer: layer l's rows at `slots` <-> its chunk region.
-
-    Shorthand for a one-plane `PagedGroup`; build the group once instead when the
-    same caches are moved repeatedly (it validates and caches their geometry).
-    With `alignment=1` the chunk is LMCache's dense [layers, tokens, row] layout.
-    """
-    group = PagedGroup((PagedPlane(tuple(caches), block_size, row_bytes, name="layers"),))
-    transfer_group(
-        group,
-        (PlaneSlots(slots, start, count),),
-        chunk,
-        store=store,
-        chunk_offset=chunk_offset,
-        alignment=alignment,
-        backend=backend,
-    )

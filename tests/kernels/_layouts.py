@@ -290,3 +290,14 @@ __all__ = [
     "layout_cases",
     "poisoned_chunk",
 ]
+
+
+def move_layers(caches, slots: torch.Tensor, chunk: torch.Tensor, *, store: bool, block_size: int, row_bytes: int,
+                alignment: int | None = None) -> None:
+    """One plane over `caches` (one per layer) moved by the reference backend; `alignment=1` is
+    LMCache's dense [layers, tokens, row] chunk."""
+    from lmcache_ascend.kernels import transfer_group
+
+    group = PagedGroup((PagedPlane(tuple(caches), block_size, row_bytes, name="layers"),))
+    options = {} if alignment is None else {"alignment": alignment}
+    transfer_group(group, (PlaneSlots(slots),), chunk, store=store, backend="torch", **options)

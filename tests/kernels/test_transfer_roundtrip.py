@@ -11,13 +11,14 @@ from __future__ import annotations
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from lmcache_ascend.kernels import PagedGroup, PagedPlane, PlaneSlots, launch_counter, transfer_group, transfer_layers
+from lmcache_ascend.kernels import PagedGroup, PagedPlane, PlaneSlots, launch_counter, transfer_group
 from tests.kernels._layouts import (
     build,
     describe,
     expected_chunk_after_store,
     expected_storages_after_load,
     layout_cases,
+    move_layers,
     poisoned_chunk,
 )
 
@@ -56,7 +57,7 @@ def test_minus_one_rows_are_untouched_and_chunk_rows_keep_their_poison():
     caches = [torch.arange(4 * 2 * 3, dtype=torch.float32).view(4, 2, 3) + 100 * layer for layer in range(2)]
     slots = torch.tensor([5, -1, 0, 8], dtype=torch.int64)  # 8 is past the 8 rows: skipped
     chunk = torch.full((2 * 64,), 0xEE, dtype=torch.uint8)
-    transfer_layers(caches, slots, chunk, store=True, block_size=2, row_bytes=12, backend="torch")
+    move_layers(caches, slots, chunk, store=True, block_size=2, row_bytes=12)
     layer0 = chunk[:48].view(4, 12)
     assert torch.equal(layer0[0], caches[0][2, 1].view(torch.uint8))
     assert torch.equal(layer0[2], caches[0][0, 0].view(torch.uint8))
@@ -65,7 +66,7 @@ def test_minus_one_rows_are_untouched_and_chunk_rows_keep_their_poison():
     assert torch.equal(chunk[64:112].view(4, 12)[0], caches[1][2, 1].view(torch.uint8))
 
     targets = [torch.full((4, 2, 3), -7.0) for _ in range(2)]
-    transfer_layers(targets, slots, chunk, store=False, block_size=2, row_bytes=12, backend="torch")
+    move_layers(targets, slots, chunk, store=False, block_size=2, row_bytes=12)
     for layer in range(2):
         touched = torch.zeros(4, 2, dtype=torch.bool)
         touched[2, 1] = touched[0, 0] = True
@@ -77,7 +78,7 @@ def test_dense_multi_layer_layout_with_alignment_one_matches_lmcache_layout():
     caches = [torch.randn(3, 4, 5) for _ in range(3)]
     slots = torch.tensor([0, 1, 2, 3, 4, 5, 6], dtype=torch.int64)
     chunk = torch.empty(3, 7, 5)  # LMCache's [layers, tokens, hidden]
-    transfer_layers(caches, slots, chunk, store=True, block_size=4, row_bytes=20, alignment=1, backend="torch")
+    move_layers(caches, slots, chunk, store=True, block_size=4, row_bytes=20, alignment=1)
     for layer in range(3):
         assert torch.equal(chunk[layer], caches[layer].reshape(12, 5)[:7])
 

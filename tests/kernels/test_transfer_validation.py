@@ -15,9 +15,9 @@ from lmcache_ascend.kernels import (
     chunk_layout,
     select_backend,
     transfer_group,
-    transfer_layers,
     widest_element_width,
 )
+from tests.kernels._layouts import move_layers
 
 
 def plane(dtype=torch.bfloat16, blocks=3, block_size=4, width=8, layers=2, name="p"):
@@ -150,12 +150,12 @@ def test_alignment_must_be_a_power_of_two():
 )
 def test_every_dtype_is_accepted_and_moves_exactly(dtype):
     source = torch.randint(0, 256, (2, 4, 16), dtype=torch.uint8).view(dtype)  # rows of 16 bytes
-    chunk = torch.empty(5 * 16, dtype=torch.uint8)
+    chunk = torch.full((5 * 16,), 0xA5, dtype=torch.uint8)  # poisoned: every byte must be written
     slot_list = torch.tensor([7, 0, 3, 4, 1])
-    transfer_layers([source], slot_list, chunk, store=True, block_size=4, row_bytes=16, alignment=1, backend="torch")
+    move_layers([source], slot_list, chunk, store=True, block_size=4, row_bytes=16, alignment=1)
     assert torch.equal(chunk.view(5, 16), source.view(torch.uint8).reshape(8, 16)[slot_list])
     target = torch.zeros_like(source)
-    transfer_layers([target], slot_list, chunk, store=False, block_size=4, row_bytes=16, alignment=1, backend="torch")
+    move_layers([target], slot_list, chunk, store=False, block_size=4, row_bytes=16, alignment=1)
     moved = target.view(torch.uint8).reshape(8, 16)
     assert torch.equal(moved[slot_list], chunk.view(5, 16))
     assert bool((moved[[2, 5, 6]] == 0).all())
