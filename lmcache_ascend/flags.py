@@ -114,13 +114,6 @@ FLAGS: tuple[Flag, ...] = (
         lmcache_config_key="ascend_bundle_multi_spec",
     ),
     Flag(
-        "LMCACHE_ASCEND_FLATTEN_MULTI_SPEC",
-        FlagKind.BOOL,
-        True,
-        "Accept multi-spec (tuple-of-planes) KV caches by flattening them into planes; 0 is the legacy handling.",
-        lmcache_config_key="ascend_flatten_multi_spec",
-    ),
-    Flag(
         "LMCACHE_ASCEND_SKIP_STATE_GROUPS",
         FlagKind.BOOL,
         True,

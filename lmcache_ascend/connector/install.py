@@ -90,7 +90,6 @@ def plan_for_engine(
     geometry_by_group: Mapping[int, KVGroupSpec],
     *,
     bundle_multi_spec: bool,
-    flatten_multi_spec: bool,
     backend: str | None = None,
     backend_layouts: Mapping[str, Any] | None = None,
     model: Mapping[str, Any] | None = None,
@@ -114,7 +113,6 @@ def plan_for_engine(
         geometry_by_group,
         chunk_size,
         bundle_multi_spec=bundle_multi_spec,
-        flatten_multi_spec=flatten_multi_spec,
         backend_layouts=backend_layouts,
         num_blocks=num_blocks,
     )
@@ -224,7 +222,6 @@ def install_multigroup_connector(adapter: Any):
         plane_groups,
         geometry,
         bundle_multi_spec=flag_value("LMCACHE_ASCEND_BUNDLE_MULTI_SPEC", lmcache_config=config),
-        flatten_multi_spec=flag_value("LMCACHE_ASCEND_FLATTEN_MULTI_SPEC", lmcache_config=config),
         backend=flag_value("LMCACHE_ASCEND_TRANSFER_BACKEND", lmcache_config=config),
         backend_layouts=backend_layouts,
         model=_model_identity(adapter),

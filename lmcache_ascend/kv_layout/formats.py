@@ -48,11 +48,6 @@ class KVFormat(enum.Enum):
     TOKEN_ROWS = "token-rows"  # one row per token holding K and V of every head
 
 
-# Formats that LMCache's own in-process connector understands; with
-# LMCACHE_ASCEND_FLATTEN_MULTI_SPEC=0 ("legacy") only these are accepted.
-LEGACY_FORMATS = frozenset({KVFormat.MERGED, KVFormat.SEPARATE, KVFormat.MLA})
-
-
 @dataclass(frozen=True)
 class PlaneLayout:
     """Paging geometry of one plane: the bytes moved per slot and where they live."""
@@ -293,7 +288,6 @@ def detect_layer_layout(
     plane_groups: Sequence[int],
     *,
     backend_layout: BackendLayout | None = None,
-    flatten_multi_spec: bool = True,
 ) -> LayerLayout:
     """The format and planes of one registered layer.
 
@@ -303,9 +297,7 @@ def detect_layer_layout(
     multi-plane form: every plane [num_blocks, block_size, ...], slot rows dense.
 
     `plane_groups` names the scheduler KV-cache group of each registered tensor
-    (one entry applies to all of them).  With `flatten_multi_spec` off (legacy
-    handling, as LMCache's own connector) only MERGED, SEPARATE and MLA layers of
-    one scheduler group are accepted; anything else is rejected here.
+    (one entry applies to all of them).
     """
     tensors = _tensors_of(layer_name, kv_cache)
     groups = list(plane_groups)
@@ -348,17 +340,4 @@ def detect_layer_layout(
             for plane in planes
         )
         views = tuple(_rows_view(plane.tensor, plane.geometry) for plane in planes)
-
-    if not flatten_multi_spec and fmt not in LEGACY_FORMATS:
-        raise LayoutError(
-            f"layer {layer_name!r}: {fmt.value} KV cache with {len(tensors)} planes (shapes "
-            f"{[tuple(t.shape) for t in tensors]}, dtypes {[str(t.dtype) for t in tensors]}) needs "
-            "LMCACHE_ASCEND_FLATTEN_MULTI_SPEC=1; the legacy handling (=0) accepts only "
-            "merged, separate and MLA layers"
-        )
-    if not flatten_multi_spec and len(set(groups)) > 1:
-        raise LayoutError(
-            f"layer {layer_name!r}: planes map to scheduler groups {groups}; the legacy handling "
-            "(LMCACHE_ASCEND_FLATTEN_MULTI_SPEC=0) needs one group per layer"
-        )
     return LayerLayout(layer_name, fmt, layouts, views)

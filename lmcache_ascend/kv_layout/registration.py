@@ -98,7 +98,6 @@ def plan_kv_caches(
     chunk_size: int,
     *,
     bundle_multi_spec: bool = True,
-    flatten_multi_spec: bool = True,
     backend_layouts: Mapping[str, BackendLayout] | None = None,
     num_blocks: int | None = None,
 ) -> tuple[tuple[LayerLayout, ...], ChunkPlanner]:
@@ -124,7 +123,6 @@ def plan_kv_caches(
                 cache,
                 groups,
                 backend_layout=(backend_layouts or {}).get(name),
-                flatten_multi_spec=flatten_multi_spec,
             )
         )
     if num_blocks is not None:
@@ -176,7 +174,6 @@ def needs_multigroup_connector(
             cache,
             plane_groups.get(name, (0,)),
             backend_layout=(backend_layouts or {}).get(name),
-            flatten_multi_spec=True,
         )
         tensors = [cache] if isinstance(cache, torch.Tensor) else list(cache)
         single_latent = layer.format is KVFormat.MLA and len(tensors) == 1

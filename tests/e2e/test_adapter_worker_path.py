@@ -270,13 +270,11 @@ def test_a_steps_store_slots_are_resolved_at_hand_over_and_the_store_only_indexe
 
 @pytest.mark.parametrize(
     ("environ", "expected_layer_groups"),
-    [({}, 5), ({"LMCACHE_ASCEND_BUNDLE_MULTI_SPEC": "0"}, 11), ({"LMCACHE_ASCEND_FLATTEN_MULTI_SPEC": "0"}, None)],
-    ids=["bundled", "exploded", "legacy"],
+    [({}, 5), ({"LMCACHE_ASCEND_BUNDLE_MULTI_SPEC": "0"}, 11)],
+    ids=["bundled", "exploded"],
 )
-def test_register_honours_bundle_and_flatten_flags(patches, monkeypatch, environ, expected_layer_groups):
+def test_register_honours_the_bundle_flag(patches, monkeypatch, environ, expected_layer_groups):
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
-
-    from lmcache_ascend.kv_layout import LayoutError
 
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
@@ -284,13 +282,8 @@ def test_register_honours_bundle_and_flatten_flags(patches, monkeypatch, environ
     config, engine = _engine()
     try:
         worker = _worker(fixture, config, engine)
-        if expected_layer_groups is None:
-            # Legacy handling rejects multi-plane layers at registration, naming the layer and the flag.
-            with pytest.raises(LayoutError, match="layers.c128_attn.0.*LMCACHE_ASCEND_FLATTEN_MULTI_SPEC=1"):
-                worker.register_kv_caches(dsv4_ascend_kv_caches("zeros").kv_caches)
-        else:
-            worker.register_kv_caches(dsv4_ascend_kv_caches("zeros").kv_caches)
-            assert len(engine.gpu_connector.layout.layer_groups) == expected_layer_groups
+        worker.register_kv_caches(dsv4_ascend_kv_caches("zeros").kv_caches)
+        assert len(engine.gpu_connector.layout.layer_groups) == expected_layer_groups
     finally:
         LMCacheEngineBuilder.destroy("ascend-adapter-e2e")
 

@@ -97,7 +97,6 @@ def _plan(engine, caches, kv_cache_config, layout, bundle=True):
         plane_groups,
         layout.groups_by_index(),
         bundle_multi_spec=bundle,
-        flatten_multi_spec=True,
         backend_layouts=caches.backend_layouts,
     )
 

@@ -149,18 +149,3 @@ def test_overlapping_views_that_do_not_share_rows_are_rejected():
     shifted = flat[8:].view(-1)[: 2 * 4 * 16].view(2, 4, 16)  # overlaps, other block count
     with pytest.raises(LayoutError, match="overlaps plane"):
         detect_layer_layout("bad", (first, shifted), [0])
-
-
-def test_legacy_handling_accepts_plain_formats_and_rejects_multi_spec():
-    merged = detect_layer_layout(
-        "m", torch.zeros(2, 3, 4, 1, 8), [0], backend_layout=TOKEN_MAJOR_KV_LAYOUT, flatten_multi_spec=False
-    )
-    assert merged.format is KVFormat.MERGED
-    three = (torch.zeros(3, 4, 8), torch.zeros(3, 4, 4), torch.zeros(3, 4, 2))
-    with pytest.raises(LayoutError, match="needs LMCACHE_ASCEND_FLATTEN_MULTI_SPEC=1"):
-        detect_layer_layout("dsa", three, [0], flatten_multi_spec=False)
-    blob = torch.zeros(3, 4, 132, dtype=torch.int8)
-    with pytest.raises(LayoutError, match="needs LMCACHE_ASCEND_FLATTEN_MULTI_SPEC=1"):
-        detect_layer_layout("idx", (blob[:, :, :128], blob[:, :, 128:].view(torch.float32)), [0], flatten_multi_spec=False)
-    with pytest.raises(LayoutError, match="needs LMCACHE_ASCEND_FLATTEN_MULTI_SPEC=1"):
-        detect_layer_layout("mp", (torch.zeros(3, 4, 8), torch.zeros(3, 4, 8)), [0, 1], flatten_multi_spec=False)
