@@ -19,9 +19,8 @@ group). Cases, interleaved round by round on the same buffers:
 * ``copy_pinned``: one pinned host <-> device copy of the payload bytes;
 * ``copy_pinned_chunks``: one pinned host <-> device copy per chunk (what staging
   chunk by chunk would copy at best);
-* ``ours_mapped`` / ``ours_staged``: the batched path with pinned host memory
-  objects, reached directly (unified addressing) or through device staging
-  waves with copies on a copy stream;
+* ``ours_staged``: the batched path with pinned host memory objects, through
+  device staging waves with copies on a copy stream;
 * ``old_host``: the old path with host objects (one device chunk buffer, copy per chunk).
 
 Before timing, every path's bytes are checked against the old path: stored
@@ -133,11 +132,11 @@ class RequestCase:
         _synchronize()
         return 0
 
-    def ours(self, chunks, store: bool, host_path: str = "mapped") -> int:
+    def ours(self, chunks, store: bool) -> int:
         # As the connector: a store's slots were resolved at hand-over (the `hand_over` case times that),
         # a load resolves them inside the call, when first needed.
         slots = self.handed_over if store else self.hand_over
-        launches = self.mover.move_chunks(chunks, self.starts, slots, store=store, host_path=host_path)
+        launches = self.mover.move_chunks(chunks, self.starts, slots, store=store)
         _synchronize()
         return launches
 
@@ -192,8 +191,7 @@ class RequestCase:
             "old_device": lambda: self.old(self.device_chunks, store),
             "copy_pinned": lambda: self.copy_pinned(store),
             "copy_pinned_chunks": lambda: self.copy_pinned_chunks(store),
-            "ours_mapped": lambda: self.ours(self.host_chunks, store, "mapped"),
-            "ours_staged": lambda: self.ours(self.host_chunks, store, "staging"),
+            "ours_staged": lambda: self.ours(self.host_chunks, store),
             "old_host": lambda: self.old(self.host_chunks, store),
         }
 
@@ -214,11 +212,11 @@ class RequestCase:
         self.old(self.device_chunks, True)
         expected = self.device_pool.clone()
         assert int((expected != 0xA5).sum()) > 0, "the old path stored nothing"
-        for path in ("device", "mapped", "staged"):
+        for path in ("device", "staged"):
             pool = self.device_pool if path == "device" else self.host_pool
             chunks = self.device_chunks if path == "device" else self.host_chunks
             pool.fill_(0xA5)  # the same poison: bytes no path writes must stay it
-            self.ours(chunks, True, "staging" if path == "staged" else "mapped")
+            self.ours(chunks, True)
             assert torch.equal(pool.to(self.device), expected), f"{self.name} store {path}"
             checked[f"store_{path}"] = "equal, whole pool"
         # Load: the stored chunks into poisoned caches, old path vs ours, whole caches compared.
@@ -229,10 +227,10 @@ class RequestCase:
         self.old(self.device_chunks, False)
         loaded_old = self.caches_bytes()
         assert any(not torch.equal(a, b) for a, b in zip(loaded_old, poisoned)), "the old path loaded nothing"
-        for path in ("device", "mapped", "staged"):
+        for path in ("device", "staged"):
             self.set_caches(poisoned)
             chunks = self.device_chunks if path == "device" else self.host_chunks
-            self.ours(chunks, False, "staging" if path == "staged" else "mapped")
+            self.ours(chunks, False)
             for a, b in zip(self.caches_bytes(), loaded_old):
                 assert torch.equal(a, b), f"{self.name} load {path}"
             checked[f"load_{path}"] = "equal, whole caches"
@@ -333,7 +331,7 @@ def staged_timeline(case: "RequestCase", store: bool, calls: int = 9, before=Non
         recorded.append((begin, end))
 
     samples = []
-    case.ours(case.host_chunks, store, "staging")
+    case.ours(case.host_chunks, store)
     transfer._StagedWaves.copy = copy_between_events
     try:
         for _ in range(calls):
@@ -344,7 +342,7 @@ def staged_timeline(case: "RequestCase", store: bool, calls: int = 9, before=Non
             start = torch.cuda.Event(enable_timing=True)
             start.record()
             host_begin = time.perf_counter()
-            case.ours(case.host_chunks, store, "staging")
+            case.ours(case.host_chunks, store)
             wall = (time.perf_counter() - host_begin) * 1e6
             spans = sorted((start.elapsed_time(b) * 1e3, start.elapsed_time(e) * 1e3) for b, e in recorded)
             samples.append({
@@ -409,7 +407,6 @@ def measure_request(device: torch.device, tokens: int = 16384, chunk_size: int =
             ratios = {
                 "device_vs_copy_wall": stats["copy_d2d"]["median_us"] / stats["ours_device"]["median_us"],
                 "device_vs_copy_kernel": copy_kernel / kernel if kernel else None,
-                "mapped_vs_pinned_copy": stats["copy_pinned"]["median_us"] / stats["ours_mapped"]["median_us"],
                 "staged_vs_pinned_copy": stats["copy_pinned"]["median_us"] / stats["ours_staged"]["median_us"],
                 # A store's hand-over sits before its call (a load's is inside it).
                 "staged_with_hand_over_vs_pinned_copy": stats["copy_pinned"]["median_us"]

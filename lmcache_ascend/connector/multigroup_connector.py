@@ -21,10 +21,8 @@ into the device slots.
 
 Batched calls (``batched_from_gpu`` / ``batched_to_gpu``, LMCache's store and
 retrieve) move all full chunks of every layer group with ONE launch (Triton) and synchronize
-once. Host memory objects go through a device staging buffer (`host_path`
-"staging", the default), in waves of chunks whose copies run on a copy stream
-beside the next wave's kernels, or are reached directly where the device maps
-them (``host_path="mapped"``: CUDA pinned memory).
+once. Host memory objects go through a device staging buffer, in waves of chunks
+whose copies run on a copy stream beside the next wave's kernels.
 
 Imports LMCache: only loaded from a patch's build step or from tests.
 """
@@ -38,7 +36,7 @@ import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
 from lmcache_ascend.kv_layout import ChunkPlanner, ChunkMover, LayerLayout, LayoutError
-from lmcache_ascend.kv_layout.transfer import DEFAULT_HOST_PATH, HOST_PATHS, DeviceSlots
+from lmcache_ascend.kv_layout.transfer import DeviceSlots
 
 __all__ = ["MultiGroupGPUConnector"]
 
@@ -58,14 +56,11 @@ def _as_group_mapping(slot_mappings: object) -> dict[int, Any]:
 class MultiGroupGPUConnector(GPUConnectorInterface):
     """Stores and loads LMCache chunks of multi-group / multi-plane KV caches."""
 
-    def __init__(self, chunk_size: int, backend: str | None = None, host_path: str = DEFAULT_HOST_PATH):
+    def __init__(self, chunk_size: int, backend: str | None = None):
         if chunk_size <= 0:
             raise LayoutError(f"chunk_size={chunk_size} must be a positive int")
-        if host_path not in HOST_PATHS:
-            raise LayoutError(f"host_path={host_path!r} is not allowed; allowed: {', '.join(HOST_PATHS)}")
         self.chunk_size = chunk_size
         self.backend = backend
-        self.host_path = host_path
         self.layers: tuple[LayerLayout, ...] = ()
         self.layout: ChunkPlanner | None = None
         self.mover: ChunkMover | None = None
@@ -243,7 +238,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         # batched move leaves the staging buffer to the current stream, so a partial chunk's use of
         # it comes after.)
         if full_chunks:
-            self.launches += mover.move_chunks(full_chunks, full_starts, slots, store=store, host_path=self.host_path)
+            self.launches += mover.move_chunks(full_chunks, full_starts, slots, store=store)
         for memory_obj, start, end in partial:
             self._move_one(memory_obj, start, end, slots(), store=store)
         self._synchronize()

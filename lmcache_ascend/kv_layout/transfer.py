@@ -41,15 +41,12 @@ from lmcache_ascend.multigroup.slots import StepBlockIds
 from lmcache_ascend.multigroup.specs import KVGroupSpec, cached_row_count, chunk_row_window
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID
 
-__all__ = ["DEFAULT_HOST_PATH", "HOST_PATHS", "STAGING_BYTES", "ChunkMover", "DeviceSlots", "staging_waves"]
+__all__ = ["STAGING_BYTES", "ChunkMover", "DeviceSlots", "staging_waves"]
 
-# How host chunks are reached: "mapped" (the kernel reads / writes CUDA pinned
-# memory through unified addressing; elsewhere staging is used) or "staging" (a
-# device buffer, in waves whose copies run beside the next wave's kernels).
-HOST_PATHS = ("mapped", "staging")
-# Staging measured faster than mapped on H100 in every case of docs/design-decisions.md, and
-# it serves every device (mapped memory is CUDA only).
-DEFAULT_HOST_PATH = "staging"
+# Host chunks reach a device's caches through a device staging buffer, in waves whose
+# copies run beside the next wave's kernels. (Kernels reading CUDA pinned memory in
+# place measured slower than staging on H100 in every case of docs/design-decisions.md,
+# and staging serves every device.)
 # Device staging for host chunks: at most this many bytes (at least one chunk).
 STAGING_BYTES = 256 * 2**20
 _STAGING_ALIGNMENT = 256
@@ -526,14 +523,10 @@ class ChunkMover:
         half_bytes = (staging.numel() // halves) // _STAGING_ALIGNMENT * _STAGING_ALIGNMENT
         return staging, stride, halves, half_bytes, staging_waves(chunks, max(1, half_bytes // stride))
 
-    def reachable(self, chunks: Sequence[torch.Tensor], host_path: str) -> bool:
-        """Whether the kernels can address every chunk where it lies."""
+    def reachable(self, chunks: Sequence[torch.Tensor]) -> bool:
+        """Whether the kernels can address every chunk where it lies (else they are staged)."""
         device = self.device
-        if device.type == "cpu":
-            return True
-        if host_path == "mapped" and device.type == "cuda":
-            return all(chunk.is_cuda or (chunk.is_cpu and chunk.is_pinned()) for chunk in chunks)
-        return all(chunk.device == device for chunk in chunks)
+        return device.type == "cpu" or all(chunk.device == device for chunk in chunks)
 
     def move_chunks(
         self,
@@ -542,10 +535,9 @@ class ChunkMover:
         slots: SlotsSource,
         *,
         store: bool,
-        host_path: str = DEFAULT_HOST_PATH,
     ) -> int:
-        """`move_batch` for full chunks wherever they lie: on the device or mapped host memory
-        directly, else through the staging buffer. Issues work only: the caller synchronizes.
+        """`move_batch` for full chunks wherever they lie: on the caches' device directly, else
+        through the staging buffer. Issues work only: the caller synchronizes.
 
         `slots` may also be a function giving them: it is called once, after every chunk is
         checked and, on a staged load, after the first waves' copies are queued (the copy
@@ -555,11 +547,9 @@ class ChunkMover:
         padding, skipped rows) are unspecified there, as the per-chunk staging always had it;
         chunks with skipped rows are never persisted (see `StepBlockIds.store_hole_chunks`).
         """
-        if host_path not in HOST_PATHS:
-            raise LayoutError(f"host_path={host_path!r} is not allowed; allowed: {', '.join(HOST_PATHS)}")
         if not len(chunks):
             return 0
-        if chunks[0].is_cuda or self.reachable(chunks, host_path):
+        if chunks[0].is_cuda or self.reachable(chunks):
             # (chunks on the device: `chunk_buffers` checks that they all are, and on which one)
             buffers = chunk_buffers(chunks)
             return self.move_batch(buffers, starts, self._resolved_slots(slots), store=store)

@@ -53,9 +53,10 @@ def _set_caches(kv_caches, saved):
         plane.view(torch.uint8).copy_(value)
 
 
-def _round_trip(device: str, host: bool, host_path: str, pad: int = 0, mover_parts=None, events=None):
-    """Store then load through `move_chunks` against `move` chunk by chunk; with `events` (a list) the
-    load's slots are given as a function, which appends "slots" to it when called."""
+def _round_trip(device: str, host: bool, pad: int = 0, mover_parts=None, events=None):
+    """Store then load through `move_chunks` against `move` chunk by chunk (host chunks: staged, where the
+    caches are not on the CPU or the test says so); with `events` (a list) the load's slots are given as a
+    function, which appends "slots" to it when called."""
     mover, kv_caches, slots, starts = mover_parts or _mover(device)
     total = mover.layout.full_plan.total_bytes
     pinned = host and device == "cuda"
@@ -82,10 +83,10 @@ def _round_trip(device: str, host: bool, host_path: str, pad: int = 0, mover_par
     assert int(filled.sum()) > 0 and not bool(filled.all())
     batched_pool, batched = chunks(0xA5)
     launch_counter.reset()
-    launches = mover.move_chunks(batched, starts, slots, store=True, host_path=host_path)
+    launches = mover.move_chunks(batched, starts, slots, store=True)
     if device == "cuda":
         torch.cuda.synchronize()
-    if host and host_path == "staging":  # bytes no row fills are unspecified through staging
+    if host:  # bytes no row fills are unspecified through staging
         assert torch.equal(batched_pool.cpu()[filled], references[0][filled])
         gaps = torch.ones(len(starts) * spacing, dtype=torch.bool)
         for index in range(len(starts)):
@@ -104,7 +105,7 @@ def _round_trip(device: str, host: bool, host_path: str, pad: int = 0, mover_par
     if events is not None:
         resolved = load_slots
         load_slots = lambda: (events.append("slots"), resolved)[1]  # noqa: E731
-    mover.move_chunks(batched, starts, load_slots, store=False, host_path=host_path)
+    mover.move_chunks(batched, starts, load_slots, store=False)
     if device == "cuda":
         torch.cuda.synchronize()
     for got, want, before in zip(_cache_bytes(kv_caches), expected, poisoned):
@@ -114,7 +115,7 @@ def _round_trip(device: str, host: bool, host_path: str, pad: int = 0, mover_par
 
 
 def test_batched_chunks_equal_single_chunks_on_cpu():
-    launches, layer_groups = _round_trip("cpu", host=False, host_path="mapped")
+    launches, layer_groups = _round_trip("cpu", host=False)
     assert launches == layer_groups  # the reference counts one per layer group for all 4 chunks
 
 
@@ -126,11 +127,11 @@ def test_staging_waves_and_spans_equal_single_chunks_on_cpu(pad, capacity_chunks
     parts = _mover("cpu")
     mover = parts[0]
     monkeypatch.setattr(transfer, "STAGING_BYTES", capacity_chunks * (mover.layout.full_plan.total_bytes + 256))
-    monkeypatch.setattr(mover, "reachable", lambda chunks, host_path: False)
+    monkeypatch.setattr(mover, "reachable", lambda chunks: False)
     copies = []
     real_copy = transfer._copy_spans
     monkeypatch.setattr(transfer, "_copy_spans", lambda *a, **k: (copies.append(len(a[2])), real_copy(*a, **k))[1])
-    launches, layer_groups = _round_trip("cpu", host=True, host_path="staging", pad=pad, mover_parts=parts)
+    launches, layer_groups = _round_trip("cpu", host=True, pad=pad, mover_parts=parts)
     waves = len(transfer.staging_waves(4, capacity_chunks))
     assert launches == waves * layer_groups
     # store copies: one per span (chunks back to back) or per chunk (padding between is not theirs)
@@ -162,20 +163,14 @@ def test_staging_waves_start_small_and_double():
         transfer.staging_waves(4, 0)
 
 
-def test_unknown_host_path_is_refused():
-    mover, _, slots, starts = _mover("cpu")
-    with pytest.raises(ValueError, match="host_path='pageable' is not allowed"):
-        mover.move_chunks([], starts, slots, store=True, host_path="pageable")
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize(("host", "host_path"), [(False, "mapped"), (True, "mapped"), (True, "staging")])
-def test_batched_chunks_equal_single_chunks_on_cuda(host, host_path, monkeypatch):
+@pytest.mark.parametrize("host", [False, True])
+def test_batched_chunks_equal_single_chunks_on_cuda(host, monkeypatch):
     mover, *_ = _mover("cuda")
     # Two chunks per staging half at most: 4 chunks take 2 waves, both halves.
     monkeypatch.setattr(transfer, "STAGING_BYTES", 4 * (mover.layout.full_plan.total_bytes + 256))
-    launches, layer_groups = _round_trip("cuda", host, host_path)
-    waves = 2 if (host and host_path == "staging") else 1
+    launches, layer_groups = _round_trip("cuda", host)
+    waves = 2 if host else 1
     assert layer_groups == 3 and launches == waves  # on Triton every layer group of a wave in one launch
 
 
@@ -193,7 +188,7 @@ def test_staged_load_queues_first_copies_before_resolving_slots(monkeypatch):
     real_move_batch = mover.move_batch
     monkeypatch.setattr(mover, "move_batch",
                         lambda *a, **k: (events.append("launch"), real_move_batch(*a, **k))[1])
-    _round_trip("cuda", host=True, host_path="staging", mover_parts=(mover, *rest), events=events)
+    _round_trip("cuda", host=True, mover_parts=(mover, *rest), events=events)
     load = events[events.index("copy_in"):]
     assert load == ["copy_in", "copy_in", "slots", "launch", "copy_in", "launch", "copy_in", "launch", "launch"]
 
@@ -217,7 +212,7 @@ def test_staged_first_wave_is_issued_before_the_other_chunks_are_checked(monkeyp
     monkeypatch.setattr(transfer, "STAGING_BYTES", 4 * (mover.layout.full_plan.total_bytes + 256))  # 2 a half
     events: list = []
     _record_staged_steps(monkeypatch, mover, events)
-    _round_trip("cuda", host=True, host_path="staging", mover_parts=(mover, *rest), events=events)
+    _round_trip("cuda", host=True, mover_parts=(mover, *rest), events=events)
     store = events[events.index(("check", 2)):]
     load = store[store.index(("check", 2), 1):]
     store = store[: len(store) - len(load)]
@@ -234,7 +229,7 @@ def test_staged_chunk_too_small_past_the_first_wave_is_refused(device, monkeypat
     total = mover.layout.full_plan.total_bytes
     monkeypatch.setattr(transfer, "STAGING_BYTES", 4 * (total + 256))  # 2 chunks a half: waves of 2
     if device == "cpu":
-        monkeypatch.setattr(mover, "reachable", lambda chunks, host_path: False)
+        monkeypatch.setattr(mover, "reachable", lambda chunks: False)
     pinned = device == "cuda"
     pool = torch.full((4 * total,), 0xA5, dtype=torch.uint8)
     pool = pool.pin_memory() if pinned else pool
@@ -242,17 +237,16 @@ def test_staged_chunk_too_small_past_the_first_wave_is_refused(device, monkeypat
     short = chunks[:3] + [chunks[3][:-1]]
     before = _cache_bytes(kv_caches)
     with pytest.raises(ValueError, match=f"chunk 3 holds {total - 1} bytes; a full chunk needs {total}"):
-        mover.move_chunks(short, starts, mover.upload(slots, cached_tokens=CHUNK), store=False,
-                          host_path="staging")
+        mover.move_chunks(short, starts, mover.upload(slots, cached_tokens=CHUNK), store=False)
     if device == "cuda":
         torch.cuda.synchronize()
     assert all(torch.equal(got, want) for got, want in zip(_cache_bytes(kv_caches), before))
     with pytest.raises(ValueError, match="chunk 3 holds"):
-        mover.move_chunks(short, starts, slots, store=True, host_path="staging")
+        mover.move_chunks(short, starts, slots, store=True)
     if device == "cuda":
         torch.cuda.synchronize()
     assert bool((pool[2 * total :] == 0xA5).all())  # past the first wave: untouched
-    mover.move_chunks(chunks, starts, slots, store=True, host_path="staging")
+    mover.move_chunks(chunks, starts, slots, store=True)
     if device == "cuda":
         torch.cuda.synchronize()
     reference = torch.full((total,), 0xA5, dtype=torch.uint8, device=device)
