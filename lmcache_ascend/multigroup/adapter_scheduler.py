@@ -63,7 +63,7 @@ def roll_back_trackers(connector, scheduler_output, layout) -> None:
     caps the kept tokens at ``len(allocated_block_ids) * vLLM block size``,
     which for group 0 of a hybrid model is wrong (e.g. 256-token blocks
     counted as 4-token ones). The right cap is the prefix every
-    transferred group covers (seed 001's bound, missing groups count 0).
+    transferred group covers (a group with no blocks counts 0).
     """
     for req_id in getattr(scheduler_output.scheduled_cached_reqs, "req_ids", ()):
         tracker = connector._request_trackers.get(req_id)

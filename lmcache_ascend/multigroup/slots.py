@@ -1,6 +1,6 @@
 """What the scheduler hands the worker per request and step: block ids, not slots.
 
-The scheduler side (issue 3) makes one `StepBlockIds` per request and step and
+The scheduler side makes one `StepBlockIds` per request and step and
 attaches it to LMCache's ``ReqMeta`` (`attachments.STEP_BLOCK_IDS`). It is absent
 for single-group models, whose ``ReqMeta.slot_mapping`` stays exactly what
 upstream LMCache computes. vLLM pickles the metadata to the workers every step,

@@ -19,7 +19,7 @@ from typing import Iterable
 COMPRESSED_BLOCK_SIZE_FLAG = "VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE"
 ALLOWED_COMPRESSED_BLOCK_SIZES = (32, 64, 128)
 LEGACY_COMPRESSED_BLOCK_SIZE = 128
-# The only compress ratio whose block size the flag may change (seed 002).
+# The only compress ratio whose block size the flag may change; every other ratio keeps 128.
 CONFIGURABLE_COMPRESS_RATIO = 128
 
 

@@ -149,7 +149,7 @@ PATCH = Patch(
     why="upstream keeps only block_ids[0]; hybrid models (DeepSeek-V4) lose every other group's KV",
     mirrors="LMCache-Ascend #246 (multi-group in-process connector); vLLM #42437 per-group block ids",
     delete_when="LMCache's in-process vllm_v1_adapter tracks block_ids per KV-cache group",
-    # (LMCache 0.5.6 / stack B, LMCache 0.4.5 / stack A)
+    # (LMCache 0.5.6, LMCache 0.4.5)
     tested_fingerprints={
         "LMCacheConnectorV1Impl._init_connector_state": ("74e83ba8db50", "760e6c186972"),
         "LMCacheConnectorV1Impl.build_connector_meta": ("fbe28e9c19f0", "cf695efe8d0a"),

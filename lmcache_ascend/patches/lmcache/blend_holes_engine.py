@@ -180,7 +180,7 @@ PATCH = Patch(
     why="one missing RAG document made LMCache recompute every cached document after it",
     mirrors="LMCache-Ascend PR #254 hole-aware lookup client/server and NPU buffer connector",
     delete_when="LMCache's blending lookup and layerwise retrieval handle non-contiguous hits",
-    # stack A (lmcache 0.4.5) and stack B (0.5.6) have the same source here
+    # LMCache 0.4.5 and 0.5.6 have the same source here
     tested_fingerprints={
         "LMCacheEngine.lookup": (LOOKUP_FINGERPRINT,),
         "LMCacheEngine.retrieve_layer": (RETRIEVE_LAYER_FINGERPRINT,),

@@ -64,7 +64,7 @@ PATCH = Patch(
     summary="on an NPU host, lmcache.c_ops (LMCache 0.4.x's fallback) runs KV moves on lmcache_ascend.ops",
     why="LMCache 0.4.x has no device-ops layer: without CUDA its c_ops are Python indexing on the host",
     mirrors="LMCache 0.5.x NpuDeviceOps.ensure_native() binding lmcache_ascend.ops",
-    delete_when="LMCache 0.4.x (stack A) is no longer served",
+    delete_when="lmcache-ascend no longer supports LMCache 0.4.x",
     tested_fingerprints={
         "multi_layer_kv_transfer": ("65859e8e7fd3",),
         "multi_layer_kv_transfer_unilateral": ("73dc05a5fb66",),

@@ -42,5 +42,5 @@ PATCH = Patch(
     summary="LMCache 0.4.x's MP worker adapter learns its server's block-id format at registration and sends per-group ids to a per-group server",
     why="the adapter sends one flat list; a list[list[int]] to a flat server is dropped unanswered, so the format must be known first",
     mirrors="vLLM #42437 / LMCache #3261 (list[list[int]] block ids indexed by KV-cache group)",
-    delete_when="LMCache 0.4.x (stack A) is no longer served",
+    delete_when="lmcache-ascend no longer supports LMCache 0.4.x",
 )

@@ -22,7 +22,7 @@ from lmcache_ascend.connector import mp_server_side as glue  # standard library 
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
 
 _REQUIRES = {"lmcache": ">=0.4.5,<0.5"}
-_DELETE_WHEN = "LMCache 0.4.x (stack A) is no longer served"
+_DELETE_WHEN = "lmcache-ascend no longer supports LMCache 0.4.x"
 _MIRRORS = "LMCache #2926 (per-group shapes, dtypes and block tables in the MP server) and LMCache 0.5.x's MP server"
 
 

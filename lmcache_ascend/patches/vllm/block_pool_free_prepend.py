@@ -60,7 +60,7 @@ PATCH = Patch(
     why="uncached scratch blocks are reused first, cached blocks last, so the prefix cache survives",
     mirrors="vLLM 0.23 BlockPool.free_blocks(prepend=) (sliding-window prefix-cache retention work)",
     delete_when="the oldest supported vLLM is >= 0.23",
-    # Fingerprints of the targets as shipped in vLLM 0.18.1 (stack A; B skips).
+    # Fingerprints of the targets as shipped in vLLM 0.18.1 (later vLLM has the fix: skipped there).
     tested_fingerprints={
         "BlockPool.free_blocks": ("d8825b31501c",),
     },

@@ -95,7 +95,7 @@ PATCH = Patch(
     why="vLLM 0.18's managers never learn the hit alignment, so they cannot keep sparse checkpoints",
     mirrors="vLLM 0.23 KVCacheCoordinator(scheduler_block_size=), retention validation, hybrid cache_blocks alignment",
     delete_when="the oldest supported vLLM is >= 0.23",
-    # Fingerprints of the targets as shipped in vLLM 0.18.1 (stack A; B skips).
+    # Fingerprints of the targets as shipped in vLLM 0.18.1 (later vLLM has the fix: skipped there).
     tested_fingerprints={
         "KVCacheCoordinator.__init__": ("658fa28fab8c",),
         "KVCacheCoordinator.cache_blocks": ("30b0d15e0b53",),

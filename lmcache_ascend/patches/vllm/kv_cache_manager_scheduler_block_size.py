@@ -48,7 +48,7 @@ PATCH = Patch(
     why="vLLM 0.18 cannot hand the hit alignment from the scheduler to the KV-cache managers",
     mirrors="vLLM 0.23 KVCacheManager(scheduler_block_size=)",
     delete_when="the oldest supported vLLM is >= 0.23",
-    # Fingerprints of the targets as shipped in vLLM 0.18.1 (stack A; B skips).
+    # Fingerprints of the targets as shipped in vLLM 0.18.1 (later vLLM has the fix: skipped there).
     tested_fingerprints={
         "KVCacheManager.__init__": ("e3bf7cf6f4ee",),
     },

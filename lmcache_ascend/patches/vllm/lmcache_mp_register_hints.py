@@ -45,5 +45,5 @@ PATCH = Patch(
     summary="vLLM 0.18's LMCacheMPConnector registers a multi-group model's KV caches with per-layer KV-cache group hints",
     why="registered bare, LMCache 0.4.x's server cannot tell which layers belong to which KV-cache group or its block size",
     mirrors="LMCache 0.5.6's LMCacheMPConnector.register_kv_caches (engine group infos); LMCache #3261",
-    delete_when="LMCache 0.4.x (stack A) is no longer served",
+    delete_when="lmcache-ascend no longer supports LMCache 0.4.x",
 )

@@ -68,7 +68,7 @@ PATCH = Patch(
     why="vLLM 0.18 schedules a hybrid model at its smallest group block size; hits align to the LCM",
     mirrors="vLLM 0.23 resolve_kv_cache_block_sizes and Scheduler -> KVCacheManager(scheduler_block_size=)",
     delete_when="the oldest supported vLLM is >= 0.23",
-    # Fingerprints of the targets as shipped in vLLM 0.18.1 (stack A; B skips).
+    # Fingerprints of the targets as shipped in vLLM 0.18.1 (later vLLM has the fix: skipped there).
     tested_fingerprints={
         "Scheduler.__init__": ("d902624eb5d7",),
     },

@@ -110,7 +110,7 @@ PATCH = Patch(
     why="on vLLM 0.18 scratch allocations evict the sliding-window blocks a replay needs (DSv4: ~0% hits)",
     mirrors="vLLM 0.23 SlidingWindowManager.reachable_block_mask/free and the split in remove_skipped_blocks",
     delete_when="the oldest supported vLLM is >= 0.23",
-    # Fingerprints of the targets as shipped in vLLM 0.18.1 (stack A; B skips).
+    # Fingerprints of the targets as shipped in vLLM 0.18.1 (later vLLM has the fix: skipped there).
     tested_fingerprints={
         "SingleTypeKVCacheManager.__init__": ("5611abf9a9cf",),
         "SingleTypeKVCacheManager.cache_blocks": ("30fa7ba1db4a",),
