@@ -8,7 +8,9 @@
 2. Speed of `multi_layer_block_kv_transfer` (LMCache's MP transfer op), store and
    load, objects on the GPU, for MLA, K/V-separate MHA and a DSv4-like bundled
    layout at 256 / 1024 / 4096 / 16384 tokens: ours, the baseline and a same-byte
-   `copy_`, interleaved round by round, CUDA-event timed; median and IQR.
+   `copy_`, interleaved round by round, CUDA-event timed; median and IQR. Beside
+   each, the host time of one call of ours and of the baseline (from an idle
+   device to the call's return).
 The baseline is LMCache itself when installed, else its baseline files in
 `--baseline-sources` (see tests/ops/_baseline.py). Prints a table, writes JSON.
 """
@@ -104,12 +106,23 @@ def _time(fn, repeats=1):
     return start.elapsed_time(end) / repeats * 1000.0  # us
 
 
+def _host_time(fn):
+    """Host time of one call (us): from an idle device to the call's return, no synchronization
+    inside it (what the calling thread spends; the device may still be working)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    elapsed = (time.perf_counter() - start) * 1e6
+    torch.cuda.synchronize()
+    return elapsed
+
+
 def speed(device, baseline, mine, rounds):
     rows = []
     for name, (fmt, layers, bs, planes) in LAYOUTS.items():
         for tokens in TOKENS:
             for store in (True, False):
-                times = {"ours": [], "baseline": [], "copy": []}
+                times = {"ours": [], "baseline": [], "copy": [], "ours_host": [], "baseline_host": []}
                 paged, objs, ids, desc, moved = _setup(device, fmt, layers, bs, planes, tokens, mine)
                 # The baseline's own dtype handling of fp8 planes: uint8 views of the same bytes.
                 base_paged = [tuple(p.view(torch.uint8) if p.dtype == torch.float8_e4m3fn else p for p in layer)
@@ -142,6 +155,8 @@ def speed(device, baseline, mine, rounds):
                     times["ours"].append(_time(run_ours, inner))
                     times["baseline"].append(_time(run_baseline, 1))
                     times["copy"].append(_time(run_copy, inner))
+                    times["ours_host"].append(_host_time(run_ours))
+                    times["baseline_host"].append(_host_time(run_baseline))
                 row = {"layout": name, "tokens": tokens, "direction": "store (D2H)" if store else "load (H2D)",
                        "bytes": moved}
                 for key, values in times.items():
@@ -155,7 +170,8 @@ def speed(device, baseline, mine, rounds):
                 print(f"SPEED {name[:28]:28s} {tokens:6d} {row['direction']:11s} ours {row['ours_us']:9.1f} us "
                       f"baseline {row['baseline_us']:10.1f} us copy {row['copy_us']:8.1f} us  "
                       f"baseline/ours {row['baseline_over_ours']:7.1f}x  ours/copy {row['ours_over_copy']:5.2f}x "
-                      f"{row['ours_GBps']:7.1f} GB/s", flush=True)
+                      f"{row['ours_GBps']:7.1f} GB/s  host per call: ours {row['ours_host_us']:7.1f} us "
+                      f"baseline {row['baseline_host_us']:8.1f} us", flush=True)
                 del paged, objs, base_paged, src, dst
                 torch.cuda.empty_cache()
     return rows
