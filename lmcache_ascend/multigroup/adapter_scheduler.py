@@ -86,13 +86,19 @@ def roll_back_trackers(connector, scheduler_output, layout) -> None:
 
 
 def _decide_reuse(connector, layout) -> None:
-    """Decide once per connector whether it may supply prefixes; say why not, once, at start."""
+    """Decide once per connector whether it may supply prefixes; say why not, once, at start.
+
+    An engine that may not reuse also stores nothing (LMCache's own ``force_skip_save``): its
+    chunks' keys name its layout, so only an engine of the same model and groups could find
+    them, and that engine is refused reuse for the same reason.
+    """
     blocker = reuse_blocker(layout, getattr(connector, "_vllm_config", None))
     REUSE_BLOCKER.set(connector, blocker)
     if blocker is not None:
+        connector.force_skip_save = True
         logger.warning(
-            "lmcache-ascend: LMCache supplies no prefix to this engine (every lookup reports 0 tokens; "
-            "vLLM computes every prompt): %s",
+            "lmcache-ascend: LMCache supplies no prefix to this engine and stores nothing (every lookup "
+            "reports 0 tokens; vLLM computes every prompt): %s",
             blocker,
         )
 

@@ -17,8 +17,9 @@ Each kind runs once without a connector and once with LMCache in process, on
 rounds of one prompt each (vLLM's CPU MLA output depends on batching): A cold,
 C (A with the second 256-token chunk of its 512-token chunk-aligned prefix redrawn: a
 random-weight state-space layer forgets a prompt's first tokens), A warm, B (A's first 600 tokens + others).
-LMCache must supply 0 tokens (vLLM's counters), load nothing (the connector's
-count of loaded tokens), and every output must equal the no-connector run;
+LMCache must supply 0 tokens (vLLM's counters), load and store nothing (the
+connector's counts of tokens, where the model's groups go through it), and every
+output must equal the no-connector run;
 C's output must differ from A's where the model's output follows that chunk (MLA).
 With the overlay off (``LMCACHE_ASCEND_PATCHES=0``, vLLM choosing the hybrid
 manager itself) each kind either gives the same outputs with nothing supplied
@@ -126,6 +127,7 @@ def test_no_prefix_supplied_and_baseline_outputs(model_dir, name):
     assert run["metrics"].get("vllm:external_prefix_cache_hits", 0) == 0
     connector = worker["connector"] or {}
     assert not connector.get("tokens_loaded"), f"KV was loaded into the paged cache: {connector}"
+    assert not connector.get("tokens_stored"), f"chunks no engine can reuse were stored: {connector}"
     _assert_same_outputs(baseline, run, _tolerance(name))
 
 

@@ -174,9 +174,21 @@ def test_blocker_logged_once_at_start(caplog):
         _lmcache_chunk_size = 256
 
     connector = Connector()
+    connector.force_skip_save = False  # as LMCache's connector starts without LMCACHE_FORCE_SKIP_SAVE
     with caplog.at_level(logging.WARNING, logger=adapter_scheduler.__name__):
         for _ in range(3):
             why = adapter_scheduler.connector_reuse_blocker(connector)
     assert "MambaSpec" in why
+    assert connector.force_skip_save is True, "an engine that may not reuse must store nothing"
     warnings = [r for r in caplog.records if "supplies no prefix" in r.getMessage()]
     assert len(warnings) == 1 and "group 0 (MambaSpec" in warnings[0].getMessage()
+    assert "stores nothing" in warnings[0].getMessage()
+
+    class AttentionParent:
+        _kv_cache_config = _config(_full())
+
+    attention = Connector()
+    attention._parent = AttentionParent()
+    attention.force_skip_save = False
+    assert adapter_scheduler.connector_reuse_blocker(attention) is None
+    assert attention.force_skip_save is False
