@@ -12,7 +12,7 @@ replace LMCache's own defaults with themselves at best. Importing it is cheap
 and needs no NPU; it imports nothing from LMCache, which imports it.
 """
 
-from lmcache_ascend.kernels import lmcache_ops as _surface
-from lmcache_ascend.kernels.lmcache_ops import *  # noqa: F403 - exactly the surface's __all__
+from lmcache_ascend.op_surface import transfer_ops as _surface
+from lmcache_ascend.op_surface.transfer_ops import *  # noqa: F403 - exactly the surface's __all__
 
 __all__ = list(_surface.__all__)

@@ -8,7 +8,6 @@ from typing import Sequence
 
 import torch
 
-from lmcache_ascend.flags import flag_value
 from lmcache_ascend.kernels.reference import reference_transfer, reference_transfer_chunks
 from lmcache_ascend.kernels.spec import (
     DEFAULT_REGION_ALIGNMENT,
@@ -70,22 +69,15 @@ def _triton_available_for(device: torch.device) -> bool:
     return usable
 
 
-_BACKEND_FLAG = "LMCACHE_ASCEND_TRANSFER_BACKEND"
-
-
-def _requested_backend() -> str:
-    return flag_value(_BACKEND_FLAG)  # cheap, and raises FlagError naming a bad value every time
-
-
 def select_backend(device: torch.device, requested: str | None = None) -> str:
     """The backend a transfer on `device` runs on.
 
-    `requested` (None = the LMCACHE_ASCEND_TRANSFER_BACKEND flag): "torch" always
-    gives the reference; "triton" gives Triton or raises if it cannot run there;
-    "auto" gives Triton on CUDA and on NPU (triton-ascend) when it is importable,
-    the reference elsewhere (CPU, or no Triton).
+    `requested` (None = "auto"; callers pass the user's choice, the kernels read no
+    flag): "torch" always gives the reference; "triton" gives Triton or raises if it
+    cannot run there; "auto" gives Triton on CUDA and on NPU (triton-ascend) when it
+    is importable, the reference elsewhere (CPU, or no Triton).
     """
-    choice = _requested_backend() if requested is None else requested
+    choice = "auto" if requested is None else requested
     # The answer depends only on these (Triton's usability is fixed per process):
     # remembered, since it is asked on every transfer.
     key = (device, choice, triton_interpreting())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from lmcache_ascend.kernels import launch_counter
-from lmcache_ascend.kernels import lmcache_ops as ops
+from lmcache_ascend.op_surface import transfer_ops as ops
 
 H2D, D2H = 0, 1
 MLA = 3  # NL_X_NB_BS_HS: one latent row per token, per layer [NB, BS, H]
@@ -101,3 +101,30 @@ def test_a_new_list_of_the_same_tensors_is_the_same_description():
     ops.multi_layer_block_kv_transfer(list(caches), second, block_ids, "cpu", D2H, _desc(), 2 * BLOCK, MLA, 0)
     assert (first[0] == 3.0).all() and torch.equal(first[0], second[0])
     assert sum(key[0] == tuple(map(id, caches)) for key in ops._tables._entries) == 1, "described twice"
+
+
+def test_the_op_surface_reads_the_backend_flag_on_every_call(monkeypatch):
+    """LMCACHE_ASCEND_TRANSFER_BACKEND is the op surface's to read (the kernels take the backend from it)."""
+    import pytest
+
+    from lmcache_ascend.flags import FlagError
+    from lmcache_ascend.kernels import TransferError
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    caches = _caches(-1.0)
+    slots = torch.tensor([0, 5, 10, 23])
+    chunk = torch.arange(LAYERS * 4 * HIDDEN, dtype=torch.float32).reshape(1, LAYERS, 4, HIDDEN)
+
+    def call():
+        ops.multi_layer_kv_transfer(chunk, _table(caches), slots, "cpu", BLOCKS * BLOCK, H2D, MLA, BLOCK, HIDDEN)
+
+    monkeypatch.setenv("LMCACHE_ASCEND_TRANSFER_BACKEND", "cuda")
+    with pytest.raises(FlagError, match=r"LMCACHE_ASCEND_TRANSFER_BACKEND='cuda' is not allowed"):
+        call()
+    monkeypatch.setenv("LMCACHE_ASCEND_TRANSFER_BACKEND", "triton")
+    with pytest.raises(TransferError, match=r"backend 'triton' cannot run on device cpu"):
+        call()
+    assert (_rows(caches, slots) == -1.0).all(), "a refused call moved rows"
+    monkeypatch.setenv("LMCACHE_ASCEND_TRANSFER_BACKEND", "torch")
+    call()
+    assert torch.equal(_rows(caches, slots), chunk[0])

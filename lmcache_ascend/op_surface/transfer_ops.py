@@ -39,7 +39,7 @@ from typing import Sequence
 import torch
 
 from lmcache_ascend.bounded_cache import BoundedCache
-from lmcache_ascend.kernels.lmcache_formats import FormatFacts, format_facts, paged_layer_shape
+from lmcache_ascend.flags import flag_value
 from lmcache_ascend.kernels.ops import transfer_chunk_batches, transfer_group
 from lmcache_ascend.kernels.spec import (
     MAX_PLANES,
@@ -53,6 +53,7 @@ from lmcache_ascend.kernels.spec import (
     resolve_chunk_batch,
     strided_chunk_layout,
 )
+from lmcache_ascend.op_surface.formats import FormatFacts, format_facts, paged_layer_shape
 
 __all__ = [
     "PageBufferShapeDesc",
@@ -295,6 +296,12 @@ def _group(planes: Sequence[tuple[Sequence[torch.Tensor], int, int]]) -> PagedGr
         for index, (caches, block_size, row_bytes) in enumerate(planes))))
 
 
+def _backend() -> str:
+    """The user's transfer backend (LMCACHE_ASCEND_TRANSFER_BACKEND), read on every call: cheap, and
+    a bad value raises FlagError naming it every time."""
+    return flag_value("LMCACHE_ASCEND_TRANSFER_BACKEND")
+
+
 def _move(group: PagedGroup, slots: PlaneSlots | Sequence[PlaneSlots], chunk: torch.Tensor,
           plane_offsets: Sequence[int], row_pitch: Sequence[int], layer_stride: int, store: bool, op: str,
           what: str) -> None:
@@ -310,12 +317,12 @@ def _move(group: PagedGroup, slots: PlaneSlots | Sequence[PlaneSlots], chunk: to
             f"shape {tuple(chunk.shape)} is too small"
         )
     if group.on_group_device(span):
-        transfer_group(group, slots, span, store=store, layout=layout)
+        transfer_group(group, slots, span, store=store, layout=layout, backend=_backend())
         return
     # LMCache's buffer lives elsewhere (pinned host memory): stage it on the caches'
     # device. A store stages the old bytes too, so rows it skips keep them.
     staged = span.to(group.device, non_blocking=not store)
-    transfer_group(group, slots, staged, store=store, layout=layout)
+    transfer_group(group, slots, staged, store=store, layout=layout, backend=_backend())
     if store:
         span.copy_(staged)
 
@@ -789,7 +796,8 @@ def multi_layer_block_kv_transfer(
         layout = _strided_layout(row_bytes, (per_object * bs,) * plane_count, offsets, pitch, layer_stride, layers)
         spans = tuple((first * bs, (end - first) * bs) for _, _, first, end in batch)
         chunks = chunk_buffers([obj_bytes for _, obj_bytes, _, _ in batch])
-        transfer_chunk_batches([resolve_chunk_batch(slots, chunks, _object_rows(group, layout, spans), store=store)])
+        transfer_chunk_batches([resolve_chunk_batch(slots, chunks, _object_rows(group, layout, spans), store=store)],
+                               backend=_backend())
 
 
 def _block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
@@ -841,9 +849,9 @@ def _object_rows(group: PagedGroup, layout, spans: tuple[tuple[int, int], ...]) 
     """The checked rows of a multi-object launch (every plane of object c moves slots
     [start, start + count) of spans[c]); kept on the group per layout and spans, since the
     kernel's device table is keyed on the rows' identity (calls of one length reuse it)."""
-    cache = group.backend_cache.get("lmcache_ops.object_rows")
+    cache = group.backend_cache.get("op_surface.object_rows")
     if cache is None:
-        cache = group.backend_cache["lmcache_ops.object_rows"] = BoundedCache(64)
+        cache = group.backend_cache["op_surface.object_rows"] = BoundedCache(64)
     key = (layout, spans)
     rows = cache.get(key)
     if rows is None:
