@@ -365,9 +365,6 @@ class PagedGroup:
     geometry: tuple[tuple[PagedGeometry, ...], ...] = field(init=False, repr=False, compare=False)
     device: torch.device = field(init=False, repr=False, compare=False)
     backend_cache: dict = field(init=False, repr=False, compare=False, default_factory=dict)
-    # This group's chunk layouts by (rows per plane, alignment): chunk shapes are few in practice.
-    chunk_layouts: BoundedCache[ChunkLayout] = field(init=False, repr=False, compare=False,
-                                                      default_factory=lambda: BoundedCache(256))
 
     def __post_init__(self) -> None:
         if isinstance(self.planes, PagedPlane) or not isinstance(self.planes, Sequence):
@@ -424,8 +421,16 @@ class PagedGroup:
         self, region_rows: Sequence[int], alignment: int = DEFAULT_REGION_ALIGNMENT
     ) -> ChunkLayout:
         """This group's chunk layout for the given rows per plane (memoized: one per chunk shape)."""
-        return self.chunk_layouts.get_or_build((tuple(region_rows), alignment), lambda: chunk_layout(
+        return self.cache("chunk_layouts", 256).get_or_build((tuple(region_rows), alignment), lambda: chunk_layout(
             [plane.row_bytes for plane in self.planes], region_rows, self.layer_count, alignment))
+
+    def cache(self, name: str, bound: int) -> BoundedCache:
+        """The group's bounded cache `name` (made on first use): what callers derive from this group's
+        fixed geometry, kept with it (`docs/hot-path.md`)."""
+        found = self.backend_cache.get(name)
+        if found is None:
+            found = self.backend_cache[name] = BoundedCache(bound)
+        return found
 
 
 @dataclass(frozen=True)

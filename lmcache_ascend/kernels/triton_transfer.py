@@ -436,11 +436,8 @@ def _device_table(group: PagedGroup, layout: ChunkLayout, chunk_offset: int, anc
     buffer's address, or the gcd of every address a multi-chunk launch reaches),
     which together are the cache key.
     """
-    tables = group.backend_cache.get("triton.tables")
-    if tables is None:
-        tables = group.backend_cache["triton.tables"] = BoundedCache(_MAX_CACHED_TABLES)
-    key = (layout, chunk_offset, anchor % 16)
-    return tables.get(key) or tables.put(key, _build_device_table(group, layout, chunk_offset, anchor))
+    return group.cache("triton.tables", _MAX_CACHED_TABLES).get_or_build(
+        (layout, chunk_offset, anchor % 16), lambda: _build_device_table(group, layout, chunk_offset, anchor))
 
 
 def _build_device_table(group: PagedGroup, layout: ChunkLayout, chunk_offset: int, anchor: int) -> _DeviceTable:
@@ -579,7 +576,7 @@ def _chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape:
     """The launch of these groups' rows at their chunk offsets in `shape`, for chunk addresses whose gcd
     with the anchor is `alignment`: built and uploaded once, then looked up."""
     key = (tuple((batch.rows, batch.chunk_offset) for batch in batches), alignment % 16, shape)
-    return _chunks_launches.get(key) or _chunks_launches.put(key, _build_chunks_launch(batches, alignment, shape))
+    return _chunks_launches.get_or_build(key, lambda: _build_chunks_launch(batches, alignment, shape))
 
 
 def _build_chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape: LaunchShape) -> _ChunksLaunch:

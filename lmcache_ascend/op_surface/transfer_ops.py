@@ -212,25 +212,18 @@ class _TableCache:
                 leaves.append(entry)
         return (tuple(map(id, leaves)), key), tuple(leaves)
 
-    def get(self, paged: object, key: tuple) -> object | None:
-        full, held = self._identity(paged, key)
-        entry = self._entries.get(full)
-        if entry is None or (isinstance(held, torch.Tensor) and entry[0]() is not held):
-            return None
-        return entry[1]
-
-    def put(self, paged: object, key: tuple, value: object) -> object:
-        full, held = self._identity(paged, key)
-        self._entries.put(full, (weakref.ref(held) if isinstance(held, torch.Tensor) else held, value))
-        return value
-
     def get_or_build(self, paged: object, key: tuple, build) -> object:
         """The value kept for `paged` and `key`, else `build()`'s, kept (anything but a table or
         a list is built every time)."""
         if not isinstance(paged, (torch.Tensor, list, tuple)):
             return build()
-        value = self.get(paged, key)
-        return value if value is not None else self.put(paged, key, build())
+        full, held = self._identity(paged, key)
+        entry = self._entries.get(full)
+        if entry is not None and (not isinstance(held, torch.Tensor) or entry[0]() is held):
+            return entry[1]
+        value = build()
+        self._entries.put(full, (weakref.ref(held) if isinstance(held, torch.Tensor) else held, value))
+        return value
 
 
 _tables = _TableCache()
@@ -849,16 +842,12 @@ def _object_rows(group: PagedGroup, layout, spans: tuple[tuple[int, int], ...]) 
     """The checked rows of a multi-object launch (every plane of object c moves slots
     [start, start + count) of spans[c]); kept on the group per layout and spans, since the
     kernel's device table is keyed on the rows' identity (calls of one length reuse it)."""
-    cache = group.backend_cache.get("op_surface.object_rows")
-    if cache is None:
-        cache = group.backend_cache["op_surface.object_rows"] = BoundedCache(64)
-    key = (layout, spans)
-    rows = cache.get(key)
-    if rows is None:
+    def build() -> ChunkRows:
         starts = [[start] * group.plane_count for start, _ in spans]
         counts = [[count] * group.plane_count for _, count in spans]
-        rows = cache.put(key, chunk_rows(group, layout, starts, counts))
-    return rows
+        return chunk_rows(group, layout, starts, counts)
+
+    return group.cache("op_surface.object_rows", 64).get_or_build((layout, spans), build)
 
 
 def _kv_dtype(paged: object, objects: list, shape_desc: PageBufferShapeDesc, op: str) -> torch.dtype:
