@@ -46,10 +46,10 @@ from tests.engine.test_engine_reuse import (  # noqa: F401 - model_dir is a fixt
     model_dir,
 )
 
-# One CI run in four saw a call's logprobs 1.2e-3 off (tokens equal) with the same cached-token
-# counts as the other connector's run (which passed) and every loaded block byte-equal to vLLM's own (the oracle below):
-# through the MP server vLLM's CPU computation of the same suffix varies that much from run to
-# run. Tokens must match exactly; the bytes' exactness is the oracle's to prove.
+# One CI run in four saw a call's logprobs 1.2e-3 off, tokens equal, with the same cached-token
+# counts as the other connector's run, which passed at 1e-4. Through the MP server's timing, vLLM's
+# CPU computation of the same suffix may differ that much. Tokens must match exactly, and the
+# loaded bytes are checked first, block by block, by the oracle.
 MP_LOGPROB_TOLERANCE = 5e-3
 
 # test_engine_reuse's rounds, one prompt per call; ROUND_OF[i]: the round call i belongs to.
@@ -98,10 +98,10 @@ def test_mp_reuse_gives_baseline_tokens(model_dir, variant):
     assert worker["kv_connector"] == CONNECTORS[variant][0]
     warm = _hits(run, 1)
     assert sum(warm) > 0, "nothing was reused: the comparison would prove nothing"
-    _assert_same_outputs(baseline, run, MP_LOGPROB_TOLERANCE)
     prompts = [call[0] for call in SINGLE_CALLS]
     supplied = [call[0]["num_cached_tokens"] for call in run["rounds"]]
     assert assert_loaded_blocks_were_computed(run["kv_oracle"][0], prompts, supplied) > 0
+    _assert_same_outputs(baseline, run, MP_LOGPROB_TOLERANCE)
 
 
 @pytest.mark.parametrize("variant", list(CONNECTORS))
