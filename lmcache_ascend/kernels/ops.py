@@ -25,6 +25,8 @@ __all__ = [
     "BACKENDS",
     "LaunchCounter",
     "launch_counter",
+    "prepare_chunks_relaunch",
+    "prepare_relaunch",
     "select_backend",
     "transfer_chunk_batches",
     "transfer_group",
@@ -137,6 +139,59 @@ def transfer_group(
     else:
         reference_transfer(transfer)
         launch_counter.torch += 1
+
+
+def prepare_relaunch(
+    group: PagedGroup,
+    slots: Sequence[PlaneSlots],
+    chunk: torch.Tensor,
+    *,
+    store: bool,
+    layout: ChunkLayout | None = None,
+    backend: str | None = None,
+):
+    """The launch `transfer_group` made with these arguments, as a function of (chunk address, slot
+    address) that makes it again over other buffers of the same shapes and returns True, or
+    launches nothing and returns False for addresses aligned otherwise (see
+    `triton_transfer.Relaunch`); None where there is no such launch (not the Triton backend, no
+    direct launch on this device, or nothing to move)."""
+    if select_backend(group.device, backend) != "triton":
+        return None
+    from lmcache_ascend.kernels.triton_transfer import prepare_relaunch as prepare
+
+    relaunch = prepare(resolve_transfer(group, slots, chunk, store=store, layout=layout))
+    if relaunch is None:
+        return None
+
+    def launch(chunk_address: int, slot_address: int) -> bool:
+        if not relaunch(chunk_address, slot_address):
+            return False
+        launch_counter.triton += 1
+        return True
+
+    return launch
+
+
+def prepare_chunks_relaunch(batch: ResolvedChunkBatch, *, backend: str | None = None):
+    """The launch `transfer_chunk_batches([batch])` made, as a function of (the chunks' addresses,
+    an int64 array; the slot tensor) that makes it again over other chunks of the same shapes and
+    returns True, or launches nothing and returns False for chunks aligned otherwise; None where
+    there is no such launch (see `prepare_relaunch`)."""
+    if select_backend(batch.group.device, backend) != "triton":
+        return None
+    from lmcache_ascend.kernels.triton_transfer import prepare_chunks_relaunch as prepare
+
+    relaunch = prepare(batch)
+    if relaunch is None:
+        return None
+
+    def launch(addresses, slots: torch.Tensor) -> bool:
+        if not relaunch(addresses, slots):
+            return False
+        launch_counter.triton += 1
+        return True
+
+    return launch
 
 
 def transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, backend: str | None = None) -> int:

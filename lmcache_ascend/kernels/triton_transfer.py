@@ -53,7 +53,13 @@ from lmcache_ascend.kernels.spec import (
     widest_element_width,
 )
 
-__all__ = ["supports_device", "triton_transfer", "triton_transfer_chunk_batches"]
+__all__ = [
+    "prepare_chunks_relaunch",
+    "prepare_relaunch",
+    "supports_device",
+    "triton_transfer",
+    "triton_transfer_chunk_batches",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -475,6 +481,30 @@ def _check_shape(shape: LaunchShape) -> None:
 
 def triton_transfer(transfer: ResolvedTransfer, *, shape: LaunchShape = DEFAULT_LAUNCH_SHAPE) -> None:
     """Run one validated transfer in a single kernel launch (no host-to-device copy after the first)."""
+    launch = _single_chunk_launch(transfer, shape)
+    if launch is not None:
+        _launch(*launch)
+
+
+def prepare_relaunch(transfer: ResolvedTransfer, *, shape: LaunchShape = DEFAULT_LAUNCH_SHAPE) -> "Relaunch | None":
+    """The launch `triton_transfer(transfer)` made, ready to be made again over another chunk buffer
+    and slot tensor (`Relaunch`), or None where no compiled kernel can be launched directly (not
+    CUDA, not launched yet, or nothing to move)."""
+    launch = _single_chunk_launch(transfer, shape)
+    if launch is None:
+        return None
+    kernel, grid, arguments, pointers, signature, constexprs, num_warps, device = launch
+    raw = _raw_launchers.get((kernel, device, constexprs, num_warps, signature)) if _raw_launch["enabled"] else None
+    if raw is None:
+        return None
+    values = [pointers.get(position, value) for position, value in enumerate(arguments)]
+    values.extend(value for _, value in constexprs)
+    # the chunk's address is argument 0 (its pointer) and 1 (the anchor integer); the slots' is 2
+    return Relaunch(raw, grid, tuple(values), ((0, 1), (2,)))
+
+
+def _single_chunk_launch(transfer: ResolvedTransfer, shape: LaunchShape):
+    """The arguments of `_launch` for one validated transfer, or None if no plane moves a row."""
     _check_shape(shape)
     tile = shape.tile
     chunk = transfer.chunk_bytes
@@ -508,7 +538,7 @@ def triton_transfer(transfer: ResolvedTransfer, *, shape: LaunchShape = DEFAULT_
         if programs > max_programs:
             max_programs = programs
     if slot_anchor is None:
-        return  # no plane moves a row
+        return None  # no plane moves a row
     grid = (max_programs, geometry.layer_planes, 1)
     layer_stride = transfer.layout.layer_stride
     arguments = (chunk, anchor, slot_anchor, device_table.table, layer_stride, *slot_offsets, *counts)
@@ -523,10 +553,55 @@ def triton_transfer(transfer: ResolvedTransfer, *, shape: LaunchShape = DEFAULT_
         tuple(_integer_type(offset) for offset in slot_offsets[:planes]),
     )
     pointers = {0: anchor, 2: slot_anchor_address, 3: device_table.address}
-    _launch(_paged_chunk_kernel, grid, arguments, pointers, signature,
-            (("PLANES", planes), ("STORE", transfer.store), ("TILE", tile), ("SEGMENT", shape.segment),
-             ("SEGMENTS", launch_segments(max(geometry.row_bytes), shape.segment))),
-            shape.num_warps, transfer.group.device)
+    constexprs = (("PLANES", planes), ("STORE", transfer.store), ("TILE", tile), ("SEGMENT", shape.segment),
+                  ("SEGMENTS", launch_segments(max(geometry.row_bytes), shape.segment)))
+    return (_paged_chunk_kernel, grid, arguments, pointers, signature, constexprs, shape.num_warps,
+            transfer.group.device)
+
+
+class Relaunch:
+    """A launch made before, made again over other buffers with nothing looked up or checked.
+
+    Everything but the data addresses (tables, grid, compiled kernel, every scalar) is
+    the original launch's; each new address goes to the arguments at its `positions`.
+    So a caller may use it only where the original's checks hold for the new buffers
+    by construction (same shapes, strides, dtypes, devices). An address whose alignment
+    modulo 16 or integer width differs from the original's is refused (the call returns
+    False and launches nothing): the kernel was compiled, and its element widths chosen,
+    for those. What it saves is a call's host work (tens of microseconds), which is most
+    of what a small transfer costs.
+    """
+
+    __slots__ = ("_raw", "_grid", "_values", "_positions", "_classes")
+
+    def __init__(self, raw: "_RawLauncher", grid: tuple[int, int, int], values: tuple,
+                 positions: tuple[tuple[int, ...], ...]):
+        self._raw, self._grid, self._values, self._positions = raw, grid, values, positions
+        self._classes = tuple(_address_class(values[where[0]]) for where in positions)
+
+    def fits(self, *addresses: int) -> bool:
+        """Whether these addresses are aligned as the original launch's were."""
+        return tuple(map(_address_class, addresses)) == self._classes
+
+    def __call__(self, *addresses: int) -> bool:
+        if not self.fits(*addresses):
+            return False
+        values = list(self._values)
+        for positions, address in zip(self._positions, addresses):
+            for position in positions:
+                values[position] = address
+        raw, grid = self._raw, self._grid
+        stream = raw.current_stream(raw.current_device())
+        runtime = triton.knobs.runtime
+        metadata = raw.compiled.launch_metadata(grid, stream, *values)
+        raw.run(grid[0], grid[1], grid[2], stream, raw.function, raw.packed_metadata, metadata,
+                runtime.launch_enter_hook, runtime.launch_exit_hook, *values)
+        return True
+
+
+def _address_class(address: int) -> tuple[int, str]:
+    """What a compiled launch assumed of an address: its alignment modulo 16 and its integer type."""
+    return address % 16, _integer_type(address)
 
 
 def _upload(values: np.ndarray, device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -652,15 +727,23 @@ def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape) -> Non
         # Chunks of one pool (staging waves): the pool anchors them and their distances are
         # its offsets, whose device copy is looked up (no upload, and nothing on the copy
         # engine that the next wave's copies would queue behind).
-        anchor_tensor, anchor = buffers.pool, buffers.pool.data_ptr()
-        addresses = _pool_offsets_table(buffers.pool_offsets, device)
+        anchor_tensor, addresses = buffers.pool, _pool_offsets_table(buffers.pool_offsets, device)
     else:
         addresses = torch.empty(len(buffers), dtype=torch.int64, device=device)
         # its bytes anchor the data (the kernel addresses bytes: a uint8 view, same address)
-        anchor_tensor, anchor = addresses.view(torch.uint8), addresses.data_ptr()
-        _upload(buffers.addresses - anchor, device, out=addresses)
+        anchor_tensor = addresses.view(torch.uint8)
+        _upload(buffers.addresses - addresses.data_ptr(), device, out=addresses)
+    _launch(*_chunks_launch_arguments(batches, shape, anchor_tensor, addresses))
+
+
+def _chunks_launch_arguments(batches: list[ResolvedChunkBatch], shape: LaunchShape, anchor_tensor: torch.Tensor,
+                             addresses: torch.Tensor):
+    """The arguments of `_launch` for `batches` whose chunks lie at `addresses` (device, int64) from
+    `anchor_tensor`'s first byte."""
+    first = batches[0]
+    anchor = anchor_tensor.data_ptr()
     # Widths must divide every chunk's distance from the anchor: the gcd of them all stands for it.
-    launch = _chunks_launch(batches, math.gcd(buffers.address_gcd, anchor), shape)
+    launch = _chunks_launch(batches, math.gcd(first.buffers.address_gcd, anchor), shape)
     slot_address, addresses_address = first.slots.data_ptr(), addresses.data_ptr()
     table_address, work_address, rows_address = (launch.table.data_ptr(), launch.work.data_ptr(),
                                                  launch.rows_table.data_ptr())
@@ -678,10 +761,63 @@ def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape) -> Non
         _integer_type(anchor),
     )
     pointers = {0: anchor, 2: slot_address, 3: table_address, 4: work_address, 5: addresses_address, 6: rows_address}
-    _launch(_paged_chunks_kernel, (launch.work_items, first.num_chunks, 1), arguments, pointers, signature,
-            (("STORE", first.store), ("TILE", launch.shape.tile), ("SEGMENT", launch.shape.segment),
-             ("SEGMENTS", launch.segments)),
-            launch.shape.num_warps, device)
+    constexprs = (("STORE", first.store), ("TILE", launch.shape.tile), ("SEGMENT", launch.shape.segment),
+                  ("SEGMENTS", launch.segments))
+    return (_paged_chunks_kernel, (launch.work_items, first.num_chunks, 1), arguments, pointers, signature, constexprs,
+            launch.shape.num_warps, first.group.device)
+
+
+def prepare_chunks_relaunch(batch: ResolvedChunkBatch) -> "ChunksRelaunch | None":
+    """The launch `triton_transfer_chunk_batches([batch])` made, ready to be made again over other
+    chunks of the same shapes and another slot tensor (`ChunksRelaunch`), or None where there is
+    none (chunks of a staging pool, nothing to move, no direct launch on this device)."""
+    if batch.buffers.pool is not None or not batch.num_chunks or not batch.rows.max_region_bytes:
+        return None
+    shape = chunk_launch_shape(batch.rows.max_region_bytes)
+    addresses = torch.empty(len(batch.buffers), dtype=torch.int64, device=batch.group.device)
+    kernel, grid, arguments, pointers, signature, constexprs, num_warps, device = _chunks_launch_arguments(
+        [batch], shape, addresses.view(torch.uint8), addresses)
+    raw = _raw_launchers.get((kernel, device, constexprs, num_warps, signature)) if _raw_launch["enabled"] else None
+    if raw is None:
+        return None
+    values = [pointers.get(position, value) for position, value in enumerate(arguments)]
+    values.extend(value for _, value in constexprs)
+    # the address table anchors the data (arguments 0 and 1) and is the table (5); the slots' is 2
+    relaunch = Relaunch(raw, grid, tuple(values), ((0, 1, 5), (2,)))
+    return ChunksRelaunch(relaunch, math.gcd(batch.buffers.address_gcd, addresses.data_ptr()) % 16, device)
+
+
+class ChunksRelaunch:
+    """A multi-chunk launch made again (see `Relaunch`): per call one host-to-device copy (the chunks'
+    addresses, and the slots where they are given on the host) and the kernel launch. Refused
+    (False, nothing launched) where the chunks' alignment differs from the original's."""
+
+    __slots__ = ("_relaunch", "_alignment", "_device")
+
+    def __init__(self, relaunch: Relaunch, alignment: int, device: torch.device):
+        self._relaunch, self._alignment, self._device = relaunch, alignment, device
+
+    def __call__(self, addresses: np.ndarray, slots: torch.Tensor | np.ndarray) -> bool:
+        """`addresses`: the chunks' (int64); `slots`: the slot tensor on the device, or the slots as an
+        int64 array, uploaded after the addresses in the same copy."""
+        count = len(addresses)
+        on_host = isinstance(slots, np.ndarray)
+        # host slots start on a 16-byte boundary, as the original launch's slot tensor did
+        slots_at = count + count % 2
+        table = torch.empty(slots_at + len(slots) if on_host else count, dtype=torch.int64, device=self._device)
+        anchor = table.data_ptr()
+        slot_address = anchor + 8 * slots_at if on_host else slots.data_ptr()
+        if math.gcd(int(np.gcd.reduce(addresses)), anchor) % 16 != self._alignment or not self._relaunch.fits(
+                anchor, slot_address):
+            return False
+        values = np.empty(len(table), dtype=np.int64)
+        np.subtract(addresses, anchor, out=values[:count])
+        if on_host:
+            values[slots_at:] = slots
+        # From pageable memory: the driver stages the bytes before the call returns (so `values`
+        # may go at once), without the pinned allocation `_upload` makes (most of a small call).
+        table.copy_(torch.from_numpy(values), non_blocking=True)
+        return self._relaunch(anchor, slot_address)
 
 
 # Compiled kernels by (kernel, device, constexprs, warps, signature): the key

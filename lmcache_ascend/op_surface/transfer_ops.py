@@ -32,15 +32,22 @@ Nothing here imports LMCache: LMCache imports `lmcache_ascend.ops`.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import weakref
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from lmcache_ascend.bounded_cache import BoundedCache
 from lmcache_ascend.flags import flag_value
-from lmcache_ascend.kernels.ops import transfer_chunk_batches, transfer_group
+from lmcache_ascend.kernels.ops import (
+    prepare_chunks_relaunch,
+    prepare_relaunch,
+    transfer_chunk_batches,
+    transfer_group,
+)
 from lmcache_ascend.kernels.spec import (
     MAX_PLANES,
     ChunkRows,
@@ -204,26 +211,44 @@ class _TableCache:
         (held, so that their ids, the key, stay theirs: any list of the same tensors finds it)."""
         if isinstance(paged, torch.Tensor):
             return (id(paged), paged._version, key), paged
-        leaves = []
-        for entry in paged:
-            if isinstance(entry, (list, tuple)):
-                leaves.extend(entry)
-            else:
-                leaves.append(entry)
-        return (tuple(map(id, leaves)), key), tuple(leaves)
+        kinds = set(map(type, paged))  # read at C level: asked on every call of a repeat
+        if torch.Tensor in kinds and len(kinds) == 1:
+            leaves = tuple(paged)
+        elif kinds and kinds <= {list, tuple}:
+            leaves = tuple(itertools.chain.from_iterable(paged))
+        else:
+            leaves = []
+            for entry in paged:
+                if isinstance(entry, (list, tuple)):
+                    leaves.extend(entry)
+                else:
+                    leaves.append(entry)
+            leaves = tuple(leaves)
+        return (tuple(map(id, leaves)), key), leaves
+
+    def lookup(self, paged: object, key: tuple) -> tuple[tuple | None, object | None]:
+        """(a handle for `keep`, the value kept for `paged` and `key` or None); the handle is None for
+        anything but a table or a list (nothing is kept for it)."""
+        if not isinstance(paged, (torch.Tensor, list, tuple)):
+            return None, None
+        full, held = self._identity(paged, key)
+        entry = self._entries.get(full)
+        if entry is not None and (not isinstance(held, torch.Tensor) or entry[0]() is held):
+            return (full, held), entry[1]
+        return (full, held), None
+
+    def keep(self, handle: tuple | None, value: object) -> object:
+        """Keep `value` under `lookup`'s handle (None: nothing kept); returns it."""
+        if handle is not None and value is not None:
+            full, held = handle
+            self._entries.put(full, (weakref.ref(held) if isinstance(held, torch.Tensor) else held, value))
+        return value
 
     def get_or_build(self, paged: object, key: tuple, build) -> object:
         """The value kept for `paged` and `key`, else `build()`'s, kept (anything but a table or
         a list is built every time)."""
-        if not isinstance(paged, (torch.Tensor, list, tuple)):
-            return build()
-        full, held = self._identity(paged, key)
-        entry = self._entries.get(full)
-        if entry is not None and (not isinstance(held, torch.Tensor) or entry[0]() is held):
-            return entry[1]
-        value = build()
-        self._entries.put(full, (weakref.ref(held) if isinstance(held, torch.Tensor) else held, value))
-        return value
+        handle, value = self.lookup(paged, key)
+        return self.keep(handle, build()) if value is None else value
 
 
 _tables = _TableCache()
@@ -297,8 +322,10 @@ def _backend() -> str:
 
 def _move(group: PagedGroup, slots: PlaneSlots | Sequence[PlaneSlots], chunk: torch.Tensor,
           plane_offsets: Sequence[int], row_pitch: Sequence[int], layer_stride: int, store: bool, op: str,
-          what: str) -> None:
-    """Move the group's rows at `slots` <-> `chunk` (offsets, pitches, stride in bytes from chunk's first byte)."""
+          what: str, backend: str, repeatable: bool = False):
+    """Move the group's rows at `slots` <-> `chunk` (offsets, pitches, stride in bytes from chunk's first byte).
+
+    `repeatable`: also return the move as a `_Repeat` launch (or `_never` where it has none)."""
     if isinstance(slots, PlaneSlots):
         slots = (slots,) * group.plane_count
     span = _byte_span(chunk, what, op)
@@ -310,14 +337,48 @@ def _move(group: PagedGroup, slots: PlaneSlots | Sequence[PlaneSlots], chunk: to
             f"shape {tuple(chunk.shape)} is too small"
         )
     if group.on_group_device(span):
-        transfer_group(group, slots, span, store=store, layout=layout, backend=_backend())
-        return
+        transfer_group(group, slots, span, store=store, layout=layout, backend=backend)
+        if repeatable:
+            return prepare_relaunch(group, slots, span, store=store, layout=layout, backend=backend) or _never
+        return None
     # LMCache's buffer lives elsewhere (pinned host memory): stage it on the caches'
     # device. A store stages the old bytes too, so rows it skips keep them.
     staged = span.to(group.device, non_blocking=not store)
-    transfer_group(group, slots, staged, store=store, layout=layout, backend=_backend())
+    transfer_group(group, slots, staged, store=store, layout=layout, backend=backend)
     if store:
         span.copy_(staged)
+    return _never if repeatable else None
+
+
+# ---------------------------------------------------------------- repeated calls
+#
+# LMCache calls an op over and over with the same caches and shapes, a chunk at a time: only
+# the chunk buffer and the slot (or block id) tensor are new. The first call of a shape runs
+# every check and the whole path; where that ended in one direct kernel launch, the launch is
+# kept (`kernels.prepare_relaunch`) under a key of everything those checks read: the caches'
+# description (as `_tables` identifies it), every other argument's value and type, each
+# tensor's shape, strides, dtype and device, and the backend. A later call with that key
+# makes the launch again over its own buffers (nothing the checks read differs), unless their
+# addresses are aligned otherwise; then, and for any other call, the whole path runs.
+
+_repeats = _TableCache()
+
+
+def _never(*addresses: int) -> bool:
+    """The repeat of a call that has none (the reference backend, a staged buffer, no direct launch)."""
+    return False
+
+
+def _repeat_key(op: str, backend: str, tensors: tuple, scalars: tuple) -> tuple | None:
+    """The key of a call's repeat, or None where a call cannot have one (an argument that is not
+    a plain tensor where one is expected)."""
+    try:
+        described = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors if type(t) is torch.Tensor)
+    except RuntimeError:  # a tensor without strides (sparse, ...)
+        return None
+    if len(described) != len(tensors):
+        return None
+    return op, backend, scalars, tuple(map(type, scalars)), described
 
 
 # A call's chunk layout is one of a few (chunk sizes x formats): checked once, then looked up.
@@ -412,8 +473,9 @@ def _token_group(op: str, key_value_ptrs: object, key: tuple, planes) -> tuple[P
 
 
 def _token_move(op: str, key_value: torch.Tensor, group: PagedGroup, rows: int, slot_mapping: torch.Tensor,
-                store: bool, start: int) -> None:
-    """key_value [planes, L, T, H] <-> the group's rows at slot_mapping[start:] (tokens from `start`)."""
+                store: bool, start: int, backend: str, repeatable: bool = False):
+    """key_value [planes, L, T, H] <-> the group's rows at slot_mapping[start:] (tokens from `start`);
+    `repeatable`: returns the move's repeat (see `_move`)."""
     tokens = key_value.shape[2]
     if slot_mapping.numel() != tokens:
         raise TransferError(
@@ -421,14 +483,36 @@ def _token_move(op: str, key_value: torch.Tensor, group: PagedGroup, rows: int, 
             f"{tokens} tokens; allowed: one slot per token"
         )
     slots = _device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
+    # A repeat reads the caller's slot tensor in place: not where it had to be converted.
+    repeatable = repeatable and slots is slot_mapping
     count = max(tokens - start, 0)
     if count == 0:
-        return
+        return _nothing if repeatable else None
     strides = _byte_strides(key_value, "key_value", op)
     planes = group.plane_count
-    _move(group, PlaneSlots(slots, start, count), key_value,
-          [kv * strides[0] + start * strides[2] for kv in range(planes)], [strides[2]] * planes,
-          strides[1], store, op, "key_value")
+    return _move(group, PlaneSlots(slots, start, count), key_value,
+                 [kv * strides[0] + start * strides[2] for kv in range(planes)], [strides[2]] * planes,
+                 strides[1], store, op, "key_value", backend, repeatable)
+
+
+def _nothing(*addresses: int) -> bool:
+    """The repeat of a call that moves nothing (every token skipped)."""
+    return True
+
+
+def _repeated(op: str, paged: object, tensors: tuple, scalars: tuple) -> tuple[bool, tuple | None, str]:
+    """(whether the repeat kept for this call ran it, the handle to keep one under after the whole
+    path (None: keep none), the backend). `tensors` start with the chunk buffer and the slot (or
+    block id) tensor, whose addresses a repeat takes."""
+    backend = _backend()
+    key = _repeat_key(op, backend, tensors, scalars)
+    if key is None:
+        return False, None, backend
+    handle, repeat = _repeats.lookup(paged, key)
+    if repeat is None:
+        return False, handle, backend
+    # A kept repeat that refuses these addresses leaves the whole path to the call, and stays.
+    return repeat(tensors[0].data_ptr(), tensors[1].data_ptr()), None, backend
 
 
 def multi_layer_kv_transfer(
@@ -450,6 +534,11 @@ def multi_layer_kv_transfer(
     list of tensors or a pointer table over `page_buffer_size` slots.
     """
     op = "multi_layer_kv_transfer"
+    ran, handle, backend = _repeated(op, key_value_ptrs, (key_value, slot_mapping), (
+        paged_memory_device, page_buffer_size, direction, engine_kv_format, block_size, head_size,
+        skip_prefix_n_tokens, block_stride_elems))
+    if ran:
+        return
     facts = format_facts(engine_kv_format, op, _MULTI_LAYER_FORMATS)
     store = _is_store(direction, op)
     key_value = _tensor(key_value, "key_value", op, dims=4)
@@ -478,7 +567,9 @@ def multi_layer_kv_transfer(
     key = (op, facts.name, key_value.dtype, layers, hidden, page_buffer_size, block_size, block_stride_elems, device,
            hidden * key_value.element_size())
     group, rows = _token_group(op, key_value_ptrs, key, planes)
-    _token_move(op, key_value, group, rows, slot_mapping, store, min(skip_prefix_n_tokens, key_value.shape[2]))
+    repeat = _token_move(op, key_value, group, rows, slot_mapping, store, min(skip_prefix_n_tokens, key_value.shape[2]),
+                         backend, repeatable=handle is not None)
+    _repeats.keep(handle, repeat)
 
 
 def multi_layer_kv_transfer_unilateral(
@@ -495,6 +586,10 @@ def multi_layer_kv_transfer_unilateral(
     MLA formats move one latent plane exactly as `multi_layer_kv_transfer`.
     """
     op = "multi_layer_kv_transfer_unilateral"
+    ran, handle, backend = _repeated(op, key_value_ptrs, (key_value, slot_mapping),
+                                     (paged_memory_device, page_buffer_size, direction, engine_kv_format))
+    if ran:
+        return
     facts = format_facts(engine_kv_format, op, _UNILATERAL_FORMATS)
     if facts.mla:
         multi_layer_kv_transfer(key_value, key_value_ptrs, slot_mapping, paged_memory_device, page_buffer_size,
@@ -515,7 +610,8 @@ def multi_layer_kv_transfer_unilateral(
 
     key = (op, facts.name, key_value.dtype, layers, hidden, page_buffer_size, device, hidden * key_value.element_size())
     group, rows = _token_group(op, key_value_ptrs, key, planes)
-    _token_move(op, key_value, group, rows, slot_mapping, store, 0)
+    _repeats.keep(handle, _token_move(op, key_value, group, rows, slot_mapping, store, 0, backend,
+                                      repeatable=handle is not None))
 
 
 def single_layer_kv_transfer(
@@ -563,7 +659,7 @@ def single_layer_kv_transfer(
     slots = _device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
     if tokens:
         _move(group, PlaneSlots(slots, 0, tokens), lmc, offsets, [pitch] * len(offsets), 0, store, op,
-              "lmc_key_value_cache")
+              "lmc_key_value_cache", _backend())
 
 
 def _flash(op: str, key_value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -596,7 +692,7 @@ def _flash(op: str, key_value: torch.Tensor, key_cache: torch.Tensor, value_cach
     strides = _byte_strides(key_value, "key_value", op)
     base = layer_idx * strides[1]
     _move(group, PlaneSlots(slots, 0, tokens), key_value, [base, base + strides[0]], [strides[2]] * 2, 0, store,
-          op, "key_value")
+          op, "key_value", _backend())
 
 
 def load_and_reshape_flash(
@@ -720,6 +816,13 @@ def multi_layer_block_kv_transfer(
     the first `skip_prefix_n_blocks` blocks are not moved.
     """
     op = "multi_layer_block_kv_transfer"
+    backend = _backend()
+    key = _block_repeat_key(backend, lmcache_objects_ptrs, block_ids, (
+        device, direction, lmcache_chunk_size, engine_kv_format, skip_prefix_n_blocks,
+        *(getattr(shape_desc, field, None) for field in _SHAPE_DESC_FIELDS)))
+    handle, repeat = _repeats.lookup(paged_buffer_ptrs_tensor, key) if key is not None else (None, None)
+    if repeat is not None and repeat(lmcache_objects_ptrs, block_ids):
+        return
     facts = format_facts(engine_kv_format, op, _BLOCK_FORMATS)
     store = _is_store(direction, op)
     _int_arg(lmcache_chunk_size, "lmcache_chunk_size", op, 1)
@@ -741,28 +844,20 @@ def multi_layer_block_kv_transfer(
     layers, plane_count = group.layer_count, group.plane_count
 
     objects = _objects(lmcache_objects_ptrs, facts, shape_desc, lmcache_chunk_size, dtype, layers, op)
-    ids = block_ids
-    if isinstance(ids, list):
-        ids = torch.tensor(ids, dtype=torch.int64)
-    ids = _slot_tensor(ids, op, "block_ids")
-    if ids.is_cpu and ids.numel():
-        smallest, largest = int(ids.min()), int(ids.max())
-        if smallest < 0 or (largest + 1) * bs > rows:  # the block's last row must be in the cache too
-            raise TransferError(
-                f"{op}: block_ids holds {smallest if smallest < 0 else largest}; allowed: 0..{rows // bs - 1}"
-            )
-    ids = ids.to(device=group.device, dtype=torch.int64)
-    blocks = ids.numel()
-    slots = (ids[:, None] * bs + torch.arange(bs, dtype=torch.int64, device=group.device)).reshape(-1).contiguous()
+    ids = _block_id_tensor(block_ids, bs, rows, op)
+    if ids.device != group.device:
+        ids = ids.to(device=group.device, non_blocking=True)
+    slots = _block_slots(ids, bs, group.device)
     per_object = lmcache_chunk_size // bs
     # Objects moved whole from their first row go in one launch when they share a layout and a
     # placement the kernel reaches; an object the skipped prefix cuts into, or one that differs,
     # is moved on its own.
     batch: list[tuple[int, torch.Tensor, int, int]] = []  # (object, bytes, first block, end block)
     batch_layout = batch_shape = None
+    alone = 0  # objects moved on their own
     for index, obj in enumerate(objects):
         first = max(index * per_object, skip_prefix_n_blocks)
-        end = min((index + 1) * per_object, blocks)
+        end = min((index + 1) * per_object, ids.numel())
         if first >= end:
             continue
         token_offset = (first - index * per_object) * bs
@@ -777,20 +872,120 @@ def multi_layer_block_kv_transfer(
             batch_shape, batch_layout = shape, (tuple(offsets), tuple(pitch), layer_stride)
             batch.append((index, obj.view(-1).view(torch.uint8), first, end))
             continue
+        alone += 1
         _move(group, PlaneSlots(slots, first * bs, (end - first) * bs), obj, offsets, pitch, layer_stride, store,
-              op, what)
+              op, what, backend)
+    # A repeat makes the call's one launch again over other objects and block ids of the same shapes
+    # (see "repeated calls"): where that launch moved every object it reached, on the caches' device.
+    repeatable = handle is not None and not alone and bool(batch) and batch_shape[3] == group.device
     if len(batch) == 1:
         index, obj_bytes, first, end = batch[0]
         offsets, pitch, layer_stride = batch_layout
-        _move(group, PlaneSlots(slots, first * bs, (end - first) * bs), obj_bytes, offsets, pitch, layer_stride,
-              store, op, f"lmcache_objects_ptrs[{index}]")
+        launch = _move(group, PlaneSlots(slots, first * bs, (end - first) * bs), obj_bytes, offsets, pitch,
+                       layer_stride, store, op, f"lmcache_objects_ptrs[{index}]", backend, repeatable)
+        if launch is not None and launch is not _never:
+            _repeats.keep(handle, _BlockRepeat(launch, True, batch_shape[:4], index, index + 1, bs, rows, group.device))
+            return
     elif batch:
         offsets, pitch, layer_stride = batch_layout
         layout = _strided_layout(row_bytes, (per_object * bs,) * plane_count, offsets, pitch, layer_stride, layers)
         spans = tuple((first * bs, (end - first) * bs) for _, _, first, end in batch)
         chunks = chunk_buffers([obj_bytes for _, obj_bytes, _, _ in batch])
-        transfer_chunk_batches([resolve_chunk_batch(slots, chunks, _object_rows(group, layout, spans), store=store)],
-                               backend=_backend())
+        resolved = resolve_chunk_batch(slots, chunks, _object_rows(group, layout, spans), store=store)
+        transfer_chunk_batches([resolved], backend=backend)
+        launch = prepare_chunks_relaunch(resolved, backend=backend) if repeatable else None
+        if launch is not None:
+            _repeats.keep(handle, _BlockRepeat(launch, False, batch_shape[:4], batch[0][0], batch[-1][0] + 1, bs, rows,
+                                               group.device))
+            return
+    _repeats.keep(handle, _never_block)
+
+
+_SHAPE_DESC_FIELDS = ("nb", "nl", "bs", "nh", "hs", "dtype", "element_size", "block_stride_elems", "kv_size")
+
+
+def _block_repeat_key(backend: str, objects: object, block_ids: object, scalars: tuple) -> tuple | None:
+    """A block call's repeat key (see "repeated calls"): the arguments, and the description of the
+    block ids and of the first object (a repeat checks that every object has it)."""
+    if not isinstance(objects, list) or not objects or type(objects[0]) is not torch.Tensor:
+        return None
+    first = objects[0]
+    if isinstance(block_ids, list):
+        ids = ("list", len(block_ids))
+    elif type(block_ids) is torch.Tensor:
+        ids = (block_ids.shape, block_ids.stride(), block_ids.dtype, block_ids.device)
+    else:
+        return None
+    return ("multi_layer_block_kv_transfer", backend, scalars, tuple(map(type, scalars)), ids, len(objects),
+            (first.shape, first.stride(), first.dtype, first.device))
+
+
+def _block_id_tensor(block_ids: object, bs: int, rows: int, op: str) -> torch.Tensor:
+    """`block_ids` as an int64 tensor; ids on the host are checked against the cache's blocks."""
+    ids = torch.tensor(block_ids, dtype=torch.int64) if isinstance(block_ids, list) else block_ids
+    ids = _slot_tensor(ids, op, "block_ids")
+    if ids.is_cpu and ids.numel():
+        smallest, largest = int(ids.min()), int(ids.max())
+        if smallest < 0 or (largest + 1) * bs > rows:  # the block's last row must be in the cache too
+            raise TransferError(
+                f"{op}: block_ids holds {smallest if smallest < 0 else largest}; allowed: 0..{rows // bs - 1}"
+            )
+    return ids if ids.dtype == torch.int64 and ids.is_contiguous() else ids.to(torch.int64).contiguous()
+
+
+def _block_slots(ids: torch.Tensor, bs: int, device: torch.device) -> torch.Tensor:
+    """The slots of whole blocks: block b's rows are slots b*bs .. b*bs + bs-1 (one kernel on the device)."""
+    return torch.add(_block_rows(bs, device), ids.view(-1, 1), alpha=bs).view(-1)
+
+
+@functools.lru_cache(maxsize=64)
+def _block_rows(bs: int, device: torch.device) -> torch.Tensor:
+    """0 .. bs-1 on `device` (a block's rows), made once per block size and device."""
+    return torch.arange(bs, dtype=torch.int64, device=device)
+
+
+class _BlockRepeat:
+    """A block call's repeat: the launch that moved its objects [first, end), made again (see
+    "repeated calls") when every object has the kept shape, strides, dtype and device, and block
+    ids given as a list are inside the caches; else the call takes the whole path. `single`: the
+    launch is one object's (chunk address, slot address), else many objects' (addresses, slots)."""
+
+    __slots__ = ("_launch", "_single", "_described", "_first", "_end", "_bs", "_rows", "_device")
+
+    def __init__(self, launch, single: bool, described: tuple, first: int, end: int, bs: int, rows: int,
+                 device: torch.device):
+        self._launch, self._single, self._described, self._first, self._end = launch, single, described, first, end
+        self._bs, self._rows, self._device = bs, rows, device
+
+    def __call__(self, objects: list, block_ids: object) -> bool:
+        described, tensor = self._described, torch.Tensor
+        for obj in objects:
+            if type(obj) is not tensor or (obj.shape, obj.stride(), obj.dtype, obj.device) != described:
+                return False
+        if isinstance(block_ids, list):
+            # ids from the host (LMCache's own callers): slots worked out here and uploaded
+            try:
+                ids = np.array(block_ids, dtype=np.int64)
+            except (TypeError, ValueError, OverflowError):
+                return False
+            if ids.ndim != 1 or (ids.size and (ids.min() < 0 or (int(ids.max()) + 1) * self._bs > self._rows)):
+                return False  # the whole path names the bad id
+            slots = (ids[:, None] * self._bs + np.arange(self._bs, dtype=np.int64)).reshape(-1)
+            if self._single:  # (many objects upload them with their addresses)
+                slots = torch.from_numpy(slots).to(self._device, non_blocking=True)
+        elif block_ids.device == self._device:
+            slots = _block_slots(block_ids, self._bs, self._device)
+        else:
+            return False  # ids on the host are checked by the whole path
+        if self._single:
+            return self._launch(objects[self._first].data_ptr(), slots.data_ptr())
+        reached = objects[self._first:self._end]
+        return self._launch(np.fromiter(map(tensor.data_ptr, reached), dtype=np.int64, count=len(reached)), slots)
+
+
+def _never_block(objects: list, block_ids: object) -> bool:
+    """The repeat of a block call that has none."""
+    return False
 
 
 def _block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,

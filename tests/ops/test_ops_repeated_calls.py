@@ -1,0 +1,132 @@
+"""Repeated calls of LMCache's ops: the kept launch moves exactly what the whole path moves.
+
+LMCache calls `multi_layer_kv_transfer` once per chunk and `multi_layer_block_kv_transfer`
+once per request, with the same caches and shapes every time; from the second call of a
+shape the op makes the first call's launch again over the new buffers (see "repeated
+calls" in op_surface/transfer_ops.py). Each call here has new buffers, slots or block ids;
+every output byte is compared with an independent expectation (indexing the caches), on
+poisoned outputs, and a call the repeat must refuse (other alignment, other object shape,
+block ids outside the caches) still moves the right bytes or raises as the whole path does.
+The direct launch exists on CUDA only; on the CPU the repeat is "none" and every call takes
+the whole path (checked too).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmcache_ascend.kernels import TransferError, launch_counter
+from lmcache_ascend.op_surface import transfer_ops as ops
+
+H2D, D2H = 0, 1
+MLA = 3  # NL_X_NB_BS_HS
+LAYERS, BLOCKS, BS, HIDDEN = 4, 24, 16, 72
+POISON = -4096.0  # exact in bf16
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the direct launch a repeat makes needs a CUDA device")
+
+
+def _caches(device: str, generator: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randn(BLOCKS, BS, HIDDEN, generator=generator).to(device=device, dtype=torch.bfloat16)
+            for _ in range(LAYERS)]
+
+
+def _rows(caches: list[torch.Tensor], slots: torch.Tensor) -> torch.Tensor:
+    return torch.stack([cache.reshape(-1, HIDDEN)[slots.cpu()].cpu() for cache in caches])
+
+
+def _token_calls(device: str) -> int:
+    """Stores then loads of 32-token chunks through a pointer table, each with new buffers and slots;
+    returns the calls a kept repeat ran."""
+    generator = torch.Generator().manual_seed(0)
+    caches = _caches(device, generator)
+    table = torch.tensor([cache.data_ptr() for cache in caches], dtype=torch.int64, device=device)
+    repeated = 0
+    for call in range(6):
+        slots = torch.randperm(BLOCKS * BS, generator=generator)[:32].to(device)
+        chunk = torch.full((1, LAYERS, 32, HIDDEN), POISON, dtype=torch.bfloat16, device=device)
+        before = launch_counter.triton
+        key = ops._repeat_key("multi_layer_kv_transfer", ops._backend(), (chunk, slots),
+                              (device, BLOCKS * BS, D2H, MLA, BS, HIDDEN, 0, 0))
+        kept = ops._repeats.lookup(table, key)[1]
+        ops.multi_layer_kv_transfer(chunk, table, slots, device, BLOCKS * BS, D2H, MLA, BS, HIDDEN)
+        repeated += kept is not None and kept is not ops._never and launch_counter.triton == before + 1
+        assert torch.equal(chunk[0].cpu(), _rows(caches, slots)), f"store {call}"
+        # load new values into the same slots, then read them back through the caches
+        fresh = torch.randn(1, LAYERS, 32, HIDDEN, generator=generator).to(device=device, dtype=torch.bfloat16)
+        others = torch.ones(BLOCKS * BS, dtype=torch.bool)
+        others[slots.cpu()] = False
+        untouched = [cache.reshape(-1, HIDDEN)[others].cpu().clone() for cache in caches]
+        ops.multi_layer_kv_transfer(fresh, table, slots, device, BLOCKS * BS, H2D, MLA, BS, HIDDEN)
+        assert torch.equal(_rows(caches, slots), fresh[0].cpu()), f"load {call}"
+        assert all(torch.equal(cache.reshape(-1, HIDDEN)[others].cpu(), before_rows)
+                   for cache, before_rows in zip(caches, untouched)), f"load {call} wrote other slots"
+    # A chunk aligned otherwise (2 bytes past a 16-byte boundary): refused by the repeat, moved whole.
+    slots = torch.randperm(BLOCKS * BS, generator=generator)[:32].to(device)
+    backing = torch.full((1 + LAYERS * 32 * HIDDEN,), POISON, dtype=torch.bfloat16, device=device)
+    shifted = backing[1:].view(1, LAYERS, 32, HIDDEN)
+    assert shifted.data_ptr() % 16 == 2
+    ops.multi_layer_kv_transfer(shifted, table, slots, device, BLOCKS * BS, D2H, MLA, BS, HIDDEN)
+    assert torch.equal(shifted[0].cpu(), _rows(caches, slots))
+    assert backing[0].item() == POISON, "the byte before the chunk was written"
+    return repeated
+
+
+def _desc() -> ops.PageBufferShapeDesc:
+    desc = ops.PageBufferShapeDesc()
+    desc.kv_size, desc.nl, desc.nb, desc.bs, desc.nh, desc.hs = 1, LAYERS, BLOCKS, BS, 1, HIDDEN
+    desc.element_size, desc.dtype = 2, torch.bfloat16
+    return desc
+
+
+def _block_calls(device: str, count: int = 3) -> int:
+    """Stores of `count` objects of 2 blocks (the last object half full) with new objects and block ids
+    each call, ids as a list and as a device tensor; returns the calls a kept repeat ran."""
+    generator = torch.Generator().manual_seed(1)
+    caches = _caches(device, generator)
+    repeated = 0
+    for call in range(8):
+        ids = torch.randperm(BLOCKS, generator=generator)[:2 * count - 1]
+        block_ids = ids.tolist() if call % 2 else ids.to(device)
+        objects = [torch.full((LAYERS, 2 * BS, HIDDEN), POISON, dtype=torch.bfloat16, device=device)
+                   for _ in range(count)]
+        before = launch_counter.triton
+        key = ops._block_repeat_key(ops._backend(), objects, block_ids, (
+            device, D2H, 2 * BS, MLA, 0, *(getattr(_desc(), field, None) for field in ops._SHAPE_DESC_FIELDS)))
+        kept = ops._repeats.lookup(caches, key)[1]
+        ops.multi_layer_block_kv_transfer(caches, objects, block_ids, device, D2H, _desc(), 2 * BS, MLA, 0)
+        repeated += kept is not None and kept is not ops._never_block and launch_counter.triton == before + 1
+        for index, obj in enumerate(objects):
+            mine = ids[2 * index: 2 * index + 2]
+            slots = (mine[:, None] * BS + torch.arange(BS)).reshape(-1)
+            assert torch.equal(obj[:, : len(slots)].cpu(), _rows(caches, slots)), (call, index)
+            assert (obj[:, len(slots):] == POISON).all(), f"call {call}: rows past the request's blocks were written"
+    # Refusals: an object of another shape is named by the whole path; an id past the caches too.
+    objects = [torch.zeros(LAYERS, 2 * BS, HIDDEN, dtype=torch.bfloat16, device=device) for _ in range(2)]
+    objects.append(torch.zeros(LAYERS, 2 * BS, HIDDEN + 1, dtype=torch.bfloat16, device=device))
+    with pytest.raises(TransferError, match=r"lmcache_objects_ptrs\[2\]"):
+        ops.multi_layer_block_kv_transfer(caches, objects, [0, 1, 2, 3, 4], device, D2H, _desc(), 2 * BS, MLA, 0)
+    objects = [torch.zeros(LAYERS, 2 * BS, HIDDEN, dtype=torch.bfloat16, device=device) for _ in range(3)]
+    with pytest.raises(TransferError, match=rf"block_ids holds {BLOCKS}"):
+        ops.multi_layer_block_kv_transfer(caches, objects, [0, 1, 2, 3, BLOCKS], device, D2H, _desc(), 2 * BS,
+                                          MLA, 0)
+    return repeated
+
+
+@cuda
+def test_repeated_per_token_calls_move_the_right_bytes_on_cuda():
+    assert _token_calls("cuda") == 5, "every store after the first should have been a repeat"
+
+
+@cuda
+@pytest.mark.parametrize("count", [1, 3], ids=["one object", "three objects"])
+def test_repeated_block_calls_move_the_right_bytes_on_cuda(count):
+    # ids alternate between a device tensor and a list: two keys, each repeated from its second call on
+    assert _block_calls("cuda", count) == 6
+
+
+def test_on_the_cpu_every_call_takes_the_whole_path():
+    assert _token_calls("cpu") == 0
+    assert _block_calls("cpu") == 0
+    assert _block_calls("cpu", 1) == 0
