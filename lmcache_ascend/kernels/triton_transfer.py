@@ -572,11 +572,12 @@ class Relaunch:
     of what a small transfer costs.
     """
 
-    __slots__ = ("_raw", "_grid", "_values", "_positions", "_classes")
+    __slots__ = ("_raw", "_grid", "_values", "_targets", "_classes")
 
     def __init__(self, raw: "_RawLauncher", grid: tuple[int, int, int], values: tuple,
                  positions: tuple[tuple[int, ...], ...]):
-        self._raw, self._grid, self._values, self._positions = raw, grid, values, positions
+        self._raw, self._grid, self._values = raw, grid, list(values)
+        self._targets = tuple((position, which) for which, where in enumerate(positions) for position in where)
         self._classes = tuple(_address_class(values[where[0]]) for where in positions)
 
     def fits(self, *addresses: int) -> bool:
@@ -584,24 +585,26 @@ class Relaunch:
         return tuple(map(_address_class, addresses)) == self._classes
 
     def __call__(self, *addresses: int) -> bool:
-        if not self.fits(*addresses):
+        if tuple(map(_address_class, addresses)) != self._classes:
             return False
-        values = list(self._values)
-        for positions, address in zip(self._positions, addresses):
-            for position in positions:
-                values[position] = address
+        values = self._values.copy()
+        for position, which in self._targets:
+            values[position] = addresses[which]
         raw, grid = self._raw, self._grid
         stream = raw.current_stream(raw.current_device())
         runtime = triton.knobs.runtime
-        metadata = raw.compiled.launch_metadata(grid, stream, *values)
-        raw.run(grid[0], grid[1], grid[2], stream, raw.function, raw.packed_metadata, metadata,
-                runtime.launch_enter_hook, runtime.launch_exit_hook, *values)
+        enter = runtime.launch_enter_hook
+        # What the compiled kernel's own runner passes; its metadata is only ever read by that hook.
+        metadata = None if enter is None else raw.compiled.launch_metadata(grid, stream, *values)
+        raw.run(grid[0], grid[1], grid[2], stream, raw.function, raw.packed_metadata, metadata, enter,
+                runtime.launch_exit_hook, *values)
         return True
 
 
-def _address_class(address: int) -> tuple[int, str]:
-    """What a compiled launch assumed of an address: its alignment modulo 16 and its integer type."""
-    return address % 16, _integer_type(address)
+def _address_class(address: int) -> int:
+    """What a compiled launch assumed of an address: its alignment modulo 16 and the integer type Triton
+    gives it (`_integer_type`: i32 below 2**31, i64 below 2**63, u64 above), as one number."""
+    return (address & 15) | (0 if address < 2**31 else 16 if address < 2**63 else 32)
 
 
 def _upload(values: np.ndarray, device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
