@@ -1,18 +1,25 @@
 """lmcache_ascend.ops on a GPU: byte equality with LMCache's torch baseline, then speed against it.
 
-    python scripts/bench_lmcache_ops.py [--baseline-sources DIR] [--cases 200] [--out results/]
+    python scripts/bench_lmcache_ops.py [--baseline-sources DIR] [--cases 200] [--rounds 9] [--out results/]
 
 1. Equality: `--cases` random cases per op (tests/ops/_cases.py: formats x dtypes
    incl. int8/fp8 x block sizes x layer counts x chunk and slot patterns), run on
    the GPU by our ops (Triton) and by LMCache 0.5.6's baseline, every byte compared.
-2. Speed of `multi_layer_block_kv_transfer` (LMCache's MP transfer op), store and
-   load, objects on the GPU, for MLA, K/V-separate MHA and a DSv4-like bundled
-   layout at 256 / 1024 / 4096 / 16384 tokens: ours, the baseline and a same-byte
-   `copy_`, interleaved round by round, CUDA-event timed; median and IQR. Beside
-   each, the host time of one call of ours and of the baseline (from an idle
-   device to the call's return).
+2. Speed, store and load, each case's bytes first checked equal to the baseline's
+   (outputs poisoned): `multi_layer_kv_transfer` (what LMCache's in-process connector
+   calls per 256-token chunk: MLA and MHA, 32 layers, a device pointer table and slot
+   mapping) and `multi_layer_block_kv_transfer` (LMCache's MP transfer; objects on the
+   GPU; MLA, K/V-separate MHA and a DSv4-like bundled layout at 256 / 1024 / 4096 /
+   16384 tokens; ours also with the block ids as the Python list LMCache's MP path
+   passes). Ours, the baseline and a same-byte `copy_`, interleaved round by round
+   (order rotated), each sample CUDA events around back-to-back calls; beside each, the
+   host time per call of the same calls (what the calling thread spends issuing them).
+   Medians and IQRs.
+LMCache's native CUDA kernels, where built, are timed beside these by the team's peer
+bench (shared peer-ops folder), which imports this script's cases.
 The baseline is LMCache itself when installed, else its baseline files in
-`--baseline-sources` (see tests/ops/_baseline.py). Prints a table, writes JSON.
+`--baseline-sources` (see tests/ops/_baseline.py). Prints a table, writes JSON; exits 1
+on any byte mismatch.
 """
 
 from __future__ import annotations
@@ -97,33 +104,78 @@ def _setup(device, fmt, layers, bs, planes, tokens, ops):
 
 
 def _time(fn, repeats=1):
+    """(device us, host us) per call of `repeats` back-to-back calls: CUDA events around them, and the
+    calling thread's time to issue them (what a caller waits before it can go on)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
+    issued = time.perf_counter()
     for _ in range(repeats):
         fn()
+    host = (time.perf_counter() - issued) / repeats * 1e6
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / repeats * 1000.0  # us
+    return start.elapsed_time(end) / repeats * 1000.0, host
 
 
-def _host_time(fn):
-    """Host time of one call (us): from an idle device to the call's return, no synchronization
-    inside it (what the calling thread spends; the device may still be working)."""
+POISON = 0xA5
+
+
+def _same_bytes(first, second, outputs) -> bool:
+    """Whether `first` and `second` write the same bytes into `outputs` (each run on poisoned outputs)."""
+    written = []
+    for fn in (first, second):
+        for tensor in outputs:
+            tensor.view(torch.uint8).fill_(POISON)
+        fn()
+        torch.cuda.synchronize()
+        written.append([tensor.view(torch.uint8).clone() for tensor in outputs])
+    changed = any(bool((after != POISON).any()) for after in written[0])
+    return changed and all(torch.equal(a, b) for a, b in zip(*written))
+
+
+def _timed_rows(case: dict, fns: dict, repeats: dict, rounds: int) -> dict:
+    """Interleaved rounds (the order rotated each round) of every contender; medians and IQRs."""
+    for fn in fns.values():
+        fn()
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    elapsed = (time.perf_counter() - start) * 1e6
-    torch.cuda.synchronize()
-    return elapsed
+    times = {name: ([], []) for name in fns}
+    names = list(fns)
+    for round_index in range(rounds):
+        for name in names[round_index % len(names):] + names[: round_index % len(names)]:
+            device_us, host_us = _time(fns[name], repeats[name])
+            times[name][0].append(device_us)
+            times[name][1].append(host_us)
+    row = dict(case)
+    for name, (device_times, host_times) in times.items():
+        for label, values in ((name, device_times), (f"{name} host", host_times)):
+            quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+            row[f"{label}_us"] = statistics.median(values)
+            row[f"{label}_iqr_us"] = [quartiles[0], quartiles[2]]
+    row["baseline_over_ours"] = row["baseline_us"] / row["ours_us"]
+    row["copy_over_ours"] = row["copy_us"] / row["ours_us"]
+    extra = "".join(f" | {name} {row[f'{name}_us']:8.1f} (host {row[f'{name} host_us']:7.1f})"
+                    for name in fns if name not in ("ours", "baseline", "copy"))
+    print(f"SPEED {case['op'][:26]:26s} {case['layout'][:28]:28s} {case['tokens']:6d} {case['direction']:5s} | "
+          f"ours {row['ours_us']:8.1f} us (host {row['ours host_us']:7.1f}) | baseline {row['baseline_us']:10.1f} "
+          f"(host {row['baseline host_us']:9.1f}) | copy {row['copy_us']:8.1f}{extra} | copy/ours "
+          f"{row['copy_over_ours']:5.2f} | bytes equal: {case['bytes_equal']}", flush=True)
+    return row
 
 
-def speed(device, baseline, mine, rounds):
+def _inner(moved: int) -> int:
+    """Back-to-back calls per timed sample: 20 for small moves, down to 1 at 2 GB."""
+    return max(1, min(20, int(2e5 // max(1, moved // 10**4))))
+
+
+def block_speed(device, baseline, mine, rounds):
+    """`multi_layer_block_kv_transfer` (LMCache's MP transfer), objects on the GPU, every layout and
+    length, store and load; ours also with the block ids as the Python list LMCache's MP path passes."""
     rows = []
     for name, (fmt, layers, bs, planes) in LAYOUTS.items():
         for tokens in TOKENS:
             for store in (True, False):
-                times = {"ours": [], "baseline": [], "copy": [], "ours_host": [], "baseline_host": []}
                 paged, objs, ids, desc, moved = _setup(device, fmt, layers, bs, planes, tokens, mine)
+                id_list = ids.tolist()
                 # The baseline's own dtype handling of fp8 planes: uint8 views of the same bytes.
                 base_paged = [tuple(p.view(torch.uint8) if p.dtype == torch.float8_e4m3fn else p for p in layer)
                               for layer in paged] if fmt == 17 else paged
@@ -139,41 +191,83 @@ def speed(device, baseline, mine, rounds):
                     mine.multi_layer_block_kv_transfer(paged, objs, ids, device, direction, desc, CHUNK,
                                                        mine.fmt(fmt), 0)
 
+                def run_ours_list():
+                    mine.multi_layer_block_kv_transfer(paged, objs, id_list, device, direction, desc, CHUNK,
+                                                       mine.fmt(fmt), 0)
+
                 def run_baseline():
-                    baseline.multi_layer_block_kv_transfer(base_paged, objs, ids, device,
-                                                           direction, bdesc, CHUNK,
+                    baseline.multi_layer_block_kv_transfer(base_paged, objs, ids, device, direction, bdesc, CHUNK,
                                                            baseline.fmt(fmt), 0)
 
                 def run_copy():
                     dst.copy_(src)
 
-                for fn in (run_ours, run_baseline, run_copy):
-                    fn()
-                torch.cuda.synchronize()
-                inner = max(1, min(20, int(2e5 // max(1, moved // 10**4))))
-                for _ in range(rounds):
-                    times["ours"].append(_time(run_ours, inner))
-                    times["baseline"].append(_time(run_baseline, 1))
-                    times["copy"].append(_time(run_copy, inner))
-                    times["ours_host"].append(_host_time(run_ours))
-                    times["baseline_host"].append(_host_time(run_baseline))
-                row = {"layout": name, "tokens": tokens, "direction": "store (D2H)" if store else "load (H2D)",
-                       "bytes": moved}
-                for key, values in times.items():
-                    quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-                    row[f"{key}_us"] = statistics.median(values)
-                    row[f"{key}_iqr_us"] = [quartiles[0], quartiles[2]]
-                row["baseline_over_ours"] = row["baseline_us"] / row["ours_us"]
-                row["ours_over_copy"] = row["ours_us"] / row["copy_us"]
-                row["ours_GBps"] = moved / row["ours_us"] / 1e3
-                rows.append(row)
-                print(f"SPEED {name[:28]:28s} {tokens:6d} {row['direction']:11s} ours {row['ours_us']:9.1f} us "
-                      f"baseline {row['baseline_us']:10.1f} us copy {row['copy_us']:8.1f} us  "
-                      f"baseline/ours {row['baseline_over_ours']:7.1f}x  ours/copy {row['ours_over_copy']:5.2f}x "
-                      f"{row['ours_GBps']:7.1f} GB/s  host per call: ours {row['ours_host_us']:7.1f} us "
-                      f"baseline {row['baseline_host_us']:8.1f} us", flush=True)
-                del paged, objs, base_paged, src, dst
+                outputs = objs if store else [t for layer in paged for t in (layer if isinstance(layer, tuple)
+                                                                               else (layer,))]
+                equal = _same_bytes(run_baseline, run_ours, outputs) and _same_bytes(run_baseline, run_ours_list,
+                                                                                     outputs)
+                case = {"op": "multi_layer_block_kv_transfer", "layout": name, "tokens": tokens,
+                        "direction": "store" if store else "load", "bytes": moved, "objects": len(objs),
+                        "bytes_equal": equal}
+                inner = _inner(moved)
+                rows.append(_timed_rows(case, {"ours": run_ours, "ours, ids as a list": run_ours_list,
+                                               "baseline": run_baseline, "copy": run_copy},
+                                        {"ours": inner, "ours, ids as a list": inner, "baseline": 1, "copy": inner},
+                                        rounds))
+                del paged, objs, base_paged, src, dst, outputs
                 torch.cuda.empty_cache()
+    return rows
+
+
+# Per-token op: one 256-token chunk of 32 layers, as LMCache's in-process connector moves it
+# (its kv buffer on the GPU, a device pointer table made once, a device slot mapping).
+TOKEN_LAYOUTS = {
+    # name: (format, block size, blocks in the cache, per-layer paged shape, kv shape's last dim, head size)
+    "MLA bf16 576 (NL_X_NB_BS_HS)": (3, 64, 128, lambda nb, bs: (nb, bs, 576), 576, 576),
+    "MHA 8x128 bf16 (NL_X_TWO_NB_BS_NH_HS)": (1, 16, 512, lambda nb, bs: (2, nb, bs, 8, 128), 1024, 128),
+}
+
+
+def token_speed(device, baseline, mine, rounds, layers=32, tokens=256):
+    rows = []
+    generator = torch.Generator().manual_seed(1234)
+    for name, (fmt, bs, nb, shape, hidden, head_size) in TOKEN_LAYOUTS.items():
+        paged = [torch.randint(0, 0x70, (*shape(nb, bs)[:-1], shape(nb, bs)[-1] * 2), dtype=torch.uint8,
+                               generator=generator).to(device).view(torch.bfloat16) for _ in range(layers)]
+        kv = torch.zeros((1 if fmt == 3 else 2, layers, tokens, hidden), dtype=torch.bfloat16, device=device)
+        blocks = torch.randperm(nb, generator=generator)[: tokens // bs]
+        slots = (blocks[:, None] * bs + torch.arange(bs)).reshape(-1).to(device)
+        table = torch.tensor([p.data_ptr() for p in paged], dtype=torch.int64, device=device)
+        pages = nb * bs
+        # The baseline takes the same memory as tensors, in the shapes its own cases use.
+        base_paged = [p.view(pages, hidden) if fmt == 3 else p.view(2, pages, hidden) for p in paged]
+        moved = kv.numel() * kv.element_size()
+        src = torch.empty(moved, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        for store in (True, False):
+            direction = 1 if store else 0
+
+            def run_ours():
+                mine.multi_layer_kv_transfer(kv, table, slots, device, pages, direction, mine.fmt(fmt), block_size=bs,
+                                             head_size=head_size, skip_prefix_n_tokens=0)
+
+            def run_baseline():
+                baseline.multi_layer_kv_transfer(kv, base_paged, slots, device, pages, direction, baseline.fmt(fmt),
+                                                  block_size=bs, head_size=head_size, skip_prefix_n_tokens=0)
+
+            def run_copy():
+                dst.copy_(src)
+
+            if not store:
+                kv.view(torch.uint8).copy_(torch.randint(0, 0x70, (moved,), dtype=torch.uint8,
+                                                         generator=generator).view(kv.shape[:-1] + (-1,)))
+            case = {"op": "multi_layer_kv_transfer", "layout": name, "tokens": tokens,
+                    "direction": "store" if store else "load", "bytes": moved,
+                    "bytes_equal": _same_bytes(run_baseline, run_ours, [kv] if store else paged)}
+            rows.append(_timed_rows(case, {"ours": run_ours, "baseline": run_baseline, "copy": run_copy},
+                                    {"ours": 20, "baseline": 5, "copy": 20}, rounds))
+        del paged, base_paged, kv, table, src, dst
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -199,11 +293,13 @@ def main() -> None:
     print(report, flush=True)
     report["equality"] = equality(device, baseline, mine, args.cases)
     if device.type == "cuda" and not args.skip_speed:
-        report["speed"] = speed(device, baseline, mine, args.rounds)
+        report["speed"] = token_speed(device, baseline, mine, args.rounds) + block_speed(device, baseline, mine,
+                                                                                          args.rounds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_lmcache_ops.json").write_text(json.dumps(report, indent=1, default=str))
     mismatches = sum(r.get("mismatch", 0) for r in report["equality"].values())
+    mismatches += sum(not row["bytes_equal"] for row in report.get("speed", []))
     print("MISMATCHES", mismatches)
     sys.exit(1 if mismatches else 0)
 
