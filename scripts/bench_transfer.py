@@ -306,6 +306,7 @@ def tune(device: torch.device) -> list[dict]:
 def host_breakdown(device: torch.device, calls: int = 500) -> dict:
     """CPU microseconds per call of each host-side step, on the 256-token MLA chunk."""
     from lmcache_ascend.kernels import select_backend
+    from lmcache_ascend.kernels import launcher
     from lmcache_ascend.kernels import triton_transfer as tt
 
     group, slots, chunk, layout, _ = build_layout(MLA_PLANES, MLA_LAYERS, 256, device, False)
@@ -327,12 +328,12 @@ def host_breakdown(device: torch.device, calls: int = 500) -> dict:
         "device_table_lookup": per_call(lambda: tt._device_table(group, transfer.layout, 0, chunk.data_ptr())),
         "triton_transfer_raw_launch": per_call(lambda: tt.triton_transfer(transfer)),
     }
-    tt._raw_launch["enabled"] = False
+    launcher._raw_launch["enabled"] = False
     result["triton_transfer_runner_launch"] = per_call(lambda: tt.triton_transfer(transfer))
-    tt._direct_launch["enabled"] = False
+    launcher._direct_launch["enabled"] = False
     result["triton_transfer_jit_launch"] = per_call(lambda: tt.triton_transfer(transfer))
-    tt._direct_launch["enabled"] = True
-    tt._raw_launch["enabled"] = True
+    launcher._direct_launch["enabled"] = True
+    launcher._raw_launch["enabled"] = True
     result["transfer_group_total"] = per_call(lambda: transfer_group(group, slots, chunk, store=True))
     # A bare launch of an empty Triton kernel through the same direct path: the floor.
     try:

@@ -29,7 +29,6 @@ scalar arguments (or, for many chunks, their addresses).
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -40,6 +39,8 @@ import triton
 import triton.language as tl
 
 from lmcache_ascend.bounded_cache import BoundedCache
+from lmcache_ascend.kernels.launcher import Relaunch, integer_type, relaunch_of
+from lmcache_ascend.kernels.launcher import launch as _launch  # the seam every launch goes through
 from lmcache_ascend.kernels.spec import (
     MAX_PLANES,
     ChunkBuffers,
@@ -60,8 +61,6 @@ __all__ = [
     "triton_transfer",
     "triton_transfer_chunk_batches",
 ]
-
-logger = logging.getLogger(__name__)
 
 # A program moves one tile: TILE rows of one (layer, plane) region, each row as SEGMENTS
 # contiguous column steps of SEGMENT bytes (the last one masked at the row's end). SEGMENTS is
@@ -463,15 +462,6 @@ def plane_widths(transfer: ResolvedTransfer) -> tuple[int, ...]:
     return _device_table(transfer.group, transfer.layout, transfer.chunk_offset, transfer.chunk_bytes.data_ptr()).widths
 
 
-def _integer_type(value: int) -> str:
-    """The type Triton gives an unspecialized int argument (part of the compiled kernel's key)."""
-    if -(2**31) <= value < 2**31:
-        return "i32"
-    if 2**63 <= value < 2**64:
-        return "u64"
-    return "i64"
-
-
 def _check_shape(shape: LaunchShape) -> None:
     for name in ("tile", "segment", "num_warps"):
         value = getattr(shape, name)
@@ -493,14 +483,8 @@ def prepare_relaunch(transfer: ResolvedTransfer, *, shape: LaunchShape = DEFAULT
     launch = _single_chunk_launch(transfer, shape)
     if launch is None:
         return None
-    kernel, grid, arguments, pointers, signature, constexprs, num_warps, device = launch
-    raw = _raw_launchers.get((kernel, device, constexprs, num_warps, signature)) if _raw_launch["enabled"] else None
-    if raw is None:
-        return None
-    values = [pointers.get(position, value) for position, value in enumerate(arguments)]
-    values.extend(value for _, value in constexprs)
     # the chunk's address is argument 0 (its pointer) and 1 (the anchor integer); the slots' is 2
-    return Relaunch(raw, grid, tuple(values), ((0, 1), (2,)))
+    return relaunch_of(*launch, positions=((0, 1), (2,)))
 
 
 def _single_chunk_launch(transfer: ResolvedTransfer, shape: LaunchShape):
@@ -548,63 +532,15 @@ def _single_chunk_launch(transfer: ResolvedTransfer, shape: LaunchShape):
         anchor % 16 == 0,
         slot_anchor_address % 16 == 0,
         device_table.table_aligned,
-        _integer_type(anchor),
-        _integer_type(layer_stride),
-        tuple(_integer_type(offset) for offset in slot_offsets[:planes]),
+        integer_type(anchor),
+        integer_type(layer_stride),
+        tuple(integer_type(offset) for offset in slot_offsets[:planes]),
     )
     pointers = {0: anchor, 2: slot_anchor_address, 3: device_table.address}
     constexprs = (("PLANES", planes), ("STORE", transfer.store), ("TILE", tile), ("SEGMENT", shape.segment),
                   ("SEGMENTS", launch_segments(max(geometry.row_bytes), shape.segment)))
     return (_paged_chunk_kernel, grid, arguments, pointers, signature, constexprs, shape.num_warps,
             transfer.group.device)
-
-
-class Relaunch:
-    """A launch made before, made again over other buffers with nothing looked up or checked.
-
-    Everything but the data addresses (tables, grid, compiled kernel, every scalar) is
-    the original launch's; each new address goes to the arguments at its `positions`.
-    So a caller may use it only where the original's checks hold for the new buffers
-    by construction (same shapes, strides, dtypes, devices). An address whose alignment
-    modulo 16 or integer width differs from the original's is refused (the call returns
-    False and launches nothing): the kernel was compiled, and its element widths chosen,
-    for those. What it saves is a call's host work (tens of microseconds), which is most
-    of what a small transfer costs.
-    """
-
-    __slots__ = ("_raw", "_grid", "_values", "_targets", "_classes")
-
-    def __init__(self, raw: "_RawLauncher", grid: tuple[int, int, int], values: tuple,
-                 positions: tuple[tuple[int, ...], ...]):
-        self._raw, self._grid, self._values = raw, grid, list(values)
-        self._targets = tuple((position, which) for which, where in enumerate(positions) for position in where)
-        self._classes = tuple(_address_class(values[where[0]]) for where in positions)
-
-    def fits(self, *addresses: int) -> bool:
-        """Whether these addresses are aligned as the original launch's were."""
-        return tuple(map(_address_class, addresses)) == self._classes
-
-    def __call__(self, *addresses: int) -> bool:
-        if tuple(map(_address_class, addresses)) != self._classes:
-            return False
-        values = self._values.copy()
-        for position, which in self._targets:
-            values[position] = addresses[which]
-        raw, grid = self._raw, self._grid
-        stream = raw.current_stream(raw.current_device())
-        runtime = triton.knobs.runtime
-        enter = runtime.launch_enter_hook
-        # What the compiled kernel's own runner passes; its metadata is only ever read by that hook.
-        metadata = None if enter is None else raw.compiled.launch_metadata(grid, stream, *values)
-        raw.run(grid[0], grid[1], grid[2], stream, raw.function, raw.packed_metadata, metadata, enter,
-                runtime.launch_exit_hook, *values)
-        return True
-
-
-def _address_class(address: int) -> int:
-    """What a compiled launch assumed of an address: its alignment modulo 16 and the integer type Triton
-    gives it (`_integer_type`: i32 below 2**31, i64 below 2**63, u64 above), as one number."""
-    return (address & 15) | (0 if address < 2**31 else 16 if address < 2**63 else 32)
 
 
 def _upload(values: np.ndarray, device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -761,7 +697,7 @@ def _chunks_launch_arguments(batches: list[ResolvedChunkBatch], shape: LaunchSha
         work_address % 16 == 0,
         addresses_address % 16 == 0,
         rows_address % 16 == 0,
-        _integer_type(anchor),
+        integer_type(anchor),
     )
     pointers = {0: anchor, 2: slot_address, 3: table_address, 4: work_address, 5: addresses_address, 6: rows_address}
     constexprs = (("STORE", first.store), ("TILE", launch.shape.tile), ("SEGMENT", launch.shape.segment),
@@ -778,16 +714,13 @@ def prepare_chunks_relaunch(batch: ResolvedChunkBatch) -> "ChunksRelaunch | None
         return None
     shape = chunk_launch_shape(batch.rows.max_region_bytes)
     addresses = torch.empty(len(batch.buffers), dtype=torch.int64, device=batch.group.device)
-    kernel, grid, arguments, pointers, signature, constexprs, num_warps, device = _chunks_launch_arguments(
-        [batch], shape, addresses.view(torch.uint8), addresses)
-    raw = _raw_launchers.get((kernel, device, constexprs, num_warps, signature)) if _raw_launch["enabled"] else None
-    if raw is None:
-        return None
-    values = [pointers.get(position, value) for position, value in enumerate(arguments)]
-    values.extend(value for _, value in constexprs)
     # the address table anchors the data (arguments 0 and 1) and is the table (5); the slots' is 2
-    relaunch = Relaunch(raw, grid, tuple(values), ((0, 1, 5), (2,)))
-    return ChunksRelaunch(relaunch, math.gcd(batch.buffers.address_gcd, addresses.data_ptr()) % 16, device)
+    relaunch = relaunch_of(*_chunks_launch_arguments([batch], shape, addresses.view(torch.uint8), addresses),
+                           positions=((0, 1, 5), (2,)))
+    if relaunch is None:
+        return None
+    return ChunksRelaunch(relaunch, math.gcd(batch.buffers.address_gcd, addresses.data_ptr()) % 16,
+                          batch.group.device)
 
 
 class ChunksRelaunch:
@@ -821,84 +754,3 @@ class ChunksRelaunch:
         # may go at once), without the pinned allocation `_upload` makes (most of a small call).
         table.copy_(torch.from_numpy(values), non_blocking=True)
         return self._relaunch(anchor, slot_address)
-
-
-# Compiled kernels by (kernel, device, constexprs, warps, signature): the key
-# Triton's JIT derives, whose entry re-derives it on every call (tens of
-# microseconds); a hit launches directly.
-_compiled: dict[tuple, object] = {}
-_direct_launch = {"enabled": True}
-# For CUDA, the compiled kernel's launcher itself, called with the current raw
-# stream and plain integer addresses for the pointers (Triton's launcher takes an
-# int as the address as is; a tensor costs a data_ptr() call and a driver
-# pointer query per argument). Keyed like `_compiled`.
-_raw_launchers: dict[tuple, "_RawLauncher"] = {}
-_raw_launch = {"enabled": True}
-
-
-@dataclass(frozen=True)
-class _RawLauncher:
-    """What a direct launch of a compiled CUDA kernel needs (as the compiled kernel's own runner passes it)."""
-
-    compiled: object
-    run: object
-    function: object
-    packed_metadata: object
-    current_stream: object  # device index -> raw stream
-    current_device: object  # () -> device index
-
-
-def _raw_launcher(compiled, device: torch.device) -> _RawLauncher | None:
-    """The raw launcher of a compiled CUDA kernel, or None."""
-    if device.type != "cuda" or not _raw_launch["enabled"]:
-        return None
-    try:
-        init = getattr(compiled, "_init_handles", None)
-        if init is not None:
-            init()
-        if not hasattr(triton, "knobs") or not hasattr(compiled, "launch_metadata"):
-            return None
-        return _RawLauncher(compiled, compiled.run, compiled.function, compiled.packed_metadata,
-                            torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice)
-    except Exception:  # noqa: BLE001 - an older/newer Triton: the runner path stays
-        return None
-
-
-def _launch(kernel, grid, arguments, pointers, signature, constexprs, num_warps, device) -> None:
-    """Launch `kernel` on the 3-D `grid`; `pointers` maps argument positions to their integer addresses;
-    `constexprs`: (name, value) pairs in the kernel's order."""
-    key = (kernel, device, constexprs, num_warps, signature)
-    raw = _raw_launchers.get(key) if _raw_launch["enabled"] else None
-    if raw is not None:
-        try:
-            stream = raw.current_stream(raw.current_device())  # the current device's current stream, as Triton's
-            values = (*(pointers.get(position, value) for position, value in enumerate(arguments)),
-                      *(value for _, value in constexprs))
-            runtime = triton.knobs.runtime
-            # Exactly what the compiled kernel's own runner passes, minus its per-call lookups.
-            metadata = raw.compiled.launch_metadata(grid, stream, *values)
-            raw.run(grid[0], grid[1], grid[2], stream, raw.function, raw.packed_metadata, metadata,
-                    runtime.launch_enter_hook, runtime.launch_exit_hook, *values)
-            return
-        except (TypeError, ValueError, AttributeError) as error:  # argument binding, before any launch
-            logger.warning("raw Triton launch failed (%s); using the compiled kernel's runner", error)
-            _raw_launch["enabled"] = False
-            _raw_launchers.clear()
-    compiled = _compiled.get(key) if _direct_launch["enabled"] else None
-    if compiled is not None:
-        try:
-            # A compiled kernel wants all 3 grid dims and every argument, constexprs included.
-            compiled[grid](*arguments, *(value for _, value in constexprs))
-            return
-        except (TypeError, IndexError, AttributeError) as error:  # argument binding, before any launch
-            # A Triton build whose compiled-kernel call differs: use the JIT entry from now on.
-            logger.warning("direct Triton launch failed (%s); using the JIT entry", error)
-            _direct_launch["enabled"] = False
-            _compiled.clear()
-    compiled = kernel[grid](*arguments, **dict(constexprs), num_warps=num_warps)
-    # The interpreter returns no compiled kernel; only a real one is cached.
-    if compiled is not None and hasattr(compiled, "run") and _direct_launch["enabled"]:
-        _compiled[key] = compiled
-        raw = _raw_launcher(compiled, device)
-        if raw is not None:
-            _raw_launchers[key] = raw

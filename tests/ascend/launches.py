@@ -1,6 +1,6 @@
 """The kernel launches the package makes, recorded from its own launch code on CPU tensors.
 
-`triton_transfer._launch` is the one seam every launch goes through; it is replaced by a
+`triton_transfer._launch` (`kernels.launcher.launch`) is the one seam every launch goes through; it is replaced by a
 recorder while the public launch functions run for representative layouts, so the kernels
 are compiled with exactly the arguments and constexprs the package would launch them with.
 """

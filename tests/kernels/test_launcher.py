@@ -1,0 +1,84 @@
+"""`kernels.launcher`: the direct launches give the JIT entry's bytes, and a relaunch moves new buffers.
+
+`launch` keeps a compiled kernel under the caller's key and, on CUDA, calls its launcher
+directly; a Triton whose private API differs falls back to the compiled kernel's runner,
+then to the JIT entry. Each path copies a poisoned buffer here and every element is
+compared; `relaunch_of` makes the same launch over other buffers and refuses addresses
+aligned otherwise. The direct launches exist on CUDA only.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmcache_ascend.kernels import launcher
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="direct launches are made on CUDA only")
+POISON = -1234567
+
+
+def _copy_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def copy(source, target, count, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < count
+        tl.store(target + offsets, tl.load(source + offsets, mask=mask) + 1, mask=mask)
+
+    return copy
+
+
+def _launch(kernel, source, target):
+    count = source.numel()
+    arguments = (source, target, count)
+    signature = (source.data_ptr() % 16 == 0, target.data_ptr() % 16 == 0, launcher.integer_type(count))
+    pointers = {0: source.data_ptr(), 1: target.data_ptr()}
+    launch = (kernel, (-(-count // 128), 1, 1), arguments, pointers, signature, (("BLOCK", 128),), 4, source.device)
+    launcher.launch(*launch)
+    return launch
+
+
+@cuda
+def test_every_launch_path_moves_every_element():
+    kernel = _copy_kernel()
+    source = torch.arange(1000, dtype=torch.int64, device="cuda")
+    try:
+        for paths in ({"raw": True, "direct": True}, {"raw": False, "direct": True}, {"raw": False, "direct": False}):
+            launcher._raw_launch["enabled"], launcher._direct_launch["enabled"] = paths["raw"], paths["direct"]
+            for _ in range(3):  # the first call compiles through the JIT entry; later ones take the path
+                target = torch.full_like(source, POISON)
+                _launch(kernel, source, target)
+                assert torch.equal(target, source + 1), paths
+    finally:
+        launcher._raw_launch["enabled"] = launcher._direct_launch["enabled"] = True
+
+
+@cuda
+def test_a_relaunch_moves_other_buffers_and_refuses_other_alignments():
+    kernel = _copy_kernel()
+    source = torch.arange(1000, dtype=torch.int64, device="cuda")
+    launch = _launch(kernel, source, torch.empty_like(source))
+    relaunch = launcher.relaunch_of(*launch, positions=((0,), (1,)))
+    assert relaunch is not None
+    other_source = torch.arange(5000, 6000, dtype=torch.int64, device="cuda")
+    other_target = torch.full_like(other_source, POISON)
+    assert relaunch(other_source.data_ptr(), other_target.data_ptr())
+    assert torch.equal(other_target, other_source + 1)
+    # 8 bytes past a 16-byte boundary: the kernel was compiled for aligned pointers
+    backing = torch.full((1001,), POISON, dtype=torch.int64, device="cuda")
+    assert not relaunch(other_source.data_ptr(), backing[1:].data_ptr())
+    torch.cuda.synchronize()
+    assert (backing == POISON).all(), "a refused relaunch launched"
+
+
+def test_nothing_launched_directly_has_no_relaunch():
+    kernel = object()  # never launched: no compiled kernel under any key
+    assert launcher.relaunch_of(kernel, (1, 1, 1), (), {}, (), (), 4, torch.device("cpu"), positions=()) is None
+
+
+def test_integer_types_are_tritons():
+    assert [launcher.integer_type(v) for v in (0, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**63 - 1, 2**63)] == [
+        "i32", "i32", "i64", "i32", "i64", "i64", "u64"]
