@@ -4,9 +4,10 @@ A kernel's JIT entry re-derives the compiled kernel's key from every argument on
 call (tens of microseconds), which is most of a small transfer's cost. `launch` keeps
 the compiled kernel under the key the caller already knows (kernel, device, constexprs,
 warps, the arguments' alignments and integer widths) and, on CUDA, calls its launcher
-directly with the current raw stream and plain integer addresses. `relaunch_of` turns a
-launch made before into a `Relaunch`: the same arguments but the data addresses, for a
-caller that knows the rest has not changed. Both reach into a compiled kernel's
+directly with the current raw stream and plain integer addresses (elsewhere, an NPU through
+triton-ascend, the compiled kernel's own runner). `relaunch_of` turns a launch made before
+into a `Relaunch`: the same arguments but the data addresses, for a caller that knows the
+rest has not changed. Both reach into a compiled kernel's
 attributes (`run`, `function`, `packed_metadata`, `launch_metadata`) and `triton.knobs`,
 which Triton does not promise; a Triton without them, or whose launcher binds
 arguments otherwise, takes the compiled kernel's own runner, then the JIT entry, with
@@ -119,15 +120,23 @@ def launch(kernel, grid, arguments, pointers, signature, constexprs, num_warps, 
 def relaunch_of(kernel, grid, arguments, pointers, signature, constexprs, num_warps, device, *,
                 positions: tuple[tuple[int, ...], ...]) -> "Relaunch | None":
     """The launch `launch` made with these arguments, as a `Relaunch` whose addresses go to
-    `positions` (per address, the arguments that carry it), or None where it was not launched
-    directly (not CUDA, not launched yet, or a Triton without the raw launcher)."""
+    `positions` (per address, the arguments that carry it), or None where no compiled kernel
+    was kept for it (not launched yet, the interpreter, or a Triton whose compiled kernels
+    could not be called directly)."""
     key = (kernel, device, constexprs, num_warps, signature)
     raw = _raw_launchers.get(key) if _raw_launch["enabled"] else None
-    if raw is None:
+    compiled = _compiled.get(key) if _direct_launch["enabled"] and _runner_relaunch["enabled"] else None
+    if raw is None and compiled is None:
         return None
     values = [pointers.get(position, value) for position, value in enumerate(arguments)]
     values.extend(value for _, value in constexprs)
-    return Relaunch(raw, grid, tuple(values), positions)
+    return Relaunch(raw, None if raw is not None else compiled[grid], grid, tuple(values), positions)
+
+
+# A relaunch through a compiled kernel's own runner (where there is no raw launcher: an NPU
+# through triton-ascend) hands it integer addresses, which its launcher takes as pointers as
+# Triton's does; a build that refuses them turns these relaunches off, once.
+_runner_relaunch = {"enabled": True}
 
 
 class Relaunch:
@@ -140,14 +149,17 @@ class Relaunch:
     modulo 16 or integer width differs from the original's is refused (the call returns
     False and launches nothing): the kernel was compiled, and its element widths chosen,
     for those. What it saves is a call's host work (tens of microseconds), which is most
-    of what a small transfer costs.
+    of what a small transfer costs. On CUDA it calls the raw launcher (`launch`'s fastest
+    path); elsewhere the compiled kernel's runner. A launcher that refuses the arguments
+    (before launching anything) turns that kind of relaunch off with one warning and
+    the call returns False: the caller then takes its whole path.
     """
 
-    __slots__ = ("_raw", "_grid", "_values", "_targets", "_classes")
+    __slots__ = ("_raw", "_runner", "_grid", "_values", "_targets", "_classes")
 
-    def __init__(self, raw: "_RawLauncher", grid: tuple[int, int, int], values: tuple,
+    def __init__(self, raw: "_RawLauncher | None", runner, grid: tuple[int, int, int], values: tuple,
                  positions: tuple[tuple[int, ...], ...]):
-        self._raw, self._grid, self._values = raw, grid, list(values)
+        self._raw, self._runner, self._grid, self._values = raw, runner, grid, list(values)
         self._targets = tuple((position, which) for which, where in enumerate(positions) for position in where)
         self._classes = tuple(_address_class(values[where[0]]) for where in positions)
 
@@ -161,14 +173,37 @@ class Relaunch:
         values = self._values.copy()
         for position, which in self._targets:
             values[position] = addresses[which]
-        raw, grid = self._raw, self._grid
-        stream = raw.current_stream(raw.current_device())
-        runtime = triton.knobs.runtime
-        enter = runtime.launch_enter_hook
-        # What the compiled kernel's own runner passes; its metadata is only ever read by that hook.
-        metadata = None if enter is None else raw.compiled.launch_metadata(grid, stream, *values)
-        raw.run(grid[0], grid[1], grid[2], stream, raw.function, raw.packed_metadata, metadata, enter,
-                runtime.launch_exit_hook, *values)
+        raw = self._raw
+        if raw is None:
+            return self._run_through_runner(values)
+        if not _raw_launch["enabled"]:
+            return False
+        grid = self._grid
+        try:
+            stream = raw.current_stream(raw.current_device())
+            runtime = triton.knobs.runtime
+            enter = runtime.launch_enter_hook
+            # What the compiled kernel's own runner passes; its metadata is only ever read by that hook.
+            metadata = None if enter is None else raw.compiled.launch_metadata(grid, stream, *values)
+            raw.run(grid[0], grid[1], grid[2], stream, raw.function, raw.packed_metadata, metadata, enter,
+                    runtime.launch_exit_hook, *values)
+        except (TypeError, ValueError, AttributeError) as error:  # argument binding, before any launch
+            logger.warning("raw Triton relaunch failed (%s); such calls take their whole path from now on", error)
+            _raw_launch["enabled"] = False
+            _raw_launchers.clear()
+            return False
+        return True
+
+    def _run_through_runner(self, values: list) -> bool:
+        if not _runner_relaunch["enabled"]:
+            return False
+        try:
+            self._runner(*values)
+        except (TypeError, ValueError, AttributeError, IndexError) as error:  # argument binding, before any launch
+            logger.warning("relaunching a compiled Triton kernel with integer addresses failed (%s); such calls "
+                           "take their whole path from now on", error)
+            _runner_relaunch["enabled"] = False
+            return False
         return True
 
 

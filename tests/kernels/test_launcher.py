@@ -57,21 +57,52 @@ def test_every_launch_path_moves_every_element():
 
 
 @cuda
-def test_a_relaunch_moves_other_buffers_and_refuses_other_alignments():
+@pytest.mark.parametrize("raw", [True, False], ids=["raw launcher", "compiled kernel's runner (as on an NPU)"])
+def test_a_relaunch_moves_other_buffers_and_refuses_other_alignments(raw):
     kernel = _copy_kernel()
     source = torch.arange(1000, dtype=torch.int64, device="cuda")
     launch = _launch(kernel, source, torch.empty_like(source))
-    relaunch = launcher.relaunch_of(*launch, positions=((0,), (1,)))
-    assert relaunch is not None
-    other_source = torch.arange(5000, 6000, dtype=torch.int64, device="cuda")
-    other_target = torch.full_like(other_source, POISON)
-    assert relaunch(other_source.data_ptr(), other_target.data_ptr())
-    assert torch.equal(other_target, other_source + 1)
-    # 8 bytes past a 16-byte boundary: the kernel was compiled for aligned pointers
-    backing = torch.full((1001,), POISON, dtype=torch.int64, device="cuda")
-    assert not relaunch(other_source.data_ptr(), backing[1:].data_ptr())
-    torch.cuda.synchronize()
-    assert (backing == POISON).all(), "a refused relaunch launched"
+    launch = _launch(kernel, source, torch.empty_like(source))  # the first compiled it through the JIT entry
+    launcher._raw_launch["enabled"] = raw
+    try:
+        relaunch = launcher.relaunch_of(*launch, positions=((0,), (1,)))
+        assert relaunch is not None and (relaunch._raw is not None) == raw
+        other_source = torch.arange(5000, 6000, dtype=torch.int64, device="cuda")
+        other_target = torch.full_like(other_source, POISON)
+        assert relaunch(other_source.data_ptr(), other_target.data_ptr())
+        assert torch.equal(other_target, other_source + 1)
+        # 8 bytes past a 16-byte boundary: the kernel was compiled for aligned pointers
+        backing = torch.full((1001,), POISON, dtype=torch.int64, device="cuda")
+        assert not relaunch(other_source.data_ptr(), backing[1:].data_ptr())
+        torch.cuda.synchronize()
+        assert (backing == POISON).all(), "a refused relaunch launched"
+    finally:
+        launcher._raw_launch["enabled"] = True
+
+
+@cuda
+def test_a_runner_that_refuses_integer_addresses_turns_runner_relaunches_off(caplog):
+    kernel = _copy_kernel()
+    source = torch.arange(1000, dtype=torch.int64, device="cuda")
+    launch = _launch(kernel, source, torch.empty_like(source))
+    launch = _launch(kernel, source, torch.empty_like(source))
+    launcher._raw_launch["enabled"] = False
+    try:
+        relaunch = launcher.relaunch_of(*launch, positions=((0,), (1,)))
+
+        def refusing(*values):
+            raise TypeError("Pointer argument must be either uint64 or have data_ptr method")
+
+        relaunch._runner = refusing
+        target = torch.full_like(source, POISON)
+        assert not relaunch(source.data_ptr(), target.data_ptr())
+        assert not launcher._runner_relaunch["enabled"]
+        assert "whole path" in caplog.text
+        assert launcher.relaunch_of(*launch, positions=((0,), (1,))) is None
+        torch.cuda.synchronize()
+        assert (target == POISON).all()
+    finally:
+        launcher._raw_launch["enabled"] = launcher._runner_relaunch["enabled"] = True
 
 
 def test_nothing_launched_directly_has_no_relaunch():

@@ -114,14 +114,26 @@ def _block_calls(device: str, count: int = 3) -> int:
     return repeated
 
 
+@pytest.fixture(params=[True, False], ids=["raw launcher", "compiled kernel's runner (as on an NPU)"])
+def relaunch_through(request):
+    """Repeats through CUDA's raw launcher, and through the compiled kernel's runner (what an NPU uses)."""
+    from lmcache_ascend.kernels import launcher
+
+    launcher._raw_launch["enabled"] = request.param
+    ops._repeats._entries.clear()
+    yield request.param
+    launcher._raw_launch["enabled"] = True
+    ops._repeats._entries.clear()
+
+
 @cuda
-def test_repeated_per_token_calls_move_the_right_bytes_on_cuda():
+def test_repeated_per_token_calls_move_the_right_bytes_on_cuda(relaunch_through):
     assert _token_calls("cuda") == 5, "every store after the first should have been a repeat"
 
 
 @cuda
 @pytest.mark.parametrize("count", [1, 3], ids=["one object", "three objects"])
-def test_repeated_block_calls_move_the_right_bytes_on_cuda(count):
+def test_repeated_block_calls_move_the_right_bytes_on_cuda(count, relaunch_through):
     # ids alternate between a device tensor and a list: two keys, each repeated from its second call on
     assert _block_calls("cuda", count) == 6
 
