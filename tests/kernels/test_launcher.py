@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmcache_ascend.kernels import launcher
+pytest.importorskip("triton", reason="the launcher is Triton's")
+from lmcache_ascend.kernels import launcher  # noqa: E402
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="direct launches are made on CUDA only")
 POISON = -1234567
