@@ -133,7 +133,9 @@ def test_repeated_per_token_calls_move_the_right_bytes_on_cuda(relaunch_through)
 
 @cuda
 @pytest.mark.parametrize("count", [1, 3], ids=["one object", "three objects"])
-def test_repeated_block_calls_move_the_right_bytes_on_cuda(count, relaunch_through):
+@pytest.mark.parametrize("host_slots", [True, False], ids=["list ids expanded on the host", "on the device"])
+def test_repeated_block_calls_move_the_right_bytes_on_cuda(count, host_slots, relaunch_through, monkeypatch):
+    monkeypatch.setattr(ops, "_HOST_SLOTS", ops._HOST_SLOTS if host_slots else 0)
     # ids alternate between a device tensor and a list: two keys, each repeated from its second call on
     assert _block_calls("cuda", count) == 6
 
