@@ -37,7 +37,7 @@ import torch
 
 from lmcache_ascend.kernels import launch_counter
 from lmcache_ascend.kv_layout import ChunkMover, plan_kv_caches
-from lmcache_ascend.kv_layout.transfer import DeviceSlots
+from lmcache_ascend.kv_layout.device_slots import DeviceSlots
 from lmcache_ascend.multigroup.slots import step_block_ids
 from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout
 from lmcache_ascend.multigroup.tracker import GroupBlockTracker
@@ -318,9 +318,9 @@ def staged_timeline(case: "RequestCase", store: bool, calls: int = 9, before=Non
     (the profiler slows the host several times): when the first copy starts after the call begins, the
     idle gaps between copies, the copy engine's busy time, and the host's wait after the last copy;
     medians of `calls` requests (each right after `before()`, where given, and a synchronization)."""
-    from lmcache_ascend.kv_layout import transfer
+    from lmcache_ascend.kv_layout import staging
 
-    original = transfer._StagedWaves.copy
+    original = staging._StagedWaves.copy
     recorded: list = []
 
     def copy_between_events(self, spans, *, to_staging):
@@ -332,7 +332,7 @@ def staged_timeline(case: "RequestCase", store: bool, calls: int = 9, before=Non
 
     samples = []
     case.ours(case.host_chunks, store)
-    transfer._StagedWaves.copy = copy_between_events
+    staging._StagedWaves.copy = copy_between_events
     try:
         for _ in range(calls):
             if before is not None:
@@ -354,7 +354,7 @@ def staged_timeline(case: "RequestCase", store: bool, calls: int = 9, before=Non
                 "copies": len(spans),
             })
     finally:
-        transfer._StagedWaves.copy = original
+        staging._StagedWaves.copy = original
     return {key: round(statistics.median(sample[key] for sample in samples), 1) for key in samples[0]}
 
 

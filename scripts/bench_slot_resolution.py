@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from lmcache_ascend.kv_layout.transfer import DeviceSlots  # noqa: E402
+from lmcache_ascend.kv_layout.device_slots import DeviceSlots  # noqa: E402
 from lmcache_ascend.multigroup.slots import step_block_ids  # noqa: E402
 from lmcache_ascend.multigroup.specs import KVGroupSpec, layout_from_groups  # noqa: E402
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy  # noqa: E402

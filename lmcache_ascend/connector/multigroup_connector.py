@@ -36,7 +36,7 @@ import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
 from lmcache_ascend.kv_layout import ChunkPlanner, ChunkMover, LayerLayout, LayoutError
-from lmcache_ascend.kv_layout.transfer import DeviceSlots
+from lmcache_ascend.kv_layout.device_slots import DeviceSlots
 
 __all__ = ["MultiGroupGPUConnector"]
 

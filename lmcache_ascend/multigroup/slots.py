@@ -7,7 +7,7 @@ upstream LMCache computes. vLLM pickles the metadata to the workers every step,
 so it carries the block ids of the transferred groups packed in ONE bytes object
 of int64s (a few hundred ids, where the slots were a tensor of one entry per row
 per group) plus scalars; the worker turns them into slots on its device, once per
-request and step (`lmcache_ascend.kv_layout.transfer.DeviceSlots.from_block_ids`).
+request and step (`lmcache_ascend.kv_layout.device_slots.DeviceSlots.from_block_ids`).
 
 Slot semantics (paged row index inside the group's KV tensor, as in vLLM's
 own slot mappings): group g maps the request's first ``num_tokens`` tokens to

@@ -220,7 +220,7 @@ def test_a_steps_store_slots_are_resolved_at_hand_over_and_the_store_only_indexe
     from lmcache.integration.vllm.vllm_v1_adapter import LMCacheConnectorMetadata, LoadSpec
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
-    from lmcache_ascend.kv_layout.transfer import DeviceSlots
+    from lmcache_ascend.kv_layout.device_slots import DeviceSlots
     from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 
     fixture = dsv4_ascend_kv_cache_config()

@@ -115,7 +115,7 @@ def test_load_with_a_foreign_block_id_is_refused_and_moves_nothing(patches, pipe
 def test_slot_mappings_given_whole_are_checked_against_the_cache_rows():
     """`slot_mappings_by_group` / `slot_mapping` (LMCache hands them over as given): -1 skips, anything
     outside the group's rows is refused naming request, group, slot and position."""
-    from lmcache_ascend.kv_layout.transfer import DeviceSlots
+    from lmcache_ascend.kv_layout.device_slots import DeviceSlots
     from lmcache_ascend.multigroup.specs import KVGroupSpec
 
     groups = {0: KVGroupSpec(0, "Full", 4), 1: KVGroupSpec(1, "C4", 16, 4)}

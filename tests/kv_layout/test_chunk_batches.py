@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import lmcache_ascend.kv_layout.staging as staging
 import lmcache_ascend.kv_layout.transfer as transfer
 from lmcache_ascend.kernels import launch_counter
 from lmcache_ascend.kv_layout import ChunkMover, plan_kv_caches
@@ -129,10 +130,10 @@ def test_staging_waves_and_spans_equal_single_chunks_on_cpu(pad, capacity_chunks
     monkeypatch.setattr(transfer, "STAGING_BYTES", capacity_chunks * (mover.layout.full_plan.total_bytes + 256))
     monkeypatch.setattr(mover, "reachable", lambda chunks: False)
     copies = []
-    real_copy = transfer._copy_spans
-    monkeypatch.setattr(transfer, "_copy_spans", lambda *a, **k: (copies.append(len(a[2])), real_copy(*a, **k))[1])
+    real_copy = staging._copy_spans
+    monkeypatch.setattr(staging, "_copy_spans", lambda *a, **k: (copies.append(len(a[2])), real_copy(*a, **k))[1])
     launches, layer_groups = _round_trip("cpu", host=True, pad=pad, mover_parts=parts)
-    waves = len(transfer.staging_waves(4, capacity_chunks))
+    waves = len(staging.staging_waves(4, capacity_chunks))
     assert launches == waves * layer_groups
     # store copies: one per span (chunks back to back) or per chunk (padding between is not theirs)
     assert sum(copies[:waves]) == (waves if pad == 0 else 4)
@@ -142,25 +143,25 @@ def test_staging_spans_join_only_neighbours_one_copy_can_reach():
     """Chunks of 100 bytes, staging stride 128: a gap past the stride, or (for a store) bytes between
     that are not the chunk's own, start a new span; each chunk keeps its distance in its span."""
     addresses, sizes = [1000, 1100, 1228, 1400, 1500], [100, 128, 100, 100, 100]
-    assert transfer._joined_neighbours(addresses, sizes, 100, 128, store=False) == [True, True, False, True]
-    assert transfer._joined_neighbours(addresses, [100] * 5, 100, 128, store=True) == [True, False, False, True]
-    joined = transfer._joined_neighbours(addresses, sizes, 100, 128, store=True)
+    assert staging._joined_neighbours(addresses, sizes, 100, 128, store=False) == [True, True, False, True]
+    assert staging._joined_neighbours(addresses, [100] * 5, 100, 128, store=True) == [True, False, False, True]
+    joined = staging._joined_neighbours(addresses, sizes, 100, 128, store=True)
     assert joined == [True, True, False, True]
-    spans, offsets = transfer._staging_spans(addresses, joined, 0, 5, 100, base=512)
+    spans, offsets = staging._staging_spans(addresses, joined, 0, 5, 100, base=512)
     # [0, 3) spans 1000..1328 (328 bytes, aligned up to 512), [3, 5) follows at 1024
     assert spans == [(0, 3, 512), (3, 5, 1024)]
     assert offsets == (512, 612, 740, 1024, 1124)
-    assert transfer._staging_spans(addresses, joined, 1, 4, 100, base=0) == ([(1, 3, 0), (3, 4, 256)], (0, 128, 256))
-    assert transfer._staging_spans(addresses, [], 2, 3, 100, base=0) == ([(2, 3, 0)], (0,))
+    assert staging._staging_spans(addresses, joined, 1, 4, 100, base=0) == ([(1, 3, 0), (3, 4, 256)], (0, 128, 256))
+    assert staging._staging_spans(addresses, [], 2, 3, 100, base=0) == ([(2, 3, 0)], (0,))
 
 
 def test_staging_waves_start_small_and_double():
-    assert transfer.staging_waves(64, 23) == [(0, 4), (4, 12), (12, 28), (28, 51), (51, 64)]
-    assert transfer.staging_waves(64, 23, first=2) == [(0, 2), (2, 6), (6, 14), (14, 30), (30, 53), (53, 64)]
-    assert transfer.staging_waves(4, 1) == [(0, 1), (1, 2), (2, 3), (3, 4)]
-    assert transfer.staging_waves(0, 4) == []
+    assert staging.staging_waves(64, 23) == [(0, 4), (4, 12), (12, 28), (28, 51), (51, 64)]
+    assert staging.staging_waves(64, 23, first=2) == [(0, 2), (2, 6), (6, 14), (14, 30), (30, 53), (53, 64)]
+    assert staging.staging_waves(4, 1) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert staging.staging_waves(0, 4) == []
     with pytest.raises(ValueError, match="capacity=0"):
-        transfer.staging_waves(4, 0)
+        staging.staging_waves(4, 0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -181,8 +182,8 @@ def test_staged_load_queues_first_copies_before_resolving_slots(monkeypatch):
     mover, *rest = _mover("cuda")
     monkeypatch.setattr(transfer, "STAGING_BYTES", 2 * (mover.layout.full_plan.total_bytes + 256))  # 1 chunk a half
     events: list[str] = []
-    real_copy = transfer._copy_spans
-    monkeypatch.setattr(transfer, "_copy_spans",
+    real_copy = staging._copy_spans
+    monkeypatch.setattr(staging, "_copy_spans",
                         lambda *a, **k: (events.append("copy_in" if k["to_staging"] else "copy_out"),
                                          real_copy(*a, **k))[1])
     real_move_batch = mover.move_batch
@@ -195,10 +196,10 @@ def test_staged_load_queues_first_copies_before_resolving_slots(monkeypatch):
 
 def _record_staged_steps(monkeypatch, mover, events: list) -> None:
     """Append each host check (`("check", chunks)`), copy and launch of the staged path to `events`."""
-    real_check, real_copy, real_move_batch = transfer.chunk_buffers, transfer._copy_spans, mover.move_batch
-    monkeypatch.setattr(transfer, "chunk_buffers",
+    real_check, real_copy, real_move_batch = staging.chunk_buffers, staging._copy_spans, mover.move_batch
+    monkeypatch.setattr(staging, "chunk_buffers",
                         lambda chunks, **k: (events.append(("check", len(chunks))), real_check(chunks, **k))[1])
-    monkeypatch.setattr(transfer, "_copy_spans",
+    monkeypatch.setattr(staging, "_copy_spans",
                         lambda *a, **k: (events.append("copy_in" if k["to_staging"] else "copy_out"),
                                          real_copy(*a, **k))[1])
     monkeypatch.setattr(mover, "move_batch", lambda *a, **k: (events.append("launch"), real_move_batch(*a, **k))[1])

@@ -22,8 +22,8 @@ from lmcache_ascend.multigroup.slicing import (
     prefix_bound_in_vllm_blocks,
 )
 from lmcache_ascend.kv_layout.formats import LayoutError
-from lmcache_ascend.kv_layout import transfer
-from lmcache_ascend.kv_layout.transfer import DeviceSlots
+from lmcache_ascend.kv_layout import device_slots as slot_module
+from lmcache_ascend.kv_layout.device_slots import DeviceSlots
 from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 from lmcache_ascend.multigroup.slots import StepBlockIds, step_block_ids
 from lmcache_ascend.multigroup.specs import (
@@ -199,7 +199,7 @@ def test_tracker_copies_vllm_lists_and_rejects_wrong_group_counts():
 
 # ------------------------------------------------------------------------ slot mappings
 CPU = torch.device("cpu")
-_REAL_EXPAND = transfer._expand_block_ids  # the real one, while `_resolved` wraps it
+_REAL_EXPAND = slot_module._expand_block_ids  # the real one, while `_resolved` wraps it
 
 
 def _layout(*groups: KVGroupSpec) -> MultiGroupLayout:
@@ -216,11 +216,11 @@ def _expand_poisoned(block_ids, groups, out):
 def _resolved(step: StepBlockIds, cached_tokens: int = 0) -> dict[int, list[int]]:
     """What the worker resolves from the shipped block ids, per group (CPU device)."""
     groups = {group.group_index: group for group in step.groups}
-    transfer._expand_block_ids = _expand_poisoned
+    slot_module._expand_block_ids = _expand_poisoned
     try:
         device_slots = DeviceSlots.from_block_ids(step, groups, CPU, cached_tokens)
     finally:
-        transfer._expand_block_ids = _REAL_EXPAND
+        slot_module._expand_block_ids = _REAL_EXPAND
     flat = device_slots.slots.tolist()
     return {g: flat[device_slots.offsets[g] : device_slots.offsets[g] + device_slots.lengths[g]] for g in device_slots.offsets}
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmcache_ascend.kv_layout.transfer import DeviceSlots
+from lmcache_ascend.kv_layout.device_slots import DeviceSlots
 from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 from lmcache_ascend.multigroup.connector_state import MultiGroupConfigError
 from lmcache_ascend.patches import State, registry
