@@ -48,27 +48,31 @@ from lmcache_ascend.kernels.ops import (
     transfer_group,
 )
 from lmcache_ascend.kernels.reference import reference_transfer
-from lmcache_ascend.kernels.spec import (
-    DEFAULT_REGION_ALIGNMENT,
-    ELEMENT_WIDTHS,
-    MAX_PLANES,
-    ChunkBuffers,
-    ChunkLayout,
-    ChunkRows,
+from lmcache_ascend.kernels.paged import (
     PagedGeometry,
     PagedGroup,
     PagedPlane,
+)
+from lmcache_ascend.kernels.resolve import (
+    ChunkBuffers,
+    ChunkRows,
     PlaneSlots,
     ResolvedChunkBatch,
     ResolvedTransfer,
-    TransferError,
-    align_up,
     chunk_buffers,
-    chunk_layout,
     chunk_rows,
     pool_chunk_buffers,
     resolve_chunk_batch,
     resolve_transfer,
+)
+from lmcache_ascend.kernels.spec import (
+    DEFAULT_REGION_ALIGNMENT,
+    ELEMENT_WIDTHS,
+    MAX_PLANES,
+    ChunkLayout,
+    TransferError,
+    align_up,
+    chunk_layout,
     strided_chunk_layout,
     triton_interpreting,
     widest_element_width,

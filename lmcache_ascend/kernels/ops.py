@@ -9,15 +9,19 @@ from typing import Sequence
 import torch
 
 from lmcache_ascend.kernels.reference import reference_transfer, reference_transfer_chunks
+from lmcache_ascend.kernels.paged import (
+    PagedGroup,
+    PagedPlane,
+)
+from lmcache_ascend.kernels.resolve import (
+    PlaneSlots,
+    ResolvedChunkBatch,
+    resolve_transfer,
+)
 from lmcache_ascend.kernels.spec import (
     DEFAULT_REGION_ALIGNMENT,
     ChunkLayout,
-    PagedGroup,
-    PagedPlane,
-    PlaneSlots,
-    ResolvedChunkBatch,
     TransferError,
-    resolve_transfer,
     triton_interpreting,
 )
 

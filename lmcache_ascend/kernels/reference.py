@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from lmcache_ascend.kernels.spec import (
+from lmcache_ascend.kernels.resolve import (
     PlaneSlots,
     ResolvedChunkBatch,
     ResolvedTransfer,
+)
+from lmcache_ascend.kernels.spec import (
     TransferError,
     widest_element_width,
 )

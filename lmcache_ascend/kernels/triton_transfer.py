@@ -41,14 +41,18 @@ import triton.language as tl
 from lmcache_ascend.bounded_cache import BoundedCache
 from lmcache_ascend.kernels.launcher import Relaunch, integer_type, relaunch_of
 from lmcache_ascend.kernels.launcher import launch as _launch  # the seam every launch goes through
-from lmcache_ascend.kernels.spec import (
-    MAX_PLANES,
-    ChunkBuffers,
-    ChunkLayout,
-    ChunkRows,
+from lmcache_ascend.kernels.paged import (
     PagedGroup,
+)
+from lmcache_ascend.kernels.resolve import (
+    ChunkBuffers,
+    ChunkRows,
     ResolvedChunkBatch,
     ResolvedTransfer,
+)
+from lmcache_ascend.kernels.spec import (
+    MAX_PLANES,
+    ChunkLayout,
     TransferError,
     triton_interpreting,
     widest_element_width,

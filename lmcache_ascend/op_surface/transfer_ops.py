@@ -48,16 +48,20 @@ from lmcache_ascend.kernels.ops import (
     transfer_chunk_batches,
     transfer_group,
 )
-from lmcache_ascend.kernels.spec import (
-    MAX_PLANES,
-    ChunkRows,
+from lmcache_ascend.kernels.paged import (
     PagedGroup,
     PagedPlane,
+)
+from lmcache_ascend.kernels.resolve import (
+    ChunkRows,
     PlaneSlots,
-    TransferError,
     chunk_buffers,
     chunk_rows,
     resolve_chunk_batch,
+)
+from lmcache_ascend.kernels.spec import (
+    MAX_PLANES,
+    TransferError,
     strided_chunk_layout,
 )
 from lmcache_ascend.op_surface.formats import FormatFacts, format_facts, paged_layer_shape
