@@ -13,7 +13,17 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-__all__ = ["BLOCK_TRACKER", "CHUNK_PLANNER", "CONNECTOR_LAYOUT", "REUSE_BLOCKER", "STEP_BLOCK_IDS", "Attachment"]
+__all__ = [
+    "BLOCK_TRACKER",
+    "CHUNK_PLANNER",
+    "CONNECTOR_LAYOUT",
+    "GROUP_HINTS",
+    "GROUP_PLAN",
+    "REUSE_BLOCKER",
+    "SERVER_FORMAT",
+    "STEP_BLOCK_IDS",
+    "Attachment",
+]
 
 T = TypeVar("T")
 
@@ -57,3 +67,11 @@ CHUNK_PLANNER: Attachment = Attachment("ascend_chunk_layout", "kv_layout.ChunkPl
 REUSE_BLOCKER: Attachment = Attachment(
     "_ascend_reuse_blocker", "why the connector supplies no prefix (str), or None where reuse may be exact"
 )
+
+# LMCache 0.4.x's MP server and worker adapter (per-group block ids):
+# On KVLayerGroupsManager: (plan, KV-cache group of each layer group), or unset for a flat registration.
+GROUP_PLAN: Attachment = Attachment("lmcache_ascend_group_plan", "(ServerGroupPlan, tuple of KV group per layer group)")
+# On LMCacheMPWorkerAdapter: the per-group LayoutHints entries to register with (multi-group models only).
+GROUP_HINTS: Attachment = Attachment("lmcache_ascend_group_hints", "dict of per-group LayoutHints entries")
+# On LMCacheMPWorkerAdapter: (PER_GROUP or FLAT, the server's name) from its answer to the registration.
+SERVER_FORMAT: Attachment = Attachment("lmcache_ascend_server_format", "(wire format, server name or None)")

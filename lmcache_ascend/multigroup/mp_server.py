@@ -25,6 +25,7 @@ from lmcache_ascend.multigroup.mp_wire import FLAT, PER_GROUP, WireFormatMismatc
 
 __all__ = [
     "HINT_CLIENT",
+    "HINT_ENGINE_BLOCK_SIZE",
     "HINT_GROUP_BLOCK_SIZES",
     "HINT_LAYER_GROUPS",
     "ServerGroupPlan",
@@ -44,6 +45,8 @@ __all__ = [
 HINT_CLIENT = "lmcache_ascend_client"  # who sends per-group ids, e.g. "lmcache-ascend 0.1 on vLLM 0.18.1"
 HINT_LAYER_GROUPS = "lmcache_ascend_layer_kv_groups"  # per registered layer, its KV-cache group id
 HINT_GROUP_BLOCK_SIZES = "lmcache_ascend_group_block_sizes"  # per KV-cache group, tokens per block
+# LMCache 0.4.x's own LayoutHints key of the engine's block size (tokens per block)
+HINT_ENGINE_BLOCK_SIZE = "inference_engine_logical_block_size"
 
 _ANSWER_PREFIX = f"{PER_GROUP} from "
 

@@ -23,7 +23,7 @@ from lmcache.integration.vllm import vllm_multi_process_adapter as adapter_modul
 from lmcache.v1.multiprocess.futures import MessagingFuture  # noqa: E402
 from lmcache.v1.multiprocess.protocol import RequestType, get_payload_classes  # noqa: E402
 
-from lmcache_ascend.connector.mp_server_side import GROUP_HINTS, SERVER_FORMAT  # noqa: E402
+from lmcache_ascend.multigroup.attachments import GROUP_HINTS, SERVER_FORMAT  # noqa: E402
 from lmcache_ascend.multigroup.mp_server import (  # noqa: E402
     HINT_GROUP_BLOCK_SIZES,
     HINT_LAYER_GROUPS,

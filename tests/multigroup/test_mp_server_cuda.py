@@ -44,7 +44,7 @@ if not torch.cuda.is_available():
     )
 pytest.importorskip("cupy", reason="LMCache 0.4.5's MP server imports cupy at module level")
 
-from lmcache_ascend.connector.mp_server_side import GROUP_HINTS, SERVER_FORMAT  # noqa: E402
+from lmcache_ascend.multigroup.attachments import GROUP_HINTS, SERVER_FORMAT  # noqa: E402
 from lmcache_ascend.multigroup.mp_server import client_hints  # noqa: E402
 from lmcache_ascend.multigroup.mp_wire import FLAT, PER_GROUP, WireFormatMismatch  # noqa: E402
 from lmcache_ascend.patches import State, registry  # noqa: E402

@@ -22,7 +22,8 @@ from lmcache.utils import EngineType  # noqa: E402
 from lmcache.v1.gpu_connector.utils import get_group_data_ptrs, normalize_kv_and_discover_format  # noqa: E402
 from lmcache.v1.kv_layer_groups import KVLayerGroupsManager  # noqa: E402
 
-from lmcache_ascend.connector.mp_server_side import GROUP_PLAN, batch_block_ids, move_chunks  # noqa: E402
+from lmcache_ascend.multigroup.attachments import GROUP_PLAN  # noqa: E402
+from lmcache_ascend.patches.lmcache.mp_server_per_group import batch_block_ids, move_chunks  # noqa: E402
 from lmcache_ascend.multigroup.mp_server import chunk_block_ids, client_hints, retrieve_batches  # noqa: E402
 from lmcache_ascend.patches import State, registry  # noqa: E402
 

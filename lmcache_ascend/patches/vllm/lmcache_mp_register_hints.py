@@ -17,7 +17,7 @@ TARGET = "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector"
 def _register_kv_caches(wrapped, instance, args, kwargs):
     from lmcache_ascend.compat.signatures import call_arguments
     from lmcache_ascend.compat.versions import installed_version
-    from lmcache_ascend.connector.mp_server_side import GROUP_HINTS
+    from lmcache_ascend.multigroup.attachments import GROUP_HINTS
     from lmcache_ascend.multigroup.mp_server import client_hints, layer_kv_groups
 
     groups = list(getattr(getattr(instance, "_kv_cache_config", None), "kv_cache_groups", None) or ())
