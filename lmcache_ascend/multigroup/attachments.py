@@ -19,6 +19,7 @@ __all__ = [
     "CONNECTOR_LAYOUT",
     "GROUP_HINTS",
     "GROUP_PLAN",
+    "MP_GROUP_STATE",
     "REUSE_BLOCKER",
     "SERVER_FORMAT",
     "STEP_BLOCK_IDS",
@@ -57,7 +58,8 @@ class Attachment(Generic[T]):
 # On LMCache's ReqMeta: the request's per-group block ids for this step (multigroup.slots);
 # pickled to the workers with it, which resolve them to slots on the device.
 STEP_BLOCK_IDS: Attachment = Attachment("ascend_step_block_ids", "StepBlockIds of the request, this step")
-# On LMCache's RequestTracker: the request's per-group block ids (multigroup.tracker).
+# On LMCache's RequestTracker, and on the request trackers of vLLM's builtin MP connector: the
+# request's per-group block ids (multigroup.tracker).
 BLOCK_TRACKER: Attachment = Attachment("ascend_block_tracker", "GroupBlockTracker of the request")
 # On LMCache's in-process connector (LMCacheConnectorV1Impl): its multi-group layout, None for one group.
 CONNECTOR_LAYOUT: Attachment = Attachment("_ascend_multigroup_layout", "MultiGroupLayout or None")
@@ -67,6 +69,10 @@ CHUNK_PLANNER: Attachment = Attachment("ascend_chunk_layout", "kv_layout.ChunkPl
 REUSE_BLOCKER: Attachment = Attachment(
     "_ascend_reuse_blocker", "why the connector supplies no prefix (str), or None where reuse may be exact"
 )
+
+# On vLLM's builtin MP connector and its request trackers (which also carry BLOCK_TRACKER):
+# what the connector knows of its groups and its server's wire format.
+MP_GROUP_STATE: Attachment = Attachment("ascend_mp_group_state", "MPGroupState of the connector")
 
 # LMCache 0.4.x's MP server and worker adapter (per-group block ids):
 # On KVLayerGroupsManager: (plan, KV-cache group of each layer group), or unset for a flat registration.
