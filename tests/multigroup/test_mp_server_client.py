@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from lmcache_ascend.compat.versions import installed_version
+from tests import stack
 
-if not (installed_version("lmcache") or "").startswith("0.4."):
-    pytest.skip("LMCache 0.4.x's worker adapter only (0.5.x speaks per-group ids itself)", allow_module_level=True)
+stack.only_with_lmcache_04("the MP worker adapter's wire-format patch (0.5.x speaks per-group ids itself)")
 
 from lmcache.integration.vllm import vllm_multi_process_adapter as adapter_module  # noqa: E402
 from lmcache.v1.multiprocess.futures import MessagingFuture  # noqa: E402

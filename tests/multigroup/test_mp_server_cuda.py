@@ -32,11 +32,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmcache_ascend.compat.versions import installed_version
+from tests import stack
 
-_VERSION = installed_version("lmcache") or ""
-if not _VERSION.startswith("0.4."):
-    pytest.skip(f"LMCache {_VERSION or 'absent'}: the per-group server patches are for LMCache 0.4.x", allow_module_level=True)
+stack.only_with_lmcache_04("the per-group MP server patches")
 if not torch.cuda.is_available():
     pytest.skip(
         "LMCache 0.4.5's MP server needs CUDA (CUDA IPC KV handles, interprocess events, cupy streams); no CUDA device",

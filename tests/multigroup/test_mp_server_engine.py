@@ -16,9 +16,9 @@ import json
 import pytest
 
 from lmcache_ascend.compat.versions import installed_version
+from tests import stack
 
-if not (installed_version("lmcache") or "").startswith("0.4."):
-    pytest.skip("LMCache 0.4.x's MP server only", allow_module_level=True)
+stack.only_with_lmcache_04("the per-group MP server patch")
 
 _CODE = """
 import json, sys, types

@@ -13,10 +13,9 @@ import random
 import pytest
 import torch
 
-from lmcache_ascend.compat.versions import installed_version
+from tests import stack
 
-if not (installed_version("lmcache") or "").startswith("0.4."):
-    pytest.skip("LMCache 0.4.x's MP server only", allow_module_level=True)
+stack.only_with_lmcache_04("the per-group MP server patch")
 
 from lmcache.utils import EngineType  # noqa: E402
 from lmcache.v1.gpu_connector.utils import get_group_data_ptrs, normalize_kv_and_discover_format  # noqa: E402
