@@ -24,17 +24,27 @@ class BoundedCache(Generic[V]):
         self._entries: collections.OrderedDict[Hashable, V] = collections.OrderedDict()
         self.bound = bound
 
+    # Callers on several threads (LMCache's MP server moves requests on more than one) may
+    # evict an entry between two steps of another's lookup: each step is atomic under the
+    # GIL, and an entry that is gone by the next step is simply not refreshed or dropped.
+
     def get(self, key: Hashable) -> V | None:
         value = self._entries.get(key)
         if value is not None:
-            self._entries.move_to_end(key)
+            try:
+                self._entries.move_to_end(key)
+            except KeyError:
+                pass
         return value
 
     def put(self, key: Hashable, value: V) -> V:
         self._entries[key] = value
-        self._entries.move_to_end(key)
-        if len(self._entries) > self.bound:
-            self._entries.popitem(last=False)
+        try:
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.bound:
+                self._entries.popitem(last=False)
+        except KeyError:
+            pass
         return value
 
     def get_or_build(self, key: Hashable, build: Callable[[], V]) -> V:

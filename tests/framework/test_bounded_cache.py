@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 
 from lmcache_ascend.bounded_cache import BoundedCache
@@ -34,3 +36,29 @@ def test_get_or_build_builds_once_per_key():
 def test_a_bound_below_one_is_refused():
     with pytest.raises(ValueError, match="bound=0 is not allowed"):
         BoundedCache(0)
+
+
+class _EvictedAfterRead(collections.OrderedDict):
+    """An entry another thread evicts between this thread's read and its refresh."""
+
+    def get(self, key, default=None):
+        value = super().get(key, default)
+        self.pop(key, None)
+        return value
+
+
+class _EvictedAfterWrite(collections.OrderedDict):
+    """An entry another thread evicts right after this thread stored it, then everything."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.clear()
+
+
+def test_an_entry_evicted_by_another_thread_midway_is_not_an_error():
+    cache = BoundedCache(2)
+    cache._entries = _EvictedAfterRead(a=1)
+    assert cache.get("a") == 1 and "a" not in cache
+    cache._entries = _EvictedAfterWrite()
+    assert cache.put("b", 2) == 2 and len(cache) == 0
+
