@@ -939,7 +939,7 @@ def _block_id_tensor(block_ids: object, bs: int, rows: int, op: str) -> torch.Te
 
 def _block_slots(ids: torch.Tensor, bs: int, device: torch.device) -> torch.Tensor:
     """The slots of whole blocks: block b's rows are slots b*bs .. b*bs + bs-1 (one kernel on the device)."""
-    return torch.add(_block_rows(bs, device), ids.view(-1, 1), alpha=bs).view(-1)
+    return torch.add(_block_rows(bs, device), ids.unsqueeze(1), alpha=bs).view(-1)  # any strides of ids
 
 
 @functools.lru_cache(maxsize=64)

@@ -88,7 +88,9 @@ def _block_calls(device: str, count: int = 3) -> int:
     repeated = 0
     for call in range(8):
         ids = torch.randperm(BLOCKS, generator=generator)[:2 * count - 1]
-        block_ids = ids.tolist() if call % 2 else ids.to(device)
+        # a list (odd calls), a device tensor, or a strided view of one (calls 2 and 6)
+        block_ids = (ids.tolist() if call % 2 else ids.to(device) if call % 4 == 0
+                     else ids.repeat_interleave(2).to(device)[::2])
         objects = [torch.full((LAYERS, 2 * BS, HIDDEN), POISON, dtype=torch.bfloat16, device=device)
                    for _ in range(count)]
         before = launch_counter.triton
@@ -136,8 +138,8 @@ def test_repeated_per_token_calls_move_the_right_bytes_on_cuda(relaunch_through)
 @pytest.mark.parametrize("host_slots", [True, False], ids=["list ids expanded on the host", "on the device"])
 def test_repeated_block_calls_move_the_right_bytes_on_cuda(count, host_slots, relaunch_through, monkeypatch):
     monkeypatch.setattr(ops, "_HOST_SLOTS", ops._HOST_SLOTS if host_slots else 0)
-    # ids alternate between a device tensor and a list: two keys, each repeated from its second call on
-    assert _block_calls("cuda", count) == 6
+    # three keys (a list, a device tensor, a strided one), each repeated from its second call on
+    assert _block_calls("cuda", count) == 5
 
 
 def test_on_the_cpu_every_call_takes_the_whole_path():
