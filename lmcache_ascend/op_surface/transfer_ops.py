@@ -382,7 +382,16 @@ def _repeat_key(op: str, backend: str, tensors: tuple, scalars: tuple) -> tuple 
         return None
     if len(described) != len(tensors):
         return None
-    return op, backend, scalars, tuple(map(type, scalars)), described
+    return _hashable((op, backend, scalars, tuple(map(type, scalars)), described))
+
+
+def _hashable(key: tuple) -> tuple | None:
+    """`key`, or None where an argument in it cannot be hashed (such a call takes the whole path)."""
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 # A call's chunk layout is one of a few (chunk sizes x formats): checked once, then looked up.
@@ -920,8 +929,8 @@ def _block_repeat_key(backend: str, objects: object, block_ids: object, scalars:
         ids = (block_ids.shape, block_ids.stride(), block_ids.dtype, block_ids.device)
     else:
         return None
-    return ("multi_layer_block_kv_transfer", backend, scalars, tuple(map(type, scalars)), ids, len(objects),
-            (first.shape, first.stride(), first.dtype, first.device))
+    return _hashable(("multi_layer_block_kv_transfer", backend, scalars, tuple(map(type, scalars)), ids, len(objects),
+                      (first.shape, first.stride(), first.dtype, first.device)))
 
 
 def _block_id_tensor(block_ids: object, bs: int, rows: int, op: str) -> torch.Tensor:

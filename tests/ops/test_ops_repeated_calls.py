@@ -142,6 +142,18 @@ def test_repeated_block_calls_move_the_right_bytes_on_cuda(count, host_slots, re
     assert _block_calls("cuda", count) == 5
 
 
+def test_an_argument_that_cannot_be_hashed_takes_the_whole_path():
+    """A repeat is looked up by the call's arguments; one that cannot be hashed (a shape descriptor
+    field holding a list) must leave the call to the whole path, not fail it."""
+    caches = _caches("cpu", torch.Generator().manual_seed(2))
+    desc = _desc()
+    desc.kv_size = [1]  # read by nothing on the whole path
+    objects = [torch.full((LAYERS, 2 * BS, HIDDEN), POISON, dtype=torch.bfloat16)]
+    ops.multi_layer_block_kv_transfer(caches, objects, [3, 5], "cpu", D2H, desc, 2 * BS, MLA, 0)
+    slots = (torch.tensor([3, 5])[:, None] * BS + torch.arange(BS)).reshape(-1)
+    assert torch.equal(objects[0].cpu(), _rows(caches, slots))
+
+
 def test_on_the_cpu_every_call_takes_the_whole_path():
     assert _token_calls("cpu") == 0
     assert _block_calls("cpu") == 0
