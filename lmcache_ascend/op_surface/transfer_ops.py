@@ -232,11 +232,15 @@ class _TableCache:
 
     def lookup(self, paged: object, key: tuple) -> tuple[tuple | None, object | None]:
         """(a handle for `keep`, the value kept for `paged` and `key` or None); the handle is None for
-        anything but a table or a list (nothing is kept for it)."""
+        anything but a table or a list, and for a key holding an argument that cannot be hashed
+        (nothing is kept for them: such calls take their whole path)."""
         if not isinstance(paged, (torch.Tensor, list, tuple)):
             return None, None
         full, held = self._identity(paged, key)
-        entry = self._entries.get(full)
+        try:
+            entry = self._entries.get(full)
+        except TypeError:
+            return None, None
         if entry is not None and (not isinstance(held, torch.Tensor) or entry[0]() is held):
             return (full, held), entry[1]
         return (full, held), None
@@ -329,7 +333,7 @@ def _move(group: PagedGroup, slots: PlaneSlots | Sequence[PlaneSlots], chunk: to
           what: str, backend: str, repeatable: bool = False):
     """Move the group's rows at `slots` <-> `chunk` (offsets, pitches, stride in bytes from chunk's first byte).
 
-    `repeatable`: also return the move as a `_Repeat` launch (or `_never` where it has none)."""
+    `repeatable`: also return the move's repeat (`_never` where it has none)."""
     if isinstance(slots, PlaneSlots):
         slots = (slots,) * group.plane_count
     span = _byte_span(chunk, what, op)
@@ -368,8 +372,9 @@ def _move(group: PagedGroup, slots: PlaneSlots | Sequence[PlaneSlots], chunk: to
 _repeats = _TableCache()
 
 
-def _never(*addresses: int) -> bool:
-    """The repeat of a call that has none (the reference backend, a staged buffer, no direct launch)."""
+def _never(*arguments: object) -> bool:
+    """The repeat of a call that has none (the reference backend, a staged buffer, an object moved on
+    its own, no direct launch): every call takes the whole path."""
     return False
 
 
@@ -382,16 +387,7 @@ def _repeat_key(op: str, backend: str, tensors: tuple, scalars: tuple) -> tuple 
         return None
     if len(described) != len(tensors):
         return None
-    return _hashable((op, backend, scalars, tuple(map(type, scalars)), described))
-
-
-def _hashable(key: tuple) -> tuple | None:
-    """`key`, or None where an argument in it cannot be hashed (such a call takes the whole path)."""
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return op, backend, scalars, tuple(map(type, scalars)), described
 
 
 # A call's chunk layout is one of a few (chunk sizes x formats): checked once, then looked up.
@@ -911,7 +907,7 @@ def multi_layer_block_kv_transfer(
             _repeats.keep(handle, _BlockRepeat(launch, False, batch_shape[:4], batch[0][0], batch[-1][0] + 1, bs, rows,
                                                group.device))
             return
-    _repeats.keep(handle, _never_block)
+    _repeats.keep(handle, _never)
 
 
 _SHAPE_DESC_FIELDS = ("nb", "nl", "bs", "nh", "hs", "dtype", "element_size", "block_stride_elems", "kv_size")
@@ -929,8 +925,8 @@ def _block_repeat_key(backend: str, objects: object, block_ids: object, scalars:
         ids = (block_ids.shape, block_ids.stride(), block_ids.dtype, block_ids.device)
     else:
         return None
-    return _hashable(("multi_layer_block_kv_transfer", backend, scalars, tuple(map(type, scalars)), ids, len(objects),
-                      (first.shape, first.stride(), first.dtype, first.device)))
+    return ("multi_layer_block_kv_transfer", backend, scalars, tuple(map(type, scalars)), ids, len(objects),
+            (first.shape, first.stride(), first.dtype, first.device))
 
 
 def _block_id_tensor(block_ids: object, bs: int, rows: int, op: str) -> torch.Tensor:
@@ -1008,11 +1004,6 @@ class _BlockRepeat:
             return self._launch(objects[self._first].data_ptr(), slots.data_ptr())
         reached = objects[self._first:self._end]
         return self._launch(np.fromiter(map(tensor.data_ptr, reached), dtype=np.int64, count=len(reached)), slots)
-
-
-def _never_block(objects: list, block_ids: object) -> bool:
-    """The repeat of a block call that has none."""
-    return False
 
 
 def _block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,

@@ -98,7 +98,7 @@ def _block_calls(device: str, count: int = 3) -> int:
             device, D2H, 2 * BS, MLA, 0, *(getattr(_desc(), field, None) for field in ops._SHAPE_DESC_FIELDS)))
         kept = ops._repeats.lookup(caches, key)[1]
         ops.multi_layer_block_kv_transfer(caches, objects, block_ids, device, D2H, _desc(), 2 * BS, MLA, 0)
-        repeated += kept is not None and kept is not ops._never_block and launch_counter.triton == before + 1
+        repeated += kept is not None and kept is not ops._never and launch_counter.triton == before + 1
         for index, obj in enumerate(objects):
             mine = ids[2 * index: 2 * index + 2]
             slots = (mine[:, None] * BS + torch.arange(BS)).reshape(-1)
