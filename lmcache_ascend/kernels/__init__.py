@@ -11,6 +11,9 @@ Contract (both backends implement exactly this; bytes are moved, never values):
   addressed through their own `data_ptr()`.
 * Per chunk, each plane p gets a `PlaneSlots`: a dense int64 slot array, `start`
   and `count`: chunk row t (0 <= t < count) <-> paged slot `slots[start + t]`.
+  With `rows_per_id` n > 1 the array holds block ids instead, each standing for
+  n consecutive slots: row r of the array's rows has slot `ids[r // n] * n + r % n`
+  (an id < 0 stands for n skipped rows); the kernel expands them itself.
 * Chunk layout (`ChunkLayout`, bytes from `chunk_offset` into the chunk): per
   layer the planes one after another, plane p's region
   `align_up(row_bytes_p * region_rows_p, alignment)` bytes (alignment 32 by

@@ -84,14 +84,8 @@ def launch(kernel, grid, arguments, pointers, signature, constexprs, num_warps, 
     raw = _raw_launchers.get(key) if _raw_launch["enabled"] else None
     if raw is not None:
         try:
-            stream = raw.current_stream(raw.current_device())  # the current device's current stream, as Triton's
-            values = (*(pointers.get(position, value) for position, value in enumerate(arguments)),
-                      *(value for _, value in constexprs))
-            runtime = triton.knobs.runtime
-            # Exactly what the compiled kernel's own runner passes, minus its per-call lookups.
-            metadata = raw.compiled.launch_metadata(grid, stream, *values)
-            raw.run(grid[0], grid[1], grid[2], stream, raw.function, raw.packed_metadata, metadata,
-                    runtime.launch_enter_hook, runtime.launch_exit_hook, *values)
+            _run_raw(raw, grid, (*(pointers.get(position, value) for position, value in enumerate(arguments)),
+                                 *(value for _, value in constexprs)))
             return
         except (TypeError, ValueError, AttributeError) as error:  # argument binding, before any launch
             logger.warning("raw Triton launch failed (%s); using the compiled kernel's runner", error)
@@ -115,6 +109,18 @@ def launch(kernel, grid, arguments, pointers, signature, constexprs, num_warps, 
         raw = _raw_launcher(compiled, device)
         if raw is not None:
             _raw_launchers[key] = raw
+
+
+def _run_raw(raw: _RawLauncher, grid: tuple[int, int, int], values) -> None:
+    """Launch through the raw launcher on the current device's current stream (as Triton's own
+    runner does), passing what that runner passes minus its per-call lookups; the launch
+    metadata is only ever read by the launch hook, so it is made only where one is set."""
+    stream = raw.current_stream(raw.current_device())
+    runtime = triton.knobs.runtime
+    enter = runtime.launch_enter_hook
+    metadata = None if enter is None else raw.compiled.launch_metadata(grid, stream, *values)
+    raw.run(grid[0], grid[1], grid[2], stream, raw.function, raw.packed_metadata, metadata, enter,
+            runtime.launch_exit_hook, *values)
 
 
 def relaunch_of(kernel, grid, arguments, pointers, signature, constexprs, num_warps, device, *,
@@ -170,6 +176,10 @@ class Relaunch:
     def __call__(self, *addresses: int) -> bool:
         if tuple(map(_address_class, addresses)) != self._classes:
             return False
+        return self.launch_fitting(*addresses)
+
+    def launch_fitting(self, *addresses: int) -> bool:
+        """The launch over addresses the caller has checked with `fits`."""
         values = self._values.copy()
         for position, which in self._targets:
             values[position] = addresses[which]
@@ -178,15 +188,8 @@ class Relaunch:
             return self._run_through_runner(values)
         if not _raw_launch["enabled"]:
             return False
-        grid = self._grid
         try:
-            stream = raw.current_stream(raw.current_device())
-            runtime = triton.knobs.runtime
-            enter = runtime.launch_enter_hook
-            # What the compiled kernel's own runner passes; its metadata is only ever read by that hook.
-            metadata = None if enter is None else raw.compiled.launch_metadata(grid, stream, *values)
-            raw.run(grid[0], grid[1], grid[2], stream, raw.function, raw.packed_metadata, metadata, enter,
-                    runtime.launch_exit_hook, *values)
+            _run_raw(raw, self._grid, values)
         except (TypeError, ValueError, AttributeError) as error:  # argument binding, before any launch
             logger.warning("raw Triton relaunch failed (%s); such calls take their whole path from now on", error)
             _raw_launch["enabled"] = False

@@ -163,34 +163,28 @@ def prepare_relaunch(
         return None
     from lmcache_ascend.kernels.triton_transfer import prepare_relaunch as prepare
 
-    relaunch = prepare(resolve_transfer(group, slots, chunk, store=store, layout=layout))
-    if relaunch is None:
-        return None
-
-    def launch(chunk_address: int, slot_address: int) -> bool:
-        if not relaunch(chunk_address, slot_address):
-            return False
-        launch_counter.triton += 1
-        return True
-
-    return launch
+    return _counted(prepare(resolve_transfer(group, slots, chunk, store=store, layout=layout)))
 
 
 def prepare_chunks_relaunch(batch: ResolvedChunkBatch, *, backend: str | None = None):
     """The launch `transfer_chunk_batches([batch])` made, as a function of (the chunks' addresses,
-    an int64 array; the slot tensor) that makes it again over other chunks of the same shapes and
+    an int64 array; the slot or block id tensor, or an int64 array of them) that makes it again over other chunks of the same shapes and
     returns True, or launches nothing and returns False for chunks aligned otherwise; None where
     there is no such launch (see `prepare_relaunch`)."""
     if select_backend(batch.group.device, backend) != "triton":
         return None
     from lmcache_ascend.kernels.triton_transfer import prepare_chunks_relaunch as prepare
 
-    relaunch = prepare(batch)
+    return _counted(prepare(batch))
+
+
+def _counted(relaunch):
+    """`relaunch` (None stays None), each launch it makes counted as the launch it repeats was."""
     if relaunch is None:
         return None
 
-    def launch(addresses, slots: torch.Tensor) -> bool:
-        if not relaunch(addresses, slots):
+    def launch(*addresses) -> bool:
+        if not relaunch(*addresses):
             return False
         launch_counter.triton += 1
         return True

@@ -46,7 +46,7 @@ def reference_transfer(transfer: ResolvedTransfer) -> None:
         count = plane_slots.count
         if count == 0:
             continue
-        slots = plane_slots.slots[plane_slots.start : plane_slots.start + count]
+        slots = _plane_slot_values(plane_slots)
         row_bytes = plane.row_bytes
         block_size = plane.block_size
         # Which rows move depends only on the cache's row count: worked out once
@@ -95,6 +95,16 @@ def reference_transfer(transfer: ResolvedTransfer) -> None:
                 paged.index_put_((blocks, in_block), region.index_select(0, rows))
 
 
+def _plane_slot_values(plane_slots: PlaneSlots) -> torch.Tensor:
+    """The slots of the plane's `count` rows from `start`, block ids expanded (see `PlaneSlots`)."""
+    start, count, per_id = plane_slots.start, plane_slots.count, plane_slots.rows_per_id
+    if per_id == 1:
+        return plane_slots.slots[start : start + count]
+    rows = torch.arange(start, start + count, dtype=torch.int64, device=plane_slots.slots.device)
+    ids = plane_slots.slots[torch.div(rows, per_id, rounding_mode="floor")]
+    return torch.where(ids >= 0, ids * per_id + rows % per_id, -1)
+
+
 def reference_transfer_chunks(batch: ResolvedChunkBatch) -> None:
     """Run a validated multi-chunk transfer chunk by chunk (the reference's definition of it)."""
     rows = batch.rows
@@ -106,7 +116,7 @@ def reference_transfer_chunks(batch: ResolvedChunkBatch) -> None:
                 f"({batch.group.device}) only"
             )
         slots = tuple(
-            PlaneSlots(batch.slots, int(start), int(count), region_rows=region_rows)
+            PlaneSlots(batch.slots, int(start), int(count), region_rows=region_rows, rows_per_id=batch.rows_per_id)
             for start, count, region_rows in zip(rows.starts[index], rows.counts[index], rows.layout.region_rows)
         )
         reference_transfer(

@@ -19,6 +19,7 @@ from lmcache_ascend.kernels.spec import (
     _INT32_LIMIT,
     TransferError,
     _non_negative_int,
+    _positive_int,
 )
 
 __all__ = [
@@ -43,19 +44,23 @@ class PlaneSlots:
     (vLLM's -1, or the null block) or >= num_blocks * block_size are skipped
     in both directions. `region_rows` (default `count`) sizes the plane's region
     in the chunk, so a partial last chunk can keep the full-chunk layout.
+    `rows_per_id` n > 1: `slots` holds block ids of n slots each, and `start` and
+    `count` number their rows (row r: slot `slots[r // n] * n + r % n`).
     """
 
     slots: torch.Tensor
     start: int = 0
     count: int | None = None
     region_rows: int | None = None
+    rows_per_id: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.slots, torch.Tensor):
             raise TransferError(f"slots is a {type(self.slots).__name__}; allowed: a 1-D int64 torch.Tensor")
+        _positive_int("rows_per_id", self.rows_per_id)
         _non_negative_int("start", self.start)
         if self.count is None:
-            object.__setattr__(self, "count", max(self.slots.numel() - self.start, 0))
+            object.__setattr__(self, "count", max(self.slots.numel() * self.rows_per_id - self.start, 0))
         _non_negative_int("count", self.count)
         if self.region_rows is None:
             object.__setattr__(self, "region_rows", self.count)
@@ -156,10 +161,27 @@ def resolve_transfer(
                 f"slots[{index}] is on {tensor.device} but the caches are on {group.device}; "
                 "all tensors of a transfer must be on one device"
             )
-        if plane_slots.start + plane_slots.count > tensor.numel():
+        rows = tensor.numel() * plane_slots.rows_per_id
+        if plane_slots.start + plane_slots.count > rows:
             raise TransferError(
                 f"slots[{index}]: start={plane_slots.start} + count={plane_slots.count} exceeds its "
-                f"{tensor.numel()} entries"
+                + (f"{rows} entries" if plane_slots.rows_per_id == 1 else
+                   f"{rows} rows ({tensor.numel()} block ids of {plane_slots.rows_per_id} rows)")
+            )
+        if plane_slots.rows_per_id > 1 and rows >= _INT32_LIMIT:
+            raise TransferError(
+                f"slots[{index}]: {tensor.numel()} block ids of {plane_slots.rows_per_id} rows; allowed: fewer "
+                "than 2**31 rows in all"
+            )
+        if plane_slots.rows_per_id != slots[0].rows_per_id:
+            raise TransferError(
+                f"slots[{index}] has rows_per_id={plane_slots.rows_per_id} but slots[0] has "
+                f"{slots[0].rows_per_id}; allowed: one kind of slot array per transfer"
+            )
+        if plane_slots.rows_per_id > 1 and plane_slots.count and tensor.data_ptr() != slots[0].slots.data_ptr():
+            raise TransferError(
+                f"slots[{index}] holds block ids in another tensor than slots[0]; allowed: one block id "
+                "tensor for every plane"
             )
         if plane_slots.region_rows * group.planes[index].row_bytes >= _INT32_LIMIT:
             raise TransferError(
@@ -393,6 +415,7 @@ class ResolvedChunkBatch:
     rows: ChunkRows
     chunk_offset: int
     store: bool
+    rows_per_id: int = 1  # > 1: `slots` holds block ids of this many slots each (see `PlaneSlots`)
 
     @property
     def layout(self) -> ChunkLayout:
@@ -410,14 +433,16 @@ def resolve_chunk_batch(
     *,
     store: bool,
     chunk_offset: int = 0,
+    rows_per_id: int = 1,
 ) -> ResolvedChunkBatch:
     """Check a multi-chunk launch of `rows.group` against the contract; raise TransferError naming the bad input.
 
     `chunks`: `chunk_buffers` of the chunks (checked once for every group of a call), or
     the flat uint8 tensors themselves; on the group's device or, with CUDA caches, in
     pinned host memory the kernel reaches through unified addressing. One slot tensor
-    serves every plane and chunk (`rows.starts` index into it). Per call only scalars
-    are compared: `rows` was checked when it was made.
+    serves every plane and chunk (`rows.starts` index into its rows); `rows_per_id` > 1:
+    it holds block ids (see `PlaneSlots`). Per call only scalars are compared: `rows`
+    was checked when it was made.
     """
     if not isinstance(rows, ChunkRows):
         raise TransferError(f"rows is a {type(rows).__name__}; allowed: ChunkRows (see chunk_rows)")
@@ -436,13 +461,19 @@ def resolve_chunk_batch(
             "they must match"
         )
     _non_negative_int("chunk_offset", chunk_offset)
+    _positive_int("rows_per_id", rows_per_id)
     if len(chunks):
-        if rows.slots_needed > slots.numel():
-            beyond = rows.starts + rows.counts > slots.numel()
+        slot_rows = slots.numel() * rows_per_id
+        if rows_per_id > 1 and slot_rows >= _INT32_LIMIT:
+            raise TransferError(
+                f"{slots.numel()} block ids of {rows_per_id} rows; allowed: fewer than 2**31 rows in all"
+            )
+        if rows.slots_needed > slot_rows:
+            beyond = rows.starts + rows.counts > slot_rows
             chunk, plane = np.argwhere(beyond)[0]
             raise TransferError(
                 f"chunk {chunk} plane {plane}: start={rows.starts[chunk, plane]} + count={rows.counts[chunk, plane]} "
-                f"exceeds the {slots.numel()} slots"
+                f"exceeds the {slot_rows} slots"
             )
         if chunks.min_bytes < chunk_offset + rows.layout.total_bytes:
             raise TransferError(
@@ -461,4 +492,4 @@ def resolve_chunk_batch(
                 "the caches' device, or pinned host memory with CUDA caches"
             )
     return ResolvedChunkBatch(group=group, slots=slots, buffers=chunks, rows=rows, chunk_offset=chunk_offset,
-                              store=store)
+                              store=store, rows_per_id=rows_per_id)

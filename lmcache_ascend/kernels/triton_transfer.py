@@ -30,6 +30,7 @@ scalar arguments (or, for many chunks, their addresses).
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -155,7 +156,8 @@ def supports_device(device: torch.device) -> bool:
 @triton.jit
 def _move_rows(
     data_anchor,  # uint8*: every data address is a byte offset from it
-    slot_ptr,  # int64*: this plane's slots, already advanced by `start`
+    slot_ptr,  # int64*: the slot (or block id) array
+    row_base,  # the region's row 0 is row `row_base` of that array's rows
     first_row,  # first row of the region this program moves (TILE rows from it, cut at count)
     count,
     cache_delta,  # cache address minus the data anchor's, bytes
@@ -166,6 +168,7 @@ def _move_rows(
     region_offset,  # the region's start, bytes from the data anchor
     row_pitch,  # bytes from one chunk row of the region to the next
     STORE: tl.constexpr,
+    ROWS_PER_ID: tl.constexpr,  # > 1: the array holds block ids of this many slots each, not slots
     WIDTH: tl.constexpr,  # bytes dividing every offset and size below (16/4/2/1)
     TILE: tl.constexpr,
     SEGMENT: tl.constexpr,
@@ -181,13 +184,34 @@ def _move_rows(
         bound = (row_bytes // WIDTH) * WIDTH  # == row_bytes; written so the compiler sees the divisor
         tile_rows = first_row + tl.arange(0, TILE)
         in_region = tile_rows < count
-        slots = tl.load(slot_ptr + tile_rows, mask=in_region, other=-1)
-        valid = in_region & (slots >= 0) & (slots < cache_rows)
-        # Valid slots are < cache_rows < 2**31 (checked on the host): int32 from here.
-        slot32 = tl.where(valid, slots, 0).to(tl.int32)
         block_size32 = block_size.to(tl.int32)
-        blocks = slot32 // block_size32
-        in_block = slot32 - blocks * block_size32
+        if ROWS_PER_ID > 1:
+            # Row r's slot is ids[r // n] * n + r % n: whole blocks, expanded here rather than by
+            # a pass of their own over a slot array. n is a compile-time constant (a block size:
+            # a power of two in practice, so a shift and a mask); rows of a call stay below 2**31.
+            rows = (row_base + tile_rows).to(tl.int32)
+            id_index = rows // ROWS_PER_ID
+            ids = tl.load(slot_ptr + id_index, mask=in_region, other=-1)
+            in_id = rows - id_index * ROWS_PER_ID
+            slots = tl.where(ids >= 0, ids * ROWS_PER_ID + in_id, -1)
+            valid = in_region & (slots >= 0) & (slots < cache_rows)
+            if block_size32 == ROWS_PER_ID:
+                # The ids name the cache's own blocks (LMCache's block op): no division by the
+                # block size, which per row is most of a narrow plane's work (DSv4-like bundle
+                # objects: 2-byte rows; H100: 3-10% off the slot form's kernel time).
+                blocks = tl.where(valid, ids, 0).to(tl.int32)
+                in_block = in_id
+            else:
+                slot32 = tl.where(valid, slots, 0).to(tl.int32)
+                blocks = slot32 // block_size32
+                in_block = slot32 - blocks * block_size32
+        else:
+            slots = tl.load(slot_ptr + row_base + tile_rows, mask=in_region, other=-1)
+            valid = in_region & (slots >= 0) & (slots < cache_rows)
+            # Valid slots are < cache_rows < 2**31 (checked on the host): int32 from here.
+            slot32 = tl.where(valid, slots, 0).to(tl.int32)
+            blocks = slot32 // block_size32
+            in_block = slot32 - blocks * block_size32
         cache_offsets = tl.multiple_of(
             cache_delta + blocks.to(tl.int64) * block_stride + in_block.to(tl.int64) * row_bytes, WIDTH)
         chunk_offsets = tl.multiple_of(region_offset + tile_rows.to(tl.int64) * row_pitch, WIDTH)
@@ -214,9 +238,9 @@ def _move_rows(
 
 
 @triton.jit
-def _move_plane(data_anchor, slot_ptr, program, count, cache_delta, cache_rows, block_size, block_stride,
-                row_bytes, region_offset, width, row_pitch, STORE: tl.constexpr, TILE: tl.constexpr,
-                SEGMENT: tl.constexpr, SEGMENTS: tl.constexpr):
+def _move_plane(data_anchor, slot_ptr, row_base, program, count, cache_delta, cache_rows, block_size, block_stride,
+                row_bytes, region_offset, width, row_pitch, STORE: tl.constexpr, ROWS_PER_ID: tl.constexpr,
+                TILE: tl.constexpr, SEGMENT: tl.constexpr, SEGMENTS: tl.constexpr):
     """Program `program`'s rows of one (layer, plane) region, told the widest width the table allows.
     The branches differ only in what the compiler may assume; every one moves bytes. A width of W
     bytes moves TILE x W / 16 rows a program (at least 4; `rows_per_program`), so every branch
@@ -225,20 +249,21 @@ def _move_plane(data_anchor, slot_ptr, program, count, cache_delta, cache_rows, 
     The caller loads every scalar before its first branch, so a program waits for one round of
     table loads."""
     if width == 16:
-        _move_rows(data_anchor, slot_ptr, program.to(tl.int64) * TILE, count, cache_delta, cache_rows, block_size,
-                   block_stride, row_bytes, region_offset, row_pitch, STORE, 16, TILE, SEGMENT, SEGMENTS)
+        _move_rows(data_anchor, slot_ptr, row_base, program.to(tl.int64) * TILE, count, cache_delta,
+                   cache_rows, block_size, block_stride, row_bytes, region_offset, row_pitch, STORE, ROWS_PER_ID, 16,
+                   TILE, SEGMENT, SEGMENTS)
     elif width == 4:
-        _move_rows(data_anchor, slot_ptr, program.to(tl.int64) * ((TILE * 4 + 63) // 64 * 4), count, cache_delta,
-                   cache_rows, block_size, block_stride, row_bytes, region_offset, row_pitch, STORE, 4,
-                   (TILE * 4 + 63) // 64 * 4, SEGMENT, SEGMENTS)
+        _move_rows(data_anchor, slot_ptr, row_base, program.to(tl.int64) * ((TILE * 4 + 63) // 64 * 4),
+                   count, cache_delta, cache_rows, block_size, block_stride, row_bytes, region_offset, row_pitch,
+                   STORE, ROWS_PER_ID, 4, (TILE * 4 + 63) // 64 * 4, SEGMENT, SEGMENTS)
     elif width == 2:
-        _move_rows(data_anchor, slot_ptr, program.to(tl.int64) * ((TILE * 2 + 63) // 64 * 4), count, cache_delta,
-                   cache_rows, block_size, block_stride, row_bytes, region_offset, row_pitch, STORE, 2,
-                   (TILE * 2 + 63) // 64 * 4, SEGMENT, SEGMENTS)
+        _move_rows(data_anchor, slot_ptr, row_base, program.to(tl.int64) * ((TILE * 2 + 63) // 64 * 4),
+                   count, cache_delta, cache_rows, block_size, block_stride, row_bytes, region_offset, row_pitch,
+                   STORE, ROWS_PER_ID, 2, (TILE * 2 + 63) // 64 * 4, SEGMENT, SEGMENTS)
     else:
-        _move_rows(data_anchor, slot_ptr, program.to(tl.int64) * ((TILE + 63) // 64 * 4), count, cache_delta,
-                   cache_rows, block_size, block_stride, row_bytes, region_offset, row_pitch, STORE, 1,
-                   (TILE + 63) // 64 * 4, SEGMENT, SEGMENTS)
+        _move_rows(data_anchor, slot_ptr, row_base, program.to(tl.int64) * ((TILE + 63) // 64 * 4),
+                   count, cache_delta, cache_rows, block_size, block_stride, row_bytes, region_offset, row_pitch,
+                   STORE, ROWS_PER_ID, 1, (TILE + 63) // 64 * 4, SEGMENT, SEGMENTS)
 
 
 # Per-call values (each plane's slot offset and count) are scalar arguments, one
@@ -304,6 +329,7 @@ def _paged_chunk_kernel(
     count_12, count_13, count_14, count_15,
     PLANES: tl.constexpr,
     STORE: tl.constexpr,
+    ROWS_PER_ID: tl.constexpr,  # > 1: the slot arrays hold block ids of this many slots each
     TILE: tl.constexpr,
     SEGMENT: tl.constexpr,
     SEGMENTS: tl.constexpr,
@@ -329,9 +355,9 @@ def _paged_chunk_kernel(
     width = tl.load(region_entry + 1)
     row_pitch = tl.load(region_entry + 2)
     region_offset = region_start + layer.to(tl.int64) * layer_stride
-    _move_plane(data_anchor, slot_anchor + slot_offset, program, count, cache_address - data_anchor_address,
-                cache_rows, block_size, block_stride, row_bytes, region_offset, width, row_pitch, STORE, TILE,
-                SEGMENT, SEGMENTS)
+    _move_plane(data_anchor, slot_anchor, slot_offset, program, count,
+                cache_address - data_anchor_address, cache_rows, block_size, block_stride, row_bytes, region_offset,
+                width, row_pitch, STORE, ROWS_PER_ID, TILE, SEGMENT, SEGMENTS)
 
 
 # Multi-chunk launch: the layer groups of a call (chunks and slots shared) in ONE launch.
@@ -343,8 +369,8 @@ def _paged_chunk_kernel(
 #     element width, row pitch, and the plane's column in the rows table;
 #   work, int32 [work items, 2]: (table row, program in the row), each row given the programs
 #     its largest region needs, so no program idles on a small region beside a large one;
-#   rows, int64 [chunks, 2 x columns]: per (group, plane) column its row count, then its slot
-#     offset (elements from the slot anchor).
+#   rows, int64 [chunks, 2 x columns]: per (group, plane) column its row count, then its first
+#     row in the slot tensor (an element of it; with block ids, a row of its expanded rows).
 # Per call only the chunk addresses (int64 [chunks]: distances from the data anchor).
 
 
@@ -352,13 +378,14 @@ def _paged_chunk_kernel(
 def _paged_chunks_kernel(
     data_anchor,  # a device tensor every data address is relative to
     data_anchor_address,
-    slot_anchor,  # int64*: the one slot tensor of the call
+    slot_anchor,  # int64*: the one slot (or block id) tensor of the call
     table,  # int64 [table rows, 9]
     work_table,  # int32 [work items, 2]
     address_table,  # int64 [chunks]
     rows_table,  # int64 [chunks, 2 * columns]
     columns,
     STORE: tl.constexpr,
+    ROWS_PER_ID: tl.constexpr,  # > 1: the slot tensor holds block ids of this many slots each
     TILE: tl.constexpr,
     SEGMENT: tl.constexpr,
     SEGMENTS: tl.constexpr,
@@ -383,9 +410,9 @@ def _paged_chunks_kernel(
     chunk_address = tl.load(address_table + chunk)
     count = tl.load(rows_entry + column)
     slot_offset = tl.load(rows_entry + columns + column)
-    _move_plane(data_anchor, slot_anchor + slot_offset, program, count, cache_address - data_anchor_address,
-                cache_rows, block_size, block_stride, row_bytes, region_offset + chunk_address, width, row_pitch,
-                STORE, TILE, SEGMENT, SEGMENTS)
+    _move_plane(data_anchor, slot_anchor, slot_offset, program, count,
+                cache_address - data_anchor_address, cache_rows, block_size, block_stride, row_bytes,
+                region_offset + chunk_address, width, row_pitch, STORE, ROWS_PER_ID, TILE, SEGMENT, SEGMENTS)
 
 
 @dataclass(frozen=True)
@@ -529,6 +556,7 @@ def _single_chunk_launch(transfer: ResolvedTransfer, shape: LaunchShape):
         return None  # no plane moves a row
     grid = (max_programs, geometry.layer_planes, 1)
     layer_stride = transfer.layout.layer_stride
+    rows_per_id = transfer.slots[0].rows_per_id  # one for every plane (resolve_transfer)
     arguments = (chunk, anchor, slot_anchor, device_table.table, layer_stride, *slot_offsets, *counts)
     # The compiled kernel's key: pointer alignments and integer widths (counts
     # are always i32: regions stay below 2**31 bytes).
@@ -541,8 +569,8 @@ def _single_chunk_launch(transfer: ResolvedTransfer, shape: LaunchShape):
         tuple(integer_type(offset) for offset in slot_offsets[:planes]),
     )
     pointers = {0: anchor, 2: slot_anchor_address, 3: device_table.address}
-    constexprs = (("PLANES", planes), ("STORE", transfer.store), ("TILE", tile), ("SEGMENT", shape.segment),
-                  ("SEGMENTS", launch_segments(max(geometry.row_bytes), shape.segment)))
+    constexprs = (("PLANES", planes), ("STORE", transfer.store), ("ROWS_PER_ID", rows_per_id), ("TILE", tile),
+                  ("SEGMENT", shape.segment), ("SEGMENTS", launch_segments(max(geometry.row_bytes), shape.segment)))
     return (_paged_chunk_kernel, grid, arguments, pointers, signature, constexprs, shape.num_warps,
             transfer.group.device)
 
@@ -643,8 +671,8 @@ def _build_chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, 
 def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, shape: LaunchShape | None = None) -> int:
     """Run validated multi-chunk transfers (one per layer group) in ONE launch; returns launches.
 
-    Batches that share their chunks (the same addresses), slot tensor and direction (a call's
-    layer groups do) go in one launch, in `shape` (tuning) or else `chunk_launch_shape` of
+    Batches that share their chunks (the same addresses), slot tensor (and its kind) and direction
+    (a call's layer groups do) go in one launch, in `shape` (tuning) or else `chunk_launch_shape` of
     their largest region; others in one launch per such set. Per launch at most one
     host-to-device copy: the chunk addresses, relative to the copy's own device tensor, which
     anchors every data address (chunk buffers may lie in other allocations or in mapped host
@@ -655,7 +683,7 @@ def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, shap
     sets: dict[tuple, list[ResolvedChunkBatch]] = {}  # (a given shape is checked before its first launch)
     for batch in batches:
         if batch.num_chunks and batch.rows.max_region_bytes:
-            key = (batch.buffers.addresses.tobytes(), batch.slots.data_ptr(), batch.store)
+            key = (batch.buffers.addresses.tobytes(), batch.slots.data_ptr(), batch.rows_per_id, batch.store)
             sets.setdefault(key, []).append(batch)
     for members in sets.values():
         _launch_chunks(members, shape or chunk_launch_shape(max(batch.rows.max_region_bytes for batch in members)))
@@ -704,8 +732,8 @@ def _chunks_launch_arguments(batches: list[ResolvedChunkBatch], shape: LaunchSha
         integer_type(anchor),
     )
     pointers = {0: anchor, 2: slot_address, 3: table_address, 4: work_address, 5: addresses_address, 6: rows_address}
-    constexprs = (("STORE", first.store), ("TILE", launch.shape.tile), ("SEGMENT", launch.shape.segment),
-                  ("SEGMENTS", launch.segments))
+    constexprs = (("STORE", first.store), ("ROWS_PER_ID", first.rows_per_id), ("TILE", launch.shape.tile),
+                  ("SEGMENT", launch.shape.segment), ("SEGMENTS", launch.segments))
     return (_paged_chunks_kernel, (launch.work_items, first.num_chunks, 1), arguments, pointers, signature, constexprs,
             launch.shape.num_warps, first.group.device)
 
@@ -729,32 +757,49 @@ def prepare_chunks_relaunch(batch: ResolvedChunkBatch) -> "ChunksRelaunch | None
 
 class ChunksRelaunch:
     """A multi-chunk launch made again (see `Relaunch`): per call one host-to-device copy (the chunks'
-    addresses, and the slots where they are given on the host) and the kernel launch. Refused
-    (False, nothing launched) where the chunks' alignment differs from the original's."""
+    addresses, and the slot array where it is given on the host) and the kernel launch. Refused
+    (False, nothing launched) where the chunks' alignment differs from the original's.
 
-    __slots__ = ("_relaunch", "_alignment", "_device")
+    The copy lands in a device table kept per calling thread and CUDA stream: a call's copy is
+    ordered after the previous call's kernel on that stream, so the table is free again by then,
+    and calls on other threads or streams have tables of their own. Elsewhere (no raw stream to
+    key on) each call allocates its table."""
+
+    __slots__ = ("_relaunch", "_alignment", "_device", "_tables", "_stream_of")
 
     def __init__(self, relaunch: Relaunch, alignment: int, device: torch.device):
         self._relaunch, self._alignment, self._device = relaunch, alignment, device
+        self._tables: BoundedCache[torch.Tensor] = BoundedCache(_MAX_CACHED_TABLES)
+        self._stream_of = torch._C._cuda_getCurrentRawStream if device.type == "cuda" else None
+
+    def _table(self, entries: int) -> torch.Tensor:
+        if self._stream_of is None:
+            return torch.empty(entries, dtype=torch.int64, device=self._device)
+        key = (threading.get_ident(), self._stream_of(self._device.index))
+        table = self._tables.get(key)
+        if table is None or table.numel() != entries:  # one size per kept launch: a repeat's shapes are fixed
+            table = self._tables.put(key, torch.empty(entries, dtype=torch.int64, device=self._device))
+        return table
 
     def __call__(self, addresses: np.ndarray, slots: torch.Tensor | np.ndarray) -> bool:
-        """`addresses`: the chunks' (int64); `slots`: the slot tensor on the device, or the slots as an
-        int64 array, uploaded after the addresses in the same copy."""
+        """`addresses`: the chunks' (int64); `slots`: the slot (or block id) tensor on the device, or
+        an int64 array of them, uploaded after the addresses in the same copy."""
         count = len(addresses)
         on_host = isinstance(slots, np.ndarray)
-        # host slots start on a 16-byte boundary, as the original launch's slot tensor did
+        # a slot array from the host starts on a 16-byte boundary, as the original launch's tensor did
         slots_at = count + count % 2
-        table = torch.empty(slots_at + len(slots) if on_host else count, dtype=torch.int64, device=self._device)
+        entries = slots_at + len(slots) if on_host else count
+        table = self._table(entries)
         anchor = table.data_ptr()
         slot_address = anchor + 8 * slots_at if on_host else slots.data_ptr()
         if math.gcd(int(np.gcd.reduce(addresses)), anchor) % 16 != self._alignment or not self._relaunch.fits(
                 anchor, slot_address):
             return False
-        values = np.empty(len(table), dtype=np.int64)
+        values = np.empty(entries, dtype=np.int64)
         np.subtract(addresses, anchor, out=values[:count])
         if on_host:
             values[slots_at:] = slots
         # From pageable memory: the driver stages the bytes before the call returns (so `values`
         # may go at once), without the pinned allocation `_upload` makes (most of a small call).
         table.copy_(torch.from_numpy(values), non_blocking=True)
-        return self._relaunch(anchor, slot_address)
+        return self._relaunch.launch_fitting(anchor, slot_address)

@@ -27,7 +27,8 @@ A2 = "Ascend910B3"
 A5 = "Ascend910_9599"
 # A5's bishengir takes 5-40 s a kernel here: the judge compiles one store and one load key of each
 # entry kernel for it (every recorded launch for A2).
-A5_KEYS = ("DSv4-like bundle store", "one plane load", "pool chunks store", "separate chunks load")
+A5_KEYS = ("DSv4-like bundle store", "one plane load", "pool chunks store", "separate chunks load",
+           "separate chunks, block ids store")
 STAGES = ("TTIR", "linalg", "HIVM")
 
 

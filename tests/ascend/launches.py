@@ -58,6 +58,10 @@ def record_launches() -> list[Launch]:
             chunk = torch.zeros(one.chunk_layout([40]).total_bytes, dtype=torch.uint8)
             tt.triton_transfer(resolve_transfer(one, (PlaneSlots(slots, 0, 40),), chunk, store=store))
             take(f"one plane {'store' if store else 'load'}")
+            # LMCache's block op: block ids of 4 rows, which the kernel expands.
+            tt.triton_transfer(resolve_transfer(one, (PlaneSlots(torch.arange(10), 0, 40, rows_per_id=4),), chunk,
+                                                store=store))
+            take(f"one plane, block ids {'store' if store else 'load'}")
 
         # A DeepSeek-V4-like bundle: int8 indexer rows of 132 bytes and fp16 scales, dtype views of
         # one int8 blob, beside bf16 latent rows of 192 bytes.
@@ -97,6 +101,9 @@ def record_launches() -> list[Launch]:
             tt.triton_transfer_chunk_batches([resolve_chunk_batch(group_slots, separate, rows, store=store)],
                                              shape=tt.DEFAULT_LAUNCH_SHAPE)
             take(f"separate chunks {'store' if store else 'load'}")
+            tt.triton_transfer_chunk_batches([resolve_chunk_batch(torch.arange(12), separate, rows, store=store,
+                                                                  rows_per_id=4)], shape=tt.DEFAULT_LAUNCH_SHAPE)
+            take(f"separate chunks, block ids {'store' if store else 'load'}")
     finally:
         tt._launch = saved
     return launches
