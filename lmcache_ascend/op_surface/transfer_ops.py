@@ -236,6 +236,17 @@ class _TableCache:
         (nothing is kept for them: such calls take their whole path)."""
         if not isinstance(paged, (torch.Tensor, list, tuple)):
             return None, None
+        if not isinstance(paged, torch.Tensor):
+            # A list of the tensors themselves, as LMCache passes them: its elements' ids find the
+            # entry directly. A hit is exact: the entry holds the tensors it was kept for, so no
+            # other live object has their ids; a miss (nested lists among them) flattens below.
+            fast = (tuple(map(id, paged)), key)
+            try:
+                entry = self._entries.get(fast)
+            except TypeError:
+                return None, None
+            if entry is not None:
+                return (fast, entry[0]), entry[1]
         full, held = self._identity(paged, key)
         try:
             entry = self._entries.get(full)
@@ -854,9 +865,10 @@ def multi_layer_block_kv_transfer(
 
     objects = _objects(lmcache_objects_ptrs, facts, shape_desc, lmcache_chunk_size, dtype, layers, op)
     ids = _block_id_tensor(block_ids, bs, rows, op)
+    # A repeat reads the ids where the caller put them: only ids given as they are moved (or as a list).
+    ids_as_given = isinstance(block_ids, list) or ids is block_ids
     if ids.device != group.device:
         ids = ids.to(device=group.device, non_blocking=True)
-    slots = _block_slots(ids, bs, group.device)
     per_object = lmcache_chunk_size // bs
     # Objects moved whole from their first row go in one launch when they share a layout and a
     # placement the kernel reaches; an object the skipped prefix cuts into, or one that differs,
@@ -882,16 +894,17 @@ def multi_layer_block_kv_transfer(
             batch.append((index, obj.view(-1).view(torch.uint8), first, end))
             continue
         alone += 1
-        _move(group, PlaneSlots(slots, first * bs, (end - first) * bs), obj, offsets, pitch, layer_stride, store,
-              op, what, backend)
+        _move(group, PlaneSlots(ids, first * bs, (end - first) * bs, rows_per_id=bs), obj, offsets, pitch,
+              layer_stride, store, op, what, backend)
     # A repeat makes the call's one launch again over other objects and block ids of the same shapes
     # (see "repeated calls"): where that launch moved every object it reached, on the caches' device.
-    repeatable = handle is not None and not alone and bool(batch) and batch_shape[3] == group.device
+    repeatable = (handle is not None and not alone and bool(batch) and batch_shape[3] == group.device
+                  and ids_as_given)
     if len(batch) == 1:
         index, obj_bytes, first, end = batch[0]
         offsets, pitch, layer_stride = batch_layout
-        launch = _move(group, PlaneSlots(slots, first * bs, (end - first) * bs), obj_bytes, offsets, pitch,
-                       layer_stride, store, op, f"lmcache_objects_ptrs[{index}]", backend, repeatable)
+        launch = _move(group, PlaneSlots(ids, first * bs, (end - first) * bs, rows_per_id=bs), obj_bytes, offsets,
+                       pitch, layer_stride, store, op, f"lmcache_objects_ptrs[{index}]", backend, repeatable)
         if launch is not None and launch is not _never:
             _repeats.keep(handle, _BlockRepeat(launch, True, batch_shape[:4], index, index + 1, bs, rows, group.device))
             return
@@ -900,7 +913,7 @@ def multi_layer_block_kv_transfer(
         layout = _strided_layout(row_bytes, (per_object * bs,) * plane_count, offsets, pitch, layer_stride, layers)
         spans = tuple((first * bs, (end - first) * bs) for _, _, first, end in batch)
         chunks = chunk_buffers([obj_bytes for _, obj_bytes, _, _ in batch])
-        resolved = resolve_chunk_batch(slots, chunks, _object_rows(group, layout, spans), store=store)
+        resolved = resolve_chunk_batch(ids, chunks, _object_rows(group, layout, spans), store=store, rows_per_id=bs)
         transfer_chunk_batches([resolved], backend=backend)
         launch = prepare_chunks_relaunch(resolved, backend=backend) if repeatable else None
         if launch is not None:
@@ -942,31 +955,12 @@ def _block_id_tensor(block_ids: object, bs: int, rows: int, op: str) -> torch.Te
     return ids if ids.dtype == torch.int64 and ids.is_contiguous() else ids.to(torch.int64).contiguous()
 
 
-def _block_slots(ids: torch.Tensor, bs: int, device: torch.device) -> torch.Tensor:
-    """The slots of whole blocks: block b's rows are slots b*bs .. b*bs + bs-1 (one kernel on the device)."""
-    return torch.add(_block_rows(bs, device), ids.unsqueeze(1), alpha=bs).view(-1)  # any strides of ids
-
-
-@functools.lru_cache(maxsize=64)
-def _block_rows(bs: int, device: torch.device) -> torch.Tensor:
-    """0 .. bs-1 on `device` (a block's rows), made once per block size and device."""
-    return torch.arange(bs, dtype=torch.int64, device=device)
-
-
-# Up to this many slots (16 KiB), a repeat given block ids on the host works the slots out there
-# and uploads them; beyond, it uploads the ids and expands them on the device. A copy from
-# pageable memory returns at once only while the driver can stage it without waiting: 16384
-# slots (128 KiB) held the calling thread until the device had run the previous call's
-# kernel (H100: 460 us issuing a 16384-token MLA call; 123 us with the ids expanded on the
-# device), where a few slots cost one operation less than expanding them there.
-_HOST_SLOTS = 2048
-
-
 class _BlockRepeat:
     """A block call's repeat: the launch that moved its objects [first, end), made again (see
     "repeated calls") when every object has the kept shape, strides, dtype and device, and block
     ids given as a list are inside the caches; else the call takes the whole path. `single`: the
-    launch is one object's (chunk address, slot address), else many objects' (addresses, slots)."""
+    launch is one object's (object address, block id address), else many objects' (addresses,
+    block ids: a device tensor, or an array uploaded with the addresses)."""
 
     __slots__ = ("_launch", "_single", "_described", "_first", "_end", "_bs", "_rows", "_device")
 
@@ -988,22 +982,16 @@ class _BlockRepeat:
                 return False
             if ids.ndim != 1 or (ids.size and (ids.min() < 0 or (int(ids.max()) + 1) * self._bs > self._rows)):
                 return False  # the whole path names the bad id
-            if ids.size * self._bs <= _HOST_SLOTS:
-                # a few slots: worked out here and uploaded (with the objects' addresses, for many)
-                slots = (ids[:, None] * self._bs + np.arange(self._bs, dtype=np.int64)).reshape(-1)
-                if self._single:
-                    slots = torch.from_numpy(slots).to(self._device, non_blocking=True)
-            else:
-                slots = _block_slots(torch.from_numpy(ids).to(self._device, non_blocking=True), self._bs,
-                                     self._device)
+            if self._single:
+                ids = torch.from_numpy(ids).to(self._device, non_blocking=True)
         elif block_ids.device == self._device:
-            slots = _block_slots(block_ids, self._bs, self._device)
+            ids = block_ids
         else:
             return False  # ids on the host are checked by the whole path
         if self._single:
-            return self._launch(objects[self._first].data_ptr(), slots.data_ptr())
+            return self._launch(objects[self._first].data_ptr(), ids.data_ptr())
         reached = objects[self._first:self._end]
-        return self._launch(np.fromiter(map(tensor.data_ptr, reached), dtype=np.int64, count=len(reached)), slots)
+        return self._launch(np.fromiter(map(tensor.data_ptr, reached), dtype=np.int64, count=len(reached)), ids)
 
 
 def _block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
