@@ -32,7 +32,6 @@ Nothing here imports LMCache: LMCache imports `lmcache_ascend.ops`.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import weakref
 from typing import Sequence
@@ -202,7 +201,7 @@ class _TableCache:
     host, the checked paged group) is worked out once per description and `key`
     (the arguments that shape it). A table entry holds while the table is alive
     and unwritten (`weakref` and ``_version``); a list entry serves any list of
-    the very same tensor objects, in order. The bound keeps re-allocated caches from piling
+    the very same tensor objects (or per-layer tuples of them), in order. The bound keeps re-allocated caches from piling
     up (least recently used go first; a list entry keeps its tensors alive).
     """
 
@@ -211,23 +210,24 @@ class _TableCache:
 
     @staticmethod
     def _identity(paged: object, key: tuple) -> tuple[tuple, object]:
-        """The entry's key and what it holds: a table's weak reference, or a list's tensors themselves
-        (held, so that their ids, the key, stay theirs: any list of the same tensors finds it)."""
+        """The entry's key and what it holds: a table's weak reference, or what a list is made of,
+        held so that its ids (the key) stay its own. A list of tensors, or of tuples of tensors
+        (immutable), is its elements; a list holding lists (whose contents may change under
+        the same list) is its leaf tensors, flattened."""
         if isinstance(paged, torch.Tensor):
             return (id(paged), paged._version, key), paged
-        kinds = set(map(type, paged))  # read at C level: asked on every call of a repeat
-        if torch.Tensor in kinds and len(kinds) == 1:
-            leaves = tuple(paged)
-        elif kinds and kinds <= {list, tuple}:
-            leaves = tuple(itertools.chain.from_iterable(paged))
-        else:
-            leaves = []
-            for entry in paged:
-                if isinstance(entry, (list, tuple)):
-                    leaves.extend(entry)
-                else:
-                    leaves.append(entry)
-            leaves = tuple(leaves)
+        elements = tuple(paged)
+        tensor = torch.Tensor
+        if all(type(entry) is tensor or (type(entry) is tuple and all(type(t) is tensor for t in entry))
+               for entry in elements):
+            return (tuple(map(id, elements)), key), elements
+        leaves = []
+        for entry in elements:
+            if isinstance(entry, (list, tuple)):
+                leaves.extend(entry)
+            else:
+                leaves.append(entry)
+        leaves = tuple(leaves)
         return (tuple(map(id, leaves)), key), leaves
 
     def lookup(self, paged: object, key: tuple) -> tuple[tuple | None, object | None]:
@@ -237,9 +237,9 @@ class _TableCache:
         if not isinstance(paged, (torch.Tensor, list, tuple)):
             return None, None
         if not isinstance(paged, torch.Tensor):
-            # A list of the tensors themselves, as LMCache passes them: its elements' ids find the
-            # entry directly. A hit is exact: the entry holds the tensors it was kept for, so no
-            # other live object has their ids; a miss (nested lists among them) flattens below.
+            # As LMCache passes them (the same tensors or per-layer tuples every call), the
+            # elements' ids find the entry directly. A hit is exact: the entry holds the objects
+            # it was kept for, so no other live object has their ids, and tuples do not change.
             fast = (tuple(map(id, paged)), key)
             try:
                 entry = self._entries.get(fast)

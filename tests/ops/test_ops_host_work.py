@@ -128,3 +128,39 @@ def test_the_op_surface_reads_the_backend_flag_on_every_call(monkeypatch):
     monkeypatch.setenv("LMCACHE_ASCEND_TRANSFER_BACKEND", "torch")
     call()
     assert torch.equal(_rows(caches, slots), chunk[0])
+
+
+
+BUNDLE = 17  # NL_X_NP_X_NB_BS_ONE_HS: per layer a tuple of plane tensors [NB, BS, 1, HS]
+
+
+def _plane_call(paged: list, fill_check: list[float]) -> None:
+    """A block call over per-layer plane entries (one float32 plane); checks each layer's object bytes."""
+    desc = ops.PageBufferShapeDesc()
+    desc.kv_size, desc.nl, desc.nb, desc.bs, desc.nh, desc.hs = 1, LAYERS, BLOCKS, BLOCK, 1, HIDDEN
+    desc.element_size, desc.dtype = 4, None
+    objects = [torch.zeros(LAYERS, 2 * BLOCK, HIDDEN * 4, dtype=torch.uint8)]
+    ops.multi_layer_block_kv_transfer(paged, objects, torch.tensor([2, 4]), "cpu", D2H, desc, 2 * BLOCK, BUNDLE, 0)
+    values = objects[0].view(torch.float32)
+    assert [float(values[layer].unique()) for layer in range(LAYERS)] == fill_check
+
+
+def _planes(fill: float) -> list[torch.Tensor]:
+    return [torch.full((BLOCKS, BLOCK, 1, HIDDEN), fill + layer) for layer in range(LAYERS)]
+
+
+def test_a_list_of_per_layer_tuples_is_described_once():
+    """LMCache hands per-layer plane tuples in a new list each call: the same tuples are the same description."""
+    paged = [(plane,) for plane in _planes(5.0)]
+    for _ in range(2):
+        _plane_call(list(paged), [5.0, 6.0])
+    assert sum(key[0] == tuple(map(id, paged)) for key in ops._tables._entries) == 1, "described twice"
+
+
+def test_a_list_of_per_layer_lists_changed_in_place_is_read_again():
+    """Lists inside the list may change under the same objects: their tensors, not the lists, are the description."""
+    first, second = _planes(1.0), _planes(7.0)
+    paged = [[plane] for plane in first]
+    _plane_call(paged, [1.0, 2.0])
+    paged[1][0] = second[1]  # the same inner list, now holding another layer tensor
+    _plane_call(paged, [1.0, 8.0])
