@@ -59,16 +59,29 @@ def call_argument(wrapped: Callable, args: tuple, kwargs: dict, name: str) -> ob
     """The value parameter `name` has in the call ``wrapped(*args, **kwargs)`` (its default if
     not passed), read where the call put it without binding the whole signature: wrappers
     that need one or two arguments call this on every scheduler step."""
-    return _parameter(wrapped, name).read(args, kwargs)
+    return parameter(wrapped, name).read(args, kwargs)
 
 
 def with_argument(wrapped: Callable, args: tuple, kwargs: dict, name: str, value: object) -> tuple[tuple, dict]:
     """``(args, kwargs)`` of the call ``wrapped(*args, **kwargs)`` with parameter `name` set to
     `value`, where the call passed it (positionally or by keyword; by keyword if not at all)."""
-    return _parameter(wrapped, name).replaced(args, kwargs, value)
+    return parameter(wrapped, name).replaced(args, kwargs, value)
 
 
-class _Parameter:
+def parameter(wrapped: Callable, name: str) -> "Parameter":
+    """Parameter `name` of `wrapped`, located once per function: its ``read(args, kwargs)`` and
+    ``replaced(args, kwargs, value)`` answer as `call_argument` and `with_argument` do, for any
+    call of the same function. A wrapper on a per-request path keeps it (with ``function``, to
+    tell a call of another function) rather than look it up by name on every call."""
+    function = getattr(wrapped, "__func__", wrapped)
+    key = (function, function is not wrapped, name)
+    found = _PARAMETERS.get(key)
+    if found is None:
+        found = _PARAMETERS[key] = Parameter(function, function is not wrapped, name)
+    return found
+
+
+class Parameter:
     """Where one parameter of a function arrives in a call: its position among the
     positional arguments (None: keyword only), whether a keyword may carry it, its default."""
 
@@ -102,22 +115,15 @@ class _Parameter:
     def replaced(self, args: tuple, kwargs: dict, value: object) -> tuple[tuple, dict]:
         position = self.position
         if position is not None and len(args) > position:
-            return args[:position] + (value,) + args[position + 1 :], kwargs
+            replaced = list(args)  # one copy (slicing around the position makes three)
+            replaced[position] = value
+            return tuple(replaced), kwargs
         if not self.by_keyword:
             raise TypeError(f"{self.name!r} is positional-only and the call passes too few arguments to set it")
         return args, {**kwargs, self.name: value}
 
 
-_PARAMETERS: dict[tuple[Callable, bool, str], _Parameter] = {}
-
-
-def _parameter(wrapped: Callable, name: str) -> _Parameter:
-    function = getattr(wrapped, "__func__", wrapped)
-    key = (function, function is not wrapped, name)
-    parameter = _PARAMETERS.get(key)
-    if parameter is None:
-        parameter = _PARAMETERS[key] = _Parameter(function, function is not wrapped, name)
-    return parameter
+_PARAMETERS: dict[tuple[Callable, bool, str], Parameter] = {}
 
 
 class PlainBinding:

@@ -1,8 +1,10 @@
 """The scheduler side of LMCache's in-process adapter in multi-group mode (pure, duck-typed).
 
 The connector's multi-group layout, computed once per connector and checked at
-start, and the truncation of rolled-back request trackers to the prefix every
-transferred group covers.  Used by the ``lmcache-adapter-multigroup`` patch.
+start, and the per-group block trackers of a step's running requests brought up
+to date before upstream builds their metadata (new blocks, a resumed request's
+fresh table, a rolled-back tracker truncated to the prefix every transferred
+group covers).  Used by the ``lmcache-adapter-multigroup`` patch.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from lmcache_ascend.multigroup.connector_state import (
 from lmcache_ascend.multigroup.reuse_verdict import reuse_blocker
 from lmcache_ascend.multigroup.slicing import prefix_bound_in_vllm_blocks
 
-__all__ = ["connector_layout", "connector_reuse_blocker", "roll_back_trackers"]
+__all__ = ["advance_trackers", "connector_layout", "connector_reuse_blocker"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +58,82 @@ def connector_layout(connector):
     return layout
 
 
-def roll_back_trackers(connector, scheduler_output, layout) -> None:
-    """Truncate rolled-back multi-group trackers before upstream does.
+def advance_trackers(connector, scheduler_output, layout) -> None:
+    """Bring the multi-group trackers of the step's running requests up to date, before upstream's
+    loop over them runs.
+
+    Upstream's loop, per running request: truncate a rolled-back tracker, ``RequestTracker.update``
+    (which keeps group 0's new blocks only), ``ReqMeta.from_request_tracker``. This does the first
+    two for every group, request by request, from the same fields of the scheduler output that
+    upstream reads: a rolled-back tracker is truncated to the prefix every transferred group covers
+    (`_roll_back`), then a resumed request's fresh table replaces its tracked blocks and a running
+    request's new blocks are appended. Each `GroupBlockTracker` thus holds the step's blocks when
+    upstream builds the request's ReqMeta, and the step costs one loop rather than a wrapped call
+    of ``RequestTracker.update`` per request. A request upstream does not know (no tracker or no
+    vLLM request: upstream raises) is left alone.
+    """
+    cached = scheduler_output.scheduled_cached_reqs
+    trackers = connector._request_trackers
+    if isinstance(cached, list):
+        # vLLM < 0.9.2: one record per request; upstream rolls nothing back on this path.
+        for request_data in cached:
+            tracker = trackers.get(request_data.req_id)
+            groups = None if tracker is None else BLOCK_TRACKER.get(tracker)
+            if groups is not None:
+                _apply_new_blocks(groups, request_data.new_block_ids, request_data.resumed_from_preemption)
+        return
+    req_ids = cached.req_ids
+    if not req_ids:
+        return
+    requests = connector._unfinished_requests
+    # Which requests resumed after preemption, where upstream looks: a set of ids, or (older vLLM) a flag per request.
+    resumed = getattr(cached, "resumed_req_ids", None)
+    if resumed is None:
+        flags = getattr(cached, "resumed_from_preemption", None)
+        if flags is None:
+            return  # upstream refuses a step that does not say which requests resumed
+        resumed = {req_id for req_id, flag in zip(req_ids, flags) if flag}
+    num_groups = len(layout.groups)
+    # Runs for every running request on every step. Most are decoding: no new block, not
+    # resumed, not rolled back; they cost the tests below and nothing else (no attachment read,
+    # no call). "No new block" is vLLM's None, or a tuple with an empty list per group, which
+    # `GroupBlockTracker.append_new_blocks` would take as nothing to append (a tuple of ints, a
+    # flat table, takes its path and is refused there).
+    for req_id, new_block_ids in zip(req_ids, cached.new_block_ids):
+        tracker = trackers.get(req_id)
+        request = requests.get(req_id)
+        if tracker is None or request is None:
+            continue
+        rolled_back = request.num_computed_tokens < len(tracker.token_ids)
+        preempted = req_id in resumed
+        if not (rolled_back or preempted) and (
+            new_block_ids is None
+            or (
+                type(new_block_ids) is tuple
+                and len(new_block_ids) == num_groups
+                and not any(new_block_ids)
+                and type(new_block_ids[0]) is not int
+            )
+        ):
+            continue
+        groups = BLOCK_TRACKER.get(tracker)
+        if groups is None:
+            continue
+        if rolled_back:
+            _roll_back(tracker, groups, request, layout)
+        _apply_new_blocks(groups, new_block_ids, preempted)
+
+
+def _apply_new_blocks(groups, new_block_ids, preempted) -> None:
+    # What ``RequestTracker.update(new_token_ids, new_block_ids, preempted)`` does to group 0, for every group.
+    if preempted:
+        groups.reset_after_preemption(new_block_ids)
+    elif new_block_ids is not None:
+        groups.append_new_blocks(new_block_ids)
+
+
+def _roll_back(tracker, groups, request, layout) -> None:
+    """Truncate a rolled-back multi-group tracker before upstream does.
 
     After a failed load vLLM lowers ``num_computed_tokens``; upstream then
     caps the kept tokens at ``len(allocated_block_ids) * vLLM block size``,
@@ -65,24 +141,15 @@ def roll_back_trackers(connector, scheduler_output, layout) -> None:
     counted as 4-token ones). The right cap is the prefix every
     transferred group covers (a group with no blocks counts 0).
     """
-    for req_id in getattr(scheduler_output.scheduled_cached_reqs, "req_ids", ()):
-        tracker = connector._request_trackers.get(req_id)
-        request = connector._unfinished_requests.get(req_id)
-        # Most steps roll nothing back: the token count decides before the attachment is read.
-        if tracker is None or request is None or request.num_computed_tokens >= len(tracker.token_ids):
-            continue
-        groups = BLOCK_TRACKER.get(tracker)
-        if groups is None:
-            continue
-        counts = groups.num_blocks_by_group()
-        covered_blocks = prefix_bound_in_vllm_blocks(
-            {g: counts[g] for g in layout.transferred_group_indices},
-            {g: layout.groups[g].block_size for g in layout.transferred_group_indices},
-            layout.vllm_block_size,
-        )
-        keep = min(request.num_computed_tokens, covered_blocks * layout.vllm_block_size)
-        tracker.token_ids = list(request.all_token_ids[:keep])
-        tracker.num_saved_tokens = min(tracker.num_saved_tokens, keep)
+    counts = groups.num_blocks_by_group()
+    covered_blocks = prefix_bound_in_vllm_blocks(
+        {g: counts[g] for g in layout.transferred_group_indices},
+        {g: layout.groups[g].block_size for g in layout.transferred_group_indices},
+        layout.vllm_block_size,
+    )
+    keep = min(request.num_computed_tokens, covered_blocks * layout.vllm_block_size)
+    tracker.token_ids = list(request.all_token_ids[:keep])
+    tracker.num_saved_tokens = min(tracker.num_saved_tokens, keep)
 
 
 def _decide_reuse(connector, layout) -> None:

@@ -42,11 +42,13 @@ class Attachment(Generic[T]):
         self.name = name
         self.holds = holds  # what the value is, for readers and error messages
 
+    # Read for every request on every scheduler step: ``owner.__dict__`` is the dict ``vars(owner)``
+    # returns, without the builtin's call.
     def get(self, owner: Any, default: T | None = None) -> T | None:
-        return vars(owner).get(self.name, default)
+        return owner.__dict__.get(self.name, default)
 
     def is_set(self, owner: Any) -> bool:
-        return self.name in vars(owner)
+        return self.name in owner.__dict__
 
     def set(self, owner: Any, value: T) -> None:
         setattr(owner, self.name, value)

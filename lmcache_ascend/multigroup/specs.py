@@ -212,6 +212,18 @@ class MultiGroupLayout:
     def block_sizes(self) -> tuple[int, ...]:
         return tuple(group.block_size for group in self.groups)
 
+    @functools.cached_property
+    def _upstream_tables(self) -> dict[int, KVGroupSpec]:
+        return {}  # chunk size -> `upstream_table`, filled on first use of each
+
+    def upstream_table(self, chunk_size: int) -> KVGroupSpec:
+        """The group `upstream_table_group` names (its index and block size in one read: the
+        scheduler asks for every request it builds metadata for)."""
+        table = self._upstream_tables.get(chunk_size)
+        if table is None:
+            table = self._upstream_tables[chunk_size] = self.groups[self.upstream_table_group(chunk_size)]
+        return table
+
     def upstream_table_group(self, chunk_size: int) -> int:
         """The transferred group whose block table upstream LMCache's one slot mapping is built from.
 

@@ -144,8 +144,8 @@ class GroupBlockTracker:
 
     def append_new_blocks(self, new_block_ids: Sequence[Sequence[int] | None] | None) -> None:
         """A running request was scheduled again: append each group's new blocks."""
-        groups = normalize_group_block_ids(new_block_ids, self.num_groups, "new_block_ids")
-        for tracked, new in zip(self.block_ids_by_group, groups):
+        tables = self.block_ids_by_group
+        for tracked, new in zip(tables, normalize_group_block_ids(new_block_ids, len(tables), "new_block_ids")):
             if new:
                 tracked.extend(new)
 

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from lmcache_ascend.compat.signatures import call_argument, call_arguments, with_argument
+from lmcache_ascend.compat.signatures import call_argument, call_arguments, parameter, with_argument
 
 
 def plain(tracker, block_size, chunk=256, *, load_spec=None):
@@ -49,6 +49,19 @@ def test_a_set_argument_reaches_the_call_and_leaves_the_others(args, kwargs):
     unset_args, unset_kwargs = with_argument(plain, args, kwargs, "load_spec", "new")
     assert plain(*unset_args, **unset_kwargs)[3] == "new"
     assert kwargs == given  # the caller's dict is not changed (a tuple cannot be)
+
+
+@pytest.mark.parametrize("args, kwargs", CALLS)
+def test_a_kept_parameter_answers_as_the_lookups_by_name(args, kwargs):
+    # A wrapper keeps the located parameter across calls; it is located once per function.
+    block_size = parameter(plain, "block_size")
+    assert parameter(plain, "block_size") is block_size and block_size.function is plain
+    assert block_size.position == 1
+    assert block_size.read(args, kwargs) == call_argument(plain, args, kwargs, "block_size")
+    assert block_size.replaced(args, kwargs, 99) == with_argument(plain, args, kwargs, "block_size", 99)
+    bound = types.MethodType(Owner.method, Owner())
+    assert parameter(bound, "scheduler_output").function is Owner.method
+    assert parameter(bound, "scheduler_output").position == 0  # self is bound
 
 
 def test_bound_methods_skip_their_first_parameter():

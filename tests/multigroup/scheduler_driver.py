@@ -139,6 +139,25 @@ class RequestDriver:
         cached = self._cached(block_ids, resumed=True, num_tokens=num_tokens)
         return self._step([], cached, num_tokens)
 
+    def running(self, num_tokens: int, new_block_ids: tuple[list[int], ...] | None, output_token: int | None = None):
+        """`advance`'s part of a step that `step_together` runs with other requests' parts."""
+        if output_token is not None:
+            self.request.append_output_token_ids(output_token)
+        return self, self._cached(new_block_ids, resumed=False, num_tokens=num_tokens), num_tokens
+
+    def resuming(
+        self, num_tokens: int, block_ids: tuple[list[int], ...], lmcache_cached_tokens: int, vllm_cached_tokens: int
+    ):
+        """`resume_after_preemption`'s part of a step that `step_together` runs with other requests' parts."""
+        from lmcache.integration.vllm.vllm_v1_adapter import LoadSpec
+
+        self.impl.load_specs[self.req_id] = LoadSpec(
+            vllm_cached_tokens=vllm_cached_tokens, lmcache_cached_tokens=lmcache_cached_tokens, can_load=False
+        )
+        self.impl.update_state_after_alloc(self.request, lmcache_cached_tokens - vllm_cached_tokens)
+        self.request.num_computed_tokens = max(lmcache_cached_tokens, vllm_cached_tokens)
+        return self, self._cached(block_ids, resumed=True, num_tokens=num_tokens), num_tokens
+
     def finish(self):
         return self.impl.build_connector_meta(_scheduler_output([], CachedRequestData.make_empty(), {}, finished=[self.req_id]))
 
@@ -159,3 +178,24 @@ class RequestDriver:
         # vLLM advances num_computed_tokens after building the connector metadata.
         self.request.num_computed_tokens += num_tokens
         return meta
+
+
+def step_together(impl, parts):
+    """One scheduler step of several running requests, in the order given: `parts` come from
+    `RequestDriver.running` / `RequestDriver.resuming` (one per request)."""
+    cached = [part[1] for part in parts]
+    merged = CachedRequestData(
+        req_ids=[req_id for c in cached for req_id in c.req_ids],
+        resumed_req_ids={req_id for c in cached for req_id in c.resumed_req_ids},
+        new_token_ids=[ids for c in cached for ids in c.new_token_ids],
+        all_token_ids={req_id: ids for c in cached for req_id, ids in c.all_token_ids.items()},
+        new_block_ids=[ids for c in cached for ids in c.new_block_ids],
+        num_computed_tokens=[n for c in cached for n in c.num_computed_tokens],
+        num_output_tokens=[n for c in cached for n in c.num_output_tokens],
+    )
+    meta = impl.build_connector_meta(
+        _scheduler_output([], merged, {driver.req_id: num_tokens for driver, _, num_tokens in parts})
+    )
+    for driver, _, num_tokens in parts:
+        driver.request.num_computed_tokens += num_tokens
+    return meta

@@ -274,3 +274,134 @@ def test_rollback_after_failed_load_keeps_tokens_all_groups_cover(patched):
     assert tracker.num_saved_tokens == 768 and req.token_ids == prompt[:768]
     slots, _, _ = _assert_rows(req, fixture, tables)
     assert slots.num_tokens == 768
+
+
+class _Tables:
+    """vLLM's block tables of one request, per group, as the test hands them out (fresh ids)."""
+
+    def __init__(self, fixture, first_id: int) -> None:
+        self.specs = _specs(fixture)
+        self.state = STATE_GROUPS if fixture.name.startswith("dsv4-ascend") else set()
+        self.next_id = first_id
+        self.tables = [[] for _ in self.specs]
+
+    def grow_to(self, num_tokens: int, fresh: bool = False) -> tuple[list[int], ...]:
+        """The new blocks each group needs to hold `num_tokens` tokens (`fresh`: a new table)."""
+        if fresh:
+            self.tables = [[] for _ in self.specs]
+        new = []
+        for group, (block_size, _, _) in enumerate(self.specs):
+            wanted = 1 if group in self.state else -(-num_tokens // block_size)
+            count = max(0, wanted - len(self.tables[group]))
+            new.append(list(range(self.next_id, self.next_id + count)))
+            self.tables[group].extend(new[-1])
+            self.next_id += count
+        return tuple(new)
+
+
+def _request_life(fixture, frt_by_name: bool):
+    """Two requests in shared steps: chunked prefill, a rollback with new blocks, decode steps
+    bringing nothing (vLLM's None, or an empty list per group), decode steps bringing blocks to
+    some groups, a rollback while decoding, a preemption with a fresh table. Every step's
+    metadata and trackers are checked against vLLM's tables (the test's) and the reference slot
+    rule; returns what each step produced, to compare runs."""
+    from lmcache.integration.vllm.vllm_v1_adapter import ReqMeta
+
+    from tests.multigroup.scheduler_driver import step_together
+
+    if frt_by_name:
+        # Upstream's loop passes the tracker, block size and chunk size by position; this run
+        # passes every argument by name to the patched method, which then reads them by name.
+        installed = ReqMeta.__dict__["from_request_tracker"]
+        patched = installed.__func__
+
+        def by_name(tracker, block_size, lmcache_chunk_size=256, **kwargs):
+            return patched(tracker=tracker, block_size=block_size, lmcache_chunk_size=lmcache_chunk_size, **kwargs)
+
+        ReqMeta.from_request_tracker = staticmethod(by_name)
+    try:
+        impl = make_connector_impl(fixture, chunk_size=256)
+        a = RequestDriver(impl, "req-a", [(3 * i) % 997 + 1 for i in range(766)])
+        b = RequestDriver(impl, "req-b", [(5 * i) % 991 + 1 for i in range(600)])
+        tables = {"req-a": _Tables(fixture, 1), "req-b": _Tables(fixture, 100_000)}
+        record = []
+
+        def check(meta, cached_vllm=None):
+            cached_vllm = cached_vllm or {}
+            step = []
+            for driver in (a, b):
+                tracker = impl._request_trackers.get(driver.req_id)
+                if tracker is None:
+                    continue
+                model = tables[driver.req_id].tables
+                assert tracker.ascend_block_tracker.block_ids_by_group == model
+                assert tracker.allocated_block_ids == model[0]  # upstream's own field: group 0
+                assert tracker.token_ids == driver.request.all_token_ids[: driver.request.num_computed_tokens]
+                state = (list(tracker.token_ids), tracker.num_saved_tokens, list(tracker.allocated_block_ids))
+                step.append((driver.req_id, *state))
+            for req in meta.requests:
+                vllm_cached = cached_vllm.get(req.req_id, 0)
+                slots, _, _ = _assert_rows(req, fixture, tables[req.req_id].tables, vllm_cached=vllm_cached)
+                step.append((
+                    req.req_id, req.token_ids, req.slot_mapping.tolist(), req.is_last_prefill, req.save_spec,
+                    req.load_spec, slots.packed_block_ids, slots.num_tokens, slots.vllm_cached_tokens,
+                ))
+            record.append(step)
+            return meta
+
+        brought = []  # per decode part: "blocks", "none" or "lists"
+
+        def running(driver, num_tokens, nothing_new_as="none", output_token=None):
+            """A running request's part of a step: the blocks its new tokens need; a step that needs
+            none brings vLLM's None (`nothing_new_as` "none") or an empty list per group ("lists")."""
+            new = tables[driver.req_id].grow_to(driver.request.num_computed_tokens + num_tokens)
+            if not any(new):
+                new = None if nothing_new_as == "none" else new
+            brought.append("blocks" if any(new or ()) else nothing_new_as)
+            return driver.running(num_tokens, new, output_token)
+
+        # Prefill: A's first 512 tokens, B's first 256 (each a step of its own).
+        check(a.start(512, tables["req-a"].grow_to(512)))
+        check(b.start(256, tables["req-b"].grow_to(256)))
+        # A failed load rolled A back to 256 tokens; the same step brings A's and B's last prompt blocks.
+        a.request.num_computed_tokens = 256
+        meta = check(step_together(impl, [running(a, 510), running(b, 344)]))
+        assert {req.req_id for req in meta.requests} == {"req-a", "req-b"}
+        # Decode, nothing to store: steps bringing nothing (None or empty lists) or some groups' blocks.
+        token = iter(range(1, 1000))
+        brought.clear()
+        for step in range(6):
+            forms = ("none", "lists") if step % 2 else ("lists", "none")
+            parts = [running(a, 1, forms[0], next(token)), running(b, 1, forms[1], next(token))]
+            assert check(step_together(impl, parts)).requests == []
+        assert {"blocks", "none", "lists"} <= set(brought)
+        # A rolled back by one token while decoding; B preempted, resuming with a fresh table and
+        # loading 512 tokens from LMCache (256 still in vLLM).
+        a.request.num_computed_tokens -= 1
+        b_total = len(b.request.all_token_ids)
+        fresh_b = tables["req-b"].grow_to(b_total, fresh=True)
+        meta = check(
+            step_together(impl, [running(a, 1, "lists", next(token)), b.resuming(b_total - 512, fresh_b, 512, 256)]),
+            {"req-b": 256},
+        )
+        assert [req.req_id for req in meta.requests] == ["req-b"]
+        for step in range(4):
+            parts = [running(a, 1, "none", next(token)), running(b, 1, "lists", next(token))]
+            assert check(step_together(impl, parts)).requests == []
+        a.finish()
+        b.finish()
+        assert impl._request_trackers == {}
+        return record
+    finally:
+        if frt_by_name:
+            ReqMeta.from_request_tracker = installed
+
+
+@pytest.mark.parametrize("make_fixture", [dsv4_cuda_kv_cache_config, dsv4_ascend_kv_cache_config])
+def test_steps_read_by_position_and_by_name_agree_with_vllm_tables(patched, make_fixture):
+    fixture = make_fixture()
+    by_position = _request_life(fixture, frt_by_name=False)
+    by_name = _request_life(fixture, frt_by_name=True)
+    assert by_position == by_name
+    # Steps that built metadata: A's prefill, B's prefill, both after A's rollback, B's resume.
+    assert sum(1 for step in by_position for entry in step if len(entry) > 4) == 5
