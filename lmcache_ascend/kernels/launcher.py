@@ -113,14 +113,22 @@ def launch(kernel, grid, arguments, pointers, signature, constexprs, num_warps, 
 
 def _run_raw(raw: _RawLauncher, grid: tuple[int, int, int], values) -> None:
     """Launch through the raw launcher on the current device's current stream (as Triton's own
-    runner does), passing what that runner passes minus its per-call lookups; the launch
-    metadata is only ever read by the launch hook, so it is made only where one is set."""
+    runner does), passing what that runner passes minus its per-call lookups. The launch metadata
+    is only ever read by the launch hooks, so it is made only where a hook is set."""
     stream = raw.current_stream(raw.current_device())
     runtime = triton.knobs.runtime
-    enter = runtime.launch_enter_hook
-    metadata = None if enter is None else raw.compiled.launch_metadata(grid, stream, *values)
-    raw.run(grid[0], grid[1], grid[2], stream, raw.function, raw.packed_metadata, metadata, enter,
-            runtime.launch_exit_hook, *values)
+    enter, leave = _set_hook(runtime.launch_enter_hook), _set_hook(runtime.launch_exit_hook)
+    metadata = None if enter is None and leave is None else raw.compiled.launch_metadata(grid, stream, *values)
+    raw.run(grid[0], grid[1], grid[2], stream, raw.function, raw.packed_metadata, metadata, enter, leave, *values)
+
+
+def _set_hook(hook):
+    """`hook`, or None where calling it would call nothing: newer Triton keeps each launch hook as a
+    chain (`knobs.HookChain`) that is never None, and its launcher calls even an empty one, after
+    the metadata made for it (about 3 us of a 12 us launch on an H100 host, Triton 3.6)."""
+    if hook is None or getattr(hook, "calls", True):
+        return hook
+    return None
 
 
 def relaunch_of(kernel, grid, arguments, pointers, signature, constexprs, num_warps, device, *,

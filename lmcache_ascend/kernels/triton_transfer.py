@@ -700,10 +700,10 @@ def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape) -> Non
         # engine that the next wave's copies would queue behind).
         anchor_tensor, addresses = buffers.pool, _pool_offsets_table(buffers.pool_offsets, device)
     else:
-        addresses = torch.empty(len(buffers), dtype=torch.int64, device=device)
+        addresses = _address_tables.table(device, len(buffers))
         # its bytes anchor the data (the kernel addresses bytes: a uint8 view, same address)
         anchor_tensor = addresses.view(torch.uint8)
-        _upload(buffers.addresses - addresses.data_ptr(), device, out=addresses)
+        _address_tables.upload(buffers.addresses - addresses.data_ptr(), addresses)
     _launch(*_chunks_launch_arguments(batches, shape, anchor_tensor, addresses))
 
 
@@ -755,31 +755,48 @@ def prepare_chunks_relaunch(batch: ResolvedChunkBatch) -> "ChunksRelaunch | None
                           batch.group.device)
 
 
+class _AddressTables:
+    """Device tables for a launch's per-call addresses, kept per (device, calling thread, CUDA stream,
+    size) rather than allocated per call. A call's copy into its table is ordered on its stream after
+    the previous call's kernel, which read the table, so the table is free again by then; calls on
+    other threads or streams have tables of their own. Elsewhere (no raw stream to key on) each
+    call allocates one."""
+
+    def __init__(self) -> None:
+        self._tables: BoundedCache[torch.Tensor] = BoundedCache(_MAX_CACHED_TABLES)
+
+    def table(self, device: torch.device, entries: int) -> torch.Tensor:
+        if device.type != "cuda":
+            return torch.empty(entries, dtype=torch.int64, device=device)
+        index = torch._C._cuda_getDevice() if device.index is None else device.index
+        key = (index, threading.get_ident(), torch._C._cuda_getCurrentRawStream(index), entries)
+        table = self._tables.get(key)
+        if table is None:
+            table = self._tables.put(key, torch.empty(entries, dtype=torch.int64, device=device))
+        return table
+
+    @staticmethod
+    def upload(values: np.ndarray, table: torch.Tensor) -> None:
+        """`values` (int64) into `table`. On CUDA from pageable memory: the driver stages a table's few
+        hundred bytes before the call returns (so `values` may go at once), without the pinned
+        allocation `_upload` makes, which was most of a small call's host time."""
+        table.copy_(torch.from_numpy(values), non_blocking=table.device.type == "cuda")
+
+
+_address_tables = _AddressTables()
+
+
 class ChunksRelaunch:
     """A multi-chunk launch made again (see `Relaunch`): per call one host-to-device copy (the chunks'
     addresses, and the slot array where it is given on the host) and the kernel launch. Refused
     (False, nothing launched) where the chunks' alignment differs from the original's.
 
-    The copy lands in a device table kept per calling thread and CUDA stream: a call's copy is
-    ordered after the previous call's kernel on that stream, so the table is free again by then,
-    and calls on other threads or streams have tables of their own. Elsewhere (no raw stream to
-    key on) each call allocates its table."""
+    The copy lands in a device table kept per calling thread and CUDA stream (`_AddressTables`)."""
 
-    __slots__ = ("_relaunch", "_alignment", "_device", "_tables", "_stream_of")
+    __slots__ = ("_relaunch", "_alignment", "_device")
 
     def __init__(self, relaunch: Relaunch, alignment: int, device: torch.device):
         self._relaunch, self._alignment, self._device = relaunch, alignment, device
-        self._tables: BoundedCache[torch.Tensor] = BoundedCache(_MAX_CACHED_TABLES)
-        self._stream_of = torch._C._cuda_getCurrentRawStream if device.type == "cuda" else None
-
-    def _table(self, entries: int) -> torch.Tensor:
-        if self._stream_of is None:
-            return torch.empty(entries, dtype=torch.int64, device=self._device)
-        key = (threading.get_ident(), self._stream_of(self._device.index))
-        table = self._tables.get(key)
-        if table is None or table.numel() != entries:  # one size per kept launch: a repeat's shapes are fixed
-            table = self._tables.put(key, torch.empty(entries, dtype=torch.int64, device=self._device))
-        return table
 
     def __call__(self, addresses: np.ndarray, slots: torch.Tensor | np.ndarray) -> bool:
         """`addresses`: the chunks' (int64); `slots`: the slot (or block id) tensor on the device, or
@@ -789,7 +806,7 @@ class ChunksRelaunch:
         # a slot array from the host starts on a 16-byte boundary, as the original launch's tensor did
         slots_at = count + count % 2
         entries = slots_at + len(slots) if on_host else count
-        table = self._table(entries)
+        table = _address_tables.table(self._device, entries)
         anchor = table.data_ptr()
         slot_address = anchor + 8 * slots_at if on_host else slots.data_ptr()
         if math.gcd(int(np.gcd.reduce(addresses)), anchor) % 16 != self._alignment or not self._relaunch.fits(
@@ -799,7 +816,5 @@ class ChunksRelaunch:
         np.subtract(addresses, anchor, out=values[:count])
         if on_host:
             values[slots_at:] = slots
-        # From pageable memory: the driver stages the bytes before the call returns (so `values`
-        # may go at once), without the pinned allocation `_upload` makes (most of a small call).
-        table.copy_(torch.from_numpy(values), non_blocking=True)
+        _address_tables.upload(values, table)
         return self._relaunch.launch_fitting(anchor, slot_address)

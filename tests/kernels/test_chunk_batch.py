@@ -281,3 +281,36 @@ def test_triton_batch_equals_single_chunk_calls_interpreted():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_back_to_back_launches_each_move_their_own_chunks_on_cuda():
+    """Multi-chunk launches keep their address table per stream and reuse it: launches queued one
+    after another (no wait between them) over other chunk buffers must each read their own
+    addresses. A launch on a second stream gets a table of its own."""
+    group, slots, starts, counts, layout, caches = _case("cuda")
+    rows = chunk_rows(group, layout, starts, counts)
+    rounds = [_poisoned_chunks(layout, len(starts), "cuda", 32) for _ in range(6)]
+    for chunks in rounds:
+        for chunk in chunks:
+            chunk.fill_(0xA5)
+    side = torch.cuda.Stream()
+    for index, chunks in enumerate(rounds):
+        batch = resolve_chunk_batch(slots, chunks, rows, store=True, chunk_offset=32)
+        if index % 3 == 2:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                transfer_chunk_batches([batch], backend="triton")
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            transfer_chunk_batches([batch], backend="triton")
+    torch.cuda.synchronize()
+    expected = _poisoned_chunks(layout, len(starts), "cuda", 32)
+    for chunk in expected:
+        chunk.fill_(0xA5)
+    batch = resolve_chunk_batch(slots, expected, rows, store=True, chunk_offset=32)
+    transfer_chunk_batches([batch], backend="torch")
+    assert any(bool((chunk != 0xA5).any()) for chunk in expected), "the control moved nothing"
+    for chunks in rounds:
+        for got, want in zip(chunks, expected):
+            assert torch.equal(got, want)

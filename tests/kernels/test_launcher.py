@@ -114,3 +114,52 @@ def test_nothing_launched_directly_has_no_relaunch():
 def test_integer_types_are_tritons():
     assert [launcher.integer_type(v) for v in (0, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**63 - 1, 2**63)] == [
         "i32", "i32", "i64", "i32", "i64", "i64", "u64"]
+
+
+@cuda
+def test_launch_hooks_set_by_the_user_see_raw_launches_with_their_metadata():
+    import triton
+
+    runtime = triton.knobs.runtime
+    if not hasattr(runtime.launch_enter_hook, "add"):
+        pytest.skip("this Triton keeps a launch hook as one function, not a chain")
+    kernel = _copy_kernel()
+    source = torch.arange(1000, dtype=torch.int64, device="cuda")
+    _launch(kernel, source, torch.empty_like(source))  # compiled through the JIT entry
+    seen = []
+
+    def entered(metadata):
+        seen.append(("enter", metadata))
+
+    def left(metadata):
+        seen.append(("exit", metadata))
+
+    runtime.launch_enter_hook.add(entered)
+    runtime.launch_exit_hook.add(left)
+    try:
+        target = torch.full_like(source, POISON)
+        _launch(kernel, source, target)
+    finally:
+        runtime.launch_enter_hook.remove(entered)
+        runtime.launch_exit_hook.remove(left)
+    assert torch.equal(target, source + 1)
+    assert [which for which, _ in seen] == ["enter", "exit"]
+    assert all(metadata is not None for _, metadata in seen)
+    seen.clear()
+    _launch(kernel, source, torch.empty_like(source))
+    assert seen == []  # removed hooks are not called
+
+
+def test_a_hook_chain_with_nothing_in_it_is_no_hook():
+    class Chain:  # the shape of triton.knobs.HookChain
+        def __init__(self, calls):
+            self.calls = calls
+
+    def hook(metadata):
+        return None
+
+    assert launcher._set_hook(None) is None
+    assert launcher._set_hook(Chain([])) is None
+    chain = Chain([hook])
+    assert launcher._set_hook(chain) is chain
+    assert launcher._set_hook(hook) is hook  # an older Triton's single function
