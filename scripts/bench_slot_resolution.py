@@ -6,7 +6,10 @@ shipped and resolved on the worker's device (now), same request, cases interleav
   the builder it ran before), pickles them, the worker unpickles and uploads them
   (`DeviceSlots.upload`, one host-to-device copy), for a store and for a load;
 - ``ours``: the scheduler takes the ids (`step_block_ids`), pickles them, the worker unpickles and
-  resolves them on the device (`DeviceSlots.from_block_ids`) for a store and for a load.
+  resolves them (`DeviceSlots.from_block_ids`) for a store and for a load: on a device the
+  transfers run Triton on, expanded there (`kernels.block_slots`);
+- ``ours_host``: the same with the worker's expansion on the host (numpy, then one copy), as on
+  a device without Triton (`backend="torch"`).
 
 Per part, medians over rounds [q1-q3] in us (the device is synchronized before a worker part ends)
 and the ratio ours / old of the same round. Prints a table, writes JSON.
@@ -46,6 +49,7 @@ LAYOUTS = {
     "mla_1": (("MLAAttention", 64, 1, None, False),),
 }
 CHUNK = 256
+KINDS = ("old", "ours_host", "ours")
 
 
 def sync(device: torch.device) -> None:
@@ -82,8 +86,9 @@ def run_once(kind: str, layout, tables, tokens: int, device: torch.device) -> di
         store = DeviceSlots.upload(received.transferred_slot_mappings(), registered, device)
         load = DeviceSlots.upload(received.transferred_slot_mappings(), registered, device, received.vllm_cached_tokens)
     else:
-        store = DeviceSlots.from_block_ids(received, registered, device)
-        load = DeviceSlots.from_block_ids(received, registered, device, received.vllm_cached_tokens)
+        backend = "torch" if kind == "ours_host" else None
+        store = DeviceSlots.from_block_ids(received, registered, device, backend=backend)
+        load = DeviceSlots.from_block_ids(received, registered, device, received.vllm_cached_tokens, backend=backend)
     sync(device)
     times["worker"] = time.perf_counter() - begin
     times["_slots"] = (store.slots, load.slots)
@@ -102,17 +107,18 @@ def main() -> int:
     for name in LAYOUTS:
         layout, tables = case_setup(name, args.tokens)
         # Same slots, every element, before timing.
-        old, ours = run_once("old", layout, tables, args.tokens, device), run_once("ours", layout, tables, args.tokens, device)
-        for a, b in zip(old["_slots"], ours["_slots"]):
-            assert torch.equal(a.cpu(), b.cpu()), f"{name}: resolved slots differ from the old builder's"
-        samples = {"old": [], "ours": []}
+        old = run_once("old", layout, tables, args.tokens, device)
+        for kind in KINDS[1:]:
+            for a, b in zip(old["_slots"], run_once(kind, layout, tables, args.tokens, device)["_slots"]):
+                assert torch.equal(a.cpu(), b.cpu()), f"{name}: {kind}'s slots differ from the old builder's"
+        samples = {kind: [] for kind in KINDS}
         for round_index in range(args.rounds):
-            order = ("old", "ours") if round_index % 2 == 0 else ("ours", "old")
-            for kind in order:
+            shift = round_index % len(KINDS)
+            for kind in KINDS[shift:] + KINDS[:shift]:
                 samples[kind].append(run_once(kind, layout, tables, args.tokens, device))
         for part in ("scheduler", "pickle", "worker"):
             row = {"layout": name, "part": part}
-            for kind in ("old", "ours"):
+            for kind in KINDS:
                 values = [s[part] * 1e6 for s in samples[kind]]
                 q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
                 row[kind] = {"median": q2, "q1": q1, "q3": q3}
@@ -120,17 +126,18 @@ def main() -> int:
             q1, q2, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
             row["ratio"] = {"median": q2, "q1": q1, "q3": q3}
             rows.append(row)
-        rows.append({"layout": name, "part": "bytes", "old": samples["old"][0]["bytes"], "ours": samples["ours"][0]["bytes"]})
+        rows.append({"layout": name, "part": "bytes", **{kind: samples[kind][0]["bytes"] for kind in KINDS}})
     print(f"slots of one {args.tokens}-token request (chunk {CHUNK}, load with half cached), device {device}, "
           f"{args.rounds} rounds interleaved; us: median [q1-q3]; ratio: median of per-round ours / old")
-    print(f"{'layout':<17} {'part':<9} | {'old us':>24} | {'ours us':>24} | {'ours/old':>18}")
+    print(f"{'layout':<17} {'part':<9} | {'old us':>24} | {'ours_host us':>24} | {'ours us':>24} | {'ours/old':>18}")
     for row in rows:
         if row["part"] == "bytes":
-            print(f"{row['layout']:<17} {'pickled':<9} | {row['old']:>21} B  | {row['ours']:>21} B  |")
+            print(f"{row['layout']:<17} {'pickled':<9} | {row['old']:>21} B  | {row['ours_host']:>21} B  | "
+                  f"{row['ours']:>21} B  |")
             continue
         cell = lambda e: f"{e['median']:.1f} [{e['q1']:.1f}-{e['q3']:.1f}]".rjust(24)  # noqa: E731
         ratio = row["ratio"]
-        print(f"{row['layout']:<17} {row['part']:<9} | {cell(row['old'])} | {cell(row['ours'])} | "
+        print(f"{row['layout']:<17} {row['part']:<9} | {cell(row['old'])} | {cell(row['ours_host'])} | {cell(row['ours'])} | "
               f"{ratio['median']:.2f} [{ratio['q1']:.2f}-{ratio['q3']:.2f}]".rstrip())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,12 @@
 """A request's slots on the device, from the block ids the scheduler shipped (`DeviceSlots`).
 
-Every scheduler group's slots in one tensor, made once per request and step: the
-ids are expanded on the host (a few numpy operations per group) and copied to the
-device at once; the cached prefix of a load is already masked, rows on vLLM's null
-block are -1, and ids outside the worker's caches are refused before anything moves.
+Every scheduler group's slots in one tensor, made once per request and step: where
+the transfer kernel runs (Triton on CUDA or an NPU), the ids and one plan entry per
+group are uploaded and one launch expands them there (`kernels.block_slots`);
+elsewhere the ids are expanded on the host (a few numpy operations per group) and
+copied at once. Either way the cached prefix of a load is masked, rows on vLLM's
+null block are -1, and ids outside the worker's caches are refused before anything
+moves.
 
 Pure logic: torch, numpy and lmcache_ascend only.
 """
@@ -16,6 +19,7 @@ from typing import Hashable, Mapping, Sequence
 import numpy as np
 import torch
 
+from lmcache_ascend.kernels import select_backend
 from lmcache_ascend.kv_layout.formats import LayoutError
 from lmcache_ascend.multigroup.slots import StepBlockIds
 from lmcache_ascend.multigroup.specs import KVGroupSpec, cached_row_count
@@ -105,6 +109,26 @@ def _expansion_plan(step: StepBlockIds, groups: Mapping[int, KVGroupSpec], cache
     return _ExpansionPlan(plan, offsets, lengths, rows_total)
 
 
+def _expanded_on_device(requests: Mapping[Hashable, tuple[StepBlockIds, int]], plans: Mapping[Hashable, _ExpansionPlan],
+                        bounds: Mapping[Hashable, tuple[int, int]], total_rows: int, device: torch.device) -> torch.Tensor:
+    """Every request's slots at its `bounds` of one tensor on `device`, expanded there in one launch."""
+    from lmcache_ascend.kernels.block_slots import expand_on_device  # imports Triton
+
+    entries: list[tuple[int, int, int, int, int]] = []
+    ids: list[np.ndarray] = []
+    first_id = 0
+    for key, plan in plans.items():
+        begin = bounds[key][0]
+        for first_row, num_rows, first_block, _, rows_per_block, cached_rows in plan.groups:
+            entries.append((begin + first_row, num_rows, first_id + first_block, rows_per_block, cached_rows))
+        request_ids = requests[key][0].block_ids
+        ids.append(request_ids)
+        first_id += len(request_ids)
+    # Rows of no group (a request without rows keeps one entry) are -1; otherwise every row is written.
+    covered = sum(plan.rows for plan in plans.values()) == total_rows
+    return expand_on_device(entries, ids, total_rows, device, null_id=NULL_BLOCK_ID, fill=not covered)
+
+
 def _request_name(key: Hashable) -> str:
     request = key[0] if isinstance(key, tuple) and key else key
     return "a request" if request is None else f"request {request!r}"
@@ -173,6 +197,7 @@ class DeviceSlots:
         cached_tokens: int = 0,
         block_counts: Mapping[int, int] | None = None,
         request: Hashable = None,
+        backend: str | None = None,
     ) -> "DeviceSlots":
         """The slots of every transferred group of `step`, on `device`, from its block ids.
 
@@ -182,8 +207,10 @@ class DeviceSlots:
         `groups` are the registered groups: each transferred group must be among them
         with the geometry the scheduler used. `block_counts` (group -> blocks of the worker's
         cache): an id outside them is refused, naming `request`, before anything moves.
+        `backend`: the transfer backend (`kernels.select_backend`): with Triton the ids are
+        expanded on the device, else on the host.
         """
-        return cls.for_requests({request: (step, cached_tokens)}, groups, device, block_counts)[request]
+        return cls.for_requests({request: (step, cached_tokens)}, groups, device, block_counts, backend)[request]
 
     @classmethod
     def for_requests(
@@ -192,15 +219,18 @@ class DeviceSlots:
         groups: Mapping[int, KVGroupSpec],
         device: torch.device,
         block_counts: Mapping[int, int] | None = None,
+        backend: str | None = None,
     ) -> dict[Hashable, "DeviceSlots"]:
         """`from_block_ids` of many (block ids, cached tokens) at once: key -> its `DeviceSlots`.
 
-        Every request is expanded on the host group by group (`_expand_block_ids`, a few
-        numpy ops per group) into ONE array, copied to `device` at once; each request's
-        slots are a view of it (one entry at least: an empty tensor may have no address
-        for the kernels to anchor on). On an H100 the same expansion as torch ops on the
-        device took 0.7-2.2 ms of launches per request, several times the copy of its
-        result (scripts/bench_slot_resolution.py --device cuda, docs/design-decisions.md).
+        Every request's groups are laid out one after another in ONE tensor on `device`;
+        each request's slots are a view of it (one entry at least: an empty tensor may have
+        no address for the kernels to anchor on). With Triton (`backend`, as the transfers
+        select it) one upload of every request's ids and plan and one launch expand them on
+        the device (`kernels.block_slots`); otherwise the host expands them group by group
+        (`_expand_block_ids`, a few numpy ops per group) and copies the result at once. On an
+        H100 the expansion as torch ops on the device took 0.7-2.2 ms of launches per request
+        (scripts/bench_slot_resolution.py --device cuda, docs/design-decisions.md).
         `block_counts`: see `from_block_ids`; every request is checked before any is expanded.
         """
         if not requests:
@@ -214,6 +244,9 @@ class DeviceSlots:
         for key, plan in plans.items():
             bounds[key] = (cursor, cursor + max(plan.rows, 1))
             cursor = bounds[key][1]
+        if select_backend(device, backend) == "triton":
+            joined = _expanded_on_device(requests, plans, bounds, cursor, device)
+            return {key: cls(joined[slice(*bounds[key])], plan.offsets, plan.lengths) for key, plan in plans.items()}
         host = np.full(cursor, -1, dtype=np.int64)
         for key, plan in plans.items():
             begin = bounds[key][0]

@@ -21,6 +21,7 @@ class Launch:
     constexprs: tuple
     num_warps: int
     grid: tuple
+    data_params: tuple = ("data_anchor",)  # the pointer parameters the kernel moves data through
 
 
 def record_launches() -> list[Launch]:
@@ -33,6 +34,7 @@ def record_launches() -> list[Launch]:
         resolve_chunk_batch,
         resolve_transfer,
     )
+    from lmcache_ascend.kernels import block_slots
     from lmcache_ascend.kernels import triton_transfer as tt
 
     recorded: list[tuple] = []
@@ -47,8 +49,8 @@ def record_launches() -> list[Launch]:
         kernel, grid, arguments, constexprs, num_warps = recorded.pop()
         launches.append(Launch(name, kernel, arguments, constexprs, num_warps, grid))
 
-    saved = tt._launch
-    tt._launch = recorder
+    saved, saved_expansion = tt._launch, block_slots._launch
+    tt._launch = block_slots._launch = recorder
     try:
         # One plane, two layers, bf16 rows of 256 bytes (LMCache's per-layer ops).
         one = PagedGroup((PagedPlane(tuple(torch.zeros((8, 16, 128), dtype=torch.bfloat16) for _ in range(2)), 16,
@@ -104,6 +106,16 @@ def record_launches() -> list[Launch]:
             tt.triton_transfer_chunk_batches([resolve_chunk_batch(torch.arange(12), separate, rows, store=store,
                                                                   rows_per_id=4)], shape=tt.DEFAULT_LAUNCH_SHAPE)
             take(f"separate chunks, block ids {'store' if store else 'load'}")
+        # A hand-over's block ids expanded to slots: a compressed group (4 rows a block) and a
+        # full one (16), the second with a cached prefix.
+        plan = [(0, 30, 0, 4, 0), (30, 64, 8, 16, 20)]
+        block_slots.expand_on_device(plan, [np.arange(1, 13, dtype=np.int64)], 94, torch.device("cpu"), null_id=0,
+                                     fill=False)
+        take("block ids to slots")
+        kernel, arguments, constexprs, num_warps, grid = (launches[-1].kernel, launches[-1].arguments,
+                                                          launches[-1].constexprs, launches[-1].num_warps,
+                                                          launches[-1].grid)
+        launches[-1] = Launch("block ids to slots", kernel, arguments, constexprs, num_warps, grid, ("ids", "out"))
     finally:
-        tt._launch = saved
+        tt._launch, block_slots._launch = saved, saved_expansion
     return launches

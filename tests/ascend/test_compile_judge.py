@@ -30,8 +30,9 @@ _CASES = [(launch, _compile.A2) for launch in _RECORDED] + \
 
 
 def test_every_entry_kernel_is_recorded():
-    assert {launch.kernel.__name__ for launch in _RECORDED} == {"_paged_chunk_kernel", "_paged_chunks_kernel"}
-    assert len(_RECORDED) == 12
+    assert {launch.kernel.__name__ for launch in _RECORDED} == {"_paged_chunk_kernel", "_paged_chunks_kernel",
+                                                                "_expand_kernel"}
+    assert len(_RECORDED) == 13
 
 
 @pytest.mark.parametrize("launch,arch", _CASES, ids=[f"{arch}-{launch.name}" for launch, arch in _CASES])
@@ -39,7 +40,7 @@ def test_kernel_compiles_to_hivm_with_dma(launch, arch, tmp_path):
     compiled = _compile.compile_kernel(launch.kernel, launch.arguments, launch.constexprs, launch.num_warps, arch,
                                        tmp_path)
     assert compiled.reached == list(_compile.STAGES), f"{launch.name} on {arch}: {compiled.error}"
-    path = _compile.data_path(compiled.hivm, compiled.kernel, compiled.pointer_params, ("data_anchor",))
+    path = _compile.data_path(compiled.hivm, compiled.kernel, compiled.pointer_params, launch.data_params)
     assert path.gm_to_ub >= 1 and path.ub_to_gm >= 1, f"{launch.name} on {arch}: no DMA ({path})"
     assert not path.scalar_data_accesses, f"{launch.name} on {arch}: element-at-a-time data moves:\n" + \
         "\n".join(path.scalar_data_accesses[:4])
