@@ -41,19 +41,19 @@ GROUPS = (
 def _requests(seed: int):
     """(requests for `DeviceSlots.for_requests`, the registered groups) of a random step."""
     draw = random.Random(seed)
-    layout = layout_from_groups(GROUPS, 16, StateGroupPolicy())
+    kv_groups = layout_from_groups(GROUPS, 16, StateGroupPolicy())
     requests = {}
     for index in range(draw.randint(1, 6)):
         tokens = draw.choice([0, 1, 15, 16, 17, 255, 256, 700, draw.randint(0, 2000)])
         ids = []
-        for group in layout.groups:
+        for group in kv_groups.groups:
             count = group.num_blocks(tokens)
             ids.append([NULL_BLOCK_ID if draw.random() < 0.2 else draw.randint(1, 400) for _ in range(count)])
-        step = step_block_ids(layout, GroupBlockTracker.for_new_request(tuple(ids), len(ids)), tokens, 256)
+        step = step_block_ids(kv_groups, GroupBlockTracker.for_new_request(tuple(ids), len(ids)), tokens, 256)
         store = draw.random() < 0.5
         cached = 0 if store or not tokens else draw.randint(0, tokens)  # may end inside a block
         requests[(f"r{index}", store)] = (step, cached)
-    return requests, layout.groups_by_index()
+    return requests, kv_groups.groups_by_index()
 
 
 def _poisoned_expansion(monkeypatch, device: torch.device) -> None:
