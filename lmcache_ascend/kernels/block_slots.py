@@ -8,8 +8,8 @@ group (a few hundred integers for a 16K-token request instead of its tens of tho
 slots), and one launch writes the slots where the transfer kernels read them.
 
 Plan entry, int64: first output row, rows, first id (in the uploaded ids), rows per block,
-cached rows. The plan and the ids travel in one upload. One source for CUDA and Ascend (triton-ascend): loads, stores and integer
-arithmetic only.
+cached rows. The plan and the ids travel in one upload. One source for CUDA and Ascend
+(triton-ascend): loads, stores and integer arithmetic only.
 """
 
 from __future__ import annotations
