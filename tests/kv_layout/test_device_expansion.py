@@ -10,13 +10,8 @@ kernel runs on CUDA when there is one and under Triton's interpreter (a subproce
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -27,7 +22,6 @@ from lmcache_ascend.multigroup.specs import KVGroupSpec, layout_from_groups
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID, GroupBlockTracker
 
-REPO = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 POISON = -777
 GROUPS = (
@@ -112,7 +106,7 @@ def test_device_expansion_equals_the_host_expansion_on_cuda(monkeypatch):
     assert _compare(torch.device("cuda"), range(60)) > 10_000
 
 
-def test_device_expansion_equals_the_host_expansion_interpreted():
+def test_device_expansion_equals_the_host_expansion_interpreted(fresh_python):
     pytest.importorskip("triton")
     code = (
         "import pytest, torch\n"
@@ -121,13 +115,12 @@ def test_device_expansion_equals_the_host_expansion_interpreted():
         "_poisoned_expansion(mp, torch.device('cpu'))\n"
         "print('compared', _compare(torch.device('cpu'), range(12)))\n"
     )
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = fresh_python(code, env={"TRITON_INTERPRET": "1"})
     assert done.returncode == 0 and "compared" in done.stdout, done.stderr[-3000:]
     assert int(done.stdout.split()[-1]) > 1000
 
 
-def test_a_plan_that_leaves_rows_uncovered_fills_them_with_minus_one():
+def test_a_plan_that_leaves_rows_uncovered_fills_them_with_minus_one(fresh_python):
     pytest.importorskip("triton")
     code = (
         "import numpy as np, torch\n"
@@ -138,8 +131,7 @@ def test_a_plan_that_leaves_rows_uncovered_fills_them_with_minus_one():
         "got = expand_on_device(plan, ids, 14, torch.device('cpu'), null_id=0, fill=True, out=out)\n"
         "print(got.tolist())\n"
     )
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = fresh_python(code, env={"TRITON_INTERPRET": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     # entry 0: rows 2..6, ids 4, 0, 7 (2 rows a block), first row cached; entry 1: rows 9..11,
     # id 1 (4 rows a block); rows 0, 1, 7, 8, 12, 13 belong to no entry
