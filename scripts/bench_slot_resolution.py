@@ -82,8 +82,8 @@ def run_once(kind: str, layout, tables, tokens: int, device: torch.device) -> di
         store = DeviceSlots.upload(received.transferred_slot_mappings(), registered, device)
         load = DeviceSlots.upload(received.transferred_slot_mappings(), registered, device, received.vllm_cached_tokens)
     else:
-        store = DeviceSlots.from_block_ids(received, registered, device)
-        load = DeviceSlots.from_block_ids(received, registered, device, received.vllm_cached_tokens)
+        store = DeviceSlots.from_block_ids(received, layout, device)
+        load = DeviceSlots.from_block_ids(received, layout, device, received.vllm_cached_tokens)
     sync(device)
     times["worker"] = time.perf_counter() - begin
     times["_slots"] = (store.slots, load.slots)

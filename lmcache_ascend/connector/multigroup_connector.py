@@ -112,7 +112,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self._request_slots = {req_id: blocks for req_id, blocks in block_ids_by_request.items() if blocks is not None}
         storing = {(req_id, True): (self._request_slots[req_id], 0) for req_id in stores if req_id in self._request_slots}
         self._device_slots_by_request = (
-            DeviceSlots.for_requests(storing, mover.layout.geometry_by_group, mover.device, mover.block_counts)
+            DeviceSlots.for_requests(storing, mover.layout, mover.device, mover.block_counts)
             if storing
             else {}
         )
@@ -136,7 +136,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
             resolved = self._device_slots_by_request.get(key)
             if resolved is None:  # a load, or a store not named at hand-over: resolved here, once
                 resolved = DeviceSlots.from_block_ids(
-                    request_blocks, mover.layout.geometry_by_group, mover.device, cached_tokens,
+                    request_blocks, mover.layout, mover.device, cached_tokens,
                     mover.block_counts, key[0],
                 )
                 self._device_slots_by_request[key] = resolved
