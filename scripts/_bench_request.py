@@ -125,7 +125,7 @@ class RequestCase:
     # ---- the paths -------------------------------------------------------------------
     def hand_over(self) -> DeviceSlots:
         """The request's slots on the device from its block ids, as the connector resolves them."""
-        return DeviceSlots.from_block_ids(self.step, self.chunk_layout.geometry_by_group, self.device)
+        return DeviceSlots.from_block_ids(self.step, self.chunk_layout, self.device)
 
     def timed_hand_over(self) -> int:
         self.hand_over()

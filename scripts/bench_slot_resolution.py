@@ -87,8 +87,8 @@ def run_once(kind: str, layout, tables, tokens: int, device: torch.device) -> di
         load = DeviceSlots.upload(received.transferred_slot_mappings(), registered, device, received.vllm_cached_tokens)
     else:
         backend = "torch" if kind == "ours_host" else None
-        store = DeviceSlots.from_block_ids(received, registered, device, backend=backend)
-        load = DeviceSlots.from_block_ids(received, registered, device, received.vllm_cached_tokens, backend=backend)
+        store = DeviceSlots.from_block_ids(received, layout, device, backend=backend)
+        load = DeviceSlots.from_block_ids(received, layout, device, received.vllm_cached_tokens, backend=backend)
     sync(device)
     times["worker"] = time.perf_counter() - begin
     times["_slots"] = (store.slots, load.slots)

@@ -112,8 +112,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self._request_slots = {req_id: blocks for req_id, blocks in block_ids_by_request.items() if blocks is not None}
         storing = {(req_id, True): (self._request_slots[req_id], 0) for req_id in stores if req_id in self._request_slots}
         self._device_slots_by_request = (
-            DeviceSlots.for_requests(storing, mover.layout.geometry_by_group, mover.device, mover.block_counts,
-                                     mover.backend)
+            DeviceSlots.for_requests(storing, mover.layout, mover.device, mover.block_counts, mover.backend)
             if storing
             else {}
         )
@@ -137,8 +136,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
             resolved = self._device_slots_by_request.get(key)
             if resolved is None:  # a load, or a store not named at hand-over: resolved here, once
                 resolved = DeviceSlots.from_block_ids(
-                    request_blocks, mover.layout.geometry_by_group, mover.device, cached_tokens,
-                    mover.block_counts, key[0], mover.backend,
+                    request_blocks, mover.layout, mover.device, cached_tokens, mover.block_counts, key[0], mover.backend,
                 )
                 self._device_slots_by_request[key] = resolved
             return resolved

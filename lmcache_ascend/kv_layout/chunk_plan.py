@@ -30,7 +30,7 @@ from lmcache_ascend.kernels.spec import ChunkLayout
 from lmcache_ascend.kernels.spec import chunk_layout as kernel_chunk_layout
 from lmcache_ascend.kv_layout.formats import LayoutError
 from lmcache_ascend.kv_layout.groups import LayerGroup
-from lmcache_ascend.multigroup.specs import KVGroupSpec, chunk_row_window
+from lmcache_ascend.multigroup.specs import KVGroupSpec, chunk_row_window, geometry_digest
 
 __all__ = [
     "ChunkBufferPlan",
@@ -103,6 +103,12 @@ class ChunkPlanner:
                     )
         self.layer_groups = tuple(layer_groups)
         self.geometry_by_group = dict(geometry_by_group)
+        # The worker's side of a step's block ids (`multigroup.slots.GroupGeometry`): the scheduler
+        # ships the digest of its groups, which must be this one (the same KV-cache config gave both).
+        self.geometry_digest = geometry_digest(self.geometry_by_group.values())
+        self.transferred_group_indices = tuple(
+            index for index, group in sorted(self.geometry_by_group.items()) if group.transferred
+        )
         self.chunk_size = chunk_size
         self._plans: dict[int, ChunkBufferPlan] = {}
         self.full_plan = self.plan(chunk_size)
@@ -138,6 +144,11 @@ class ChunkPlanner:
         """
         total = self.plan(num_tokens).total_bytes
         return (1, 1, num_tokens, max(1, math.ceil(total / num_tokens)))
+
+    @property
+    def groups(self) -> Mapping[int, KVGroupSpec]:
+        """The scheduler groups' geometry by group index, as `MultiGroupLayout.groups` is indexed."""
+        return self.geometry_by_group
 
     def scheduler_groups_in_use(self) -> tuple[int, ...]:
         return tuple(sorted({g for group in self.layer_groups for g in group.scheduler_groups}))

@@ -21,7 +21,7 @@ import torch
 
 from lmcache_ascend.kernels import select_backend
 from lmcache_ascend.kv_layout.formats import LayoutError
-from lmcache_ascend.multigroup.slots import StepBlockIds
+from lmcache_ascend.multigroup.slots import GroupGeometry, StepBlockIds
 from lmcache_ascend.multigroup.specs import KVGroupSpec, cached_row_count
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID
 
@@ -78,28 +78,16 @@ class _ExpansionPlan:
     rows: int
 
 
-def _expansion_plan(step: StepBlockIds, groups: Mapping[int, KVGroupSpec], cached_tokens: int) -> _ExpansionPlan:
-    """Check `step`'s groups against the registered `groups` and lay its rows out, group after group."""
+def _expansion_plan(step: StepBlockIds, geometry: GroupGeometry, cached_tokens: int) -> _ExpansionPlan:
+    """Check `step` against the worker's `geometry` (its digest) and lay its rows out, group after group."""
     plan = []
     offsets: dict[int, int] = {}
     lengths: dict[int, int] = {}
     rows_total = 0
     blocks_total = 0
-    for group, count in step.group_block_counts().items():
-        spec = groups.get(group)
-        if spec is None:
-            raise LayoutError(
-                f"block ids were given for scheduler group {group}, which is not among the registered "
-                f"groups {sorted(groups)}"
-            )
-        shipped = step.groups[group]
-        if (spec.block_size, spec.compress_ratio, spec.sliding_window) != (
-            shipped.block_size, shipped.compress_ratio, shipped.sliding_window
-        ):
-            raise LayoutError(
-                f"scheduler group {group}: the scheduler's block ids are for {shipped} but the registered "
-                f"caches have {spec}; block size, compress ratio and sliding window must agree"
-            )
+    groups = geometry.groups
+    for group, count in step.group_block_counts(geometry).items():
+        spec = groups[group]
         num_rows = spec.num_rows(step.num_tokens)
         plan.append((rows_total, num_rows, blocks_total, count, spec.rows_per_block,
                      cached_row_count(spec, cached_tokens, num_rows)))
@@ -192,7 +180,7 @@ class DeviceSlots:
     def from_block_ids(
         cls,
         step: StepBlockIds,
-        groups: Mapping[int, KVGroupSpec],
+        geometry: GroupGeometry,
         device: torch.device,
         cached_tokens: int = 0,
         block_counts: Mapping[int, int] | None = None,
@@ -204,19 +192,19 @@ class DeviceSlots:
         Row r of group g has slot ``block_id * rows_per_block + r % rows_per_block`` with
         ``block_id = ids_g[r // rows_per_block]``; -1 on vLLM's null block and on the rows
         of vLLM's cached prefix (`cached_row_count` of `cached_tokens`; 0 for a store).
-        `groups` are the registered groups: each transferred group must be among them
-        with the geometry the scheduler used. `block_counts` (group -> blocks of the worker's
-        cache): an id outside them is refused, naming `request`, before anything moves.
+        `geometry` is the worker's groups (its ``ChunkPlanner``): their digest must be the one the
+        scheduler's gave `step` (`StepBlockIds.check_geometry`). `block_counts` (group -> blocks of
+        the worker's cache): an id outside them is refused, naming `request`, before anything moves.
         `backend`: the transfer backend (`kernels.select_backend`): with Triton the ids are
         expanded on the device, else on the host.
         """
-        return cls.for_requests({request: (step, cached_tokens)}, groups, device, block_counts, backend)[request]
+        return cls.for_requests({request: (step, cached_tokens)}, geometry, device, block_counts, backend)[request]
 
     @classmethod
     def for_requests(
         cls,
         requests: Mapping[Hashable, tuple[StepBlockIds, int]],
-        groups: Mapping[int, KVGroupSpec],
+        geometry: GroupGeometry,
         device: torch.device,
         block_counts: Mapping[int, int] | None = None,
         backend: str | None = None,
@@ -235,7 +223,7 @@ class DeviceSlots:
         """
         if not requests:
             return {}
-        plans = {key: _expansion_plan(step, groups, cached_tokens) for key, (step, cached_tokens) in requests.items()}
+        plans = {key: _expansion_plan(step, geometry, cached_tokens) for key, (step, cached_tokens) in requests.items()}
         if block_counts:
             fewest = min(block_counts.values())
             for key, plan in plans.items():

@@ -26,6 +26,7 @@ __all__ = ["advance_trackers", "connector_layout", "connector_reuse_blocker"]
 logger = logging.getLogger(__name__)
 
 _NOT_SET = object()
+_BLOCK_TRACKER = BLOCK_TRACKER.name  # read from the tracker's own dict (`Attachment.get`, inlined: per request)
 
 
 def connector_layout(connector):
@@ -85,7 +86,6 @@ def advance_trackers(connector, scheduler_output, layout) -> None:
     req_ids = cached.req_ids
     if not req_ids:
         return
-    requests = connector._unfinished_requests
     # Which requests resumed after preemption, where upstream looks: a set of ids, or (older vLLM) a flag per request.
     resumed = getattr(cached, "resumed_req_ids", None)
     if resumed is None:
@@ -93,7 +93,7 @@ def advance_trackers(connector, scheduler_output, layout) -> None:
         if flags is None:
             return  # upstream refuses a step that does not say which requests resumed
         resumed = {req_id for req_id, flag in zip(req_ids, flags) if flag}
-    num_groups = len(layout.groups)
+    requests = connector._unfinished_requests
     # Runs for every running request on every step. Most are decoding: no new block, not
     # resumed, not rolled back; they cost the tests below and nothing else (no attachment read,
     # no call). "No new block" is vLLM's None, or a tuple with an empty list per group, which
@@ -101,27 +101,30 @@ def advance_trackers(connector, scheduler_output, layout) -> None:
     # flat table, takes its path and is refused there).
     for req_id, new_block_ids in zip(req_ids, cached.new_block_ids):
         tracker = trackers.get(req_id)
-        request = requests.get(req_id)
-        if tracker is None or request is None:
+        if tracker is None:
             continue
-        rolled_back = request.num_computed_tokens < len(tracker.token_ids)
-        preempted = req_id in resumed
-        if not (rolled_back or preempted) and (
-            new_block_ids is None
-            or (
-                type(new_block_ids) is tuple
-                and len(new_block_ids) == num_groups
-                and not any(new_block_ids)
-                and type(new_block_ids[0]) is not int
-            )
+        request = requests.get(req_id)
+        if request is None:
+            continue
+        if request.num_computed_tokens < len(tracker.token_ids):
+            rolled_back = True
+        elif req_id in resumed:
+            rolled_back = False
+        elif new_block_ids is None or (
+            type(new_block_ids) is tuple
+            and not any(new_block_ids)
+            and len(new_block_ids) == len(layout.groups)
+            and type(new_block_ids[0]) is not int
         ):
             continue
-        groups = BLOCK_TRACKER.get(tracker)
+        else:
+            rolled_back = False
+        groups = tracker.__dict__.get(_BLOCK_TRACKER)
         if groups is None:
             continue
         if rolled_back:
             _roll_back(tracker, groups, request, layout)
-        _apply_new_blocks(groups, new_block_ids, preempted)
+        _apply_new_blocks(groups, new_block_ids, req_id in resumed)
 
 
 def _apply_new_blocks(groups, new_block_ids, preempted) -> None:

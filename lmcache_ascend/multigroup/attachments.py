@@ -23,6 +23,7 @@ __all__ = [
     "REUSE_BLOCKER",
     "SERVER_FORMAT",
     "STEP_BLOCK_IDS",
+    "STEP_READS",
     "Attachment",
 ]
 
@@ -65,6 +66,10 @@ STEP_BLOCK_IDS: Attachment = Attachment("ascend_step_block_ids", "StepBlockIds o
 BLOCK_TRACKER: Attachment = Attachment("ascend_block_tracker", "GroupBlockTracker of the request")
 # On LMCache's in-process connector (LMCacheConnectorV1Impl): its multi-group layout, None for one group.
 CONNECTOR_LAYOUT: Attachment = Attachment("_ascend_multigroup_layout", "MultiGroupLayout or None")
+# On the same connector: what each of its scheduler steps reads, fixed at its first step.
+STEP_READS: Attachment = Attachment(
+    "_ascend_step_reads", "the adapter patch's per-step reads (layout, upstream's table), or its single-group mark"
+)
 # On the LMCache engine's metadata: the chunk planner whose byte shape memory objects take.
 CHUNK_PLANNER: Attachment = Attachment("ascend_chunk_layout", "kv_layout.ChunkPlanner of the registered caches")
 

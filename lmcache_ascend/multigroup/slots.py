@@ -6,7 +6,10 @@ for single-group models, whose ``ReqMeta.slot_mapping`` stays exactly what
 upstream LMCache computes. vLLM pickles the metadata to the workers every step,
 so it carries the block ids of the transferred groups packed in ONE bytes object
 of int64s (a few hundred ids, where the slots were a tensor of one entry per row
-per group) plus scalars; the worker turns them into slots on its device, once per
+per group) plus scalars, among them a 64-bit digest of the group geometry in place
+of the groups: the scheduler and the workers build the same layout from vLLM's
+KV-cache config, and each reader passes its own (checked against the digest with
+one comparison). The worker turns the ids into slots on its device, once per
 request and step (`lmcache_ascend.kv_layout.device_slots.DeviceSlots.from_block_ids`).
 
 Slot semantics (paged row index inside the group's KV tensor, as in vLLM's
@@ -25,28 +28,49 @@ A leaf module (numpy and the standard library only): vLLM's scheduler process im
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
 from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout, chunk_row_window
 from lmcache_ascend.multigroup.tracker import BLOCK_ID_DTYPE, NULL_BLOCK_ID, GroupBlockTracker, unpack_block_ids
 
-__all__ = ["StepBlockIds", "step_block_ids"]
+__all__ = ["GeometryMismatchError", "GroupGeometry", "StepBlockIds", "step_block_ids"]
+
+
+class GeometryMismatchError(ValueError):
+    """A step's block ids were made for other KV-cache groups than the worker's."""
+
+
+class GroupGeometry(Protocol):
+    """The caller's KV-cache groups, as `StepBlockIds` reads them: `MultiGroupLayout` on the
+    scheduler, the worker's ``kv_layout.ChunkPlanner``."""
+
+    @property
+    def groups(self) -> Sequence[KVGroupSpec] | Mapping[int, KVGroupSpec]: ...  # indexed by group index
+
+    @property
+    def transferred_group_indices(self) -> tuple[int, ...]: ...
+
+    @property
+    def geometry_digest(self) -> int: ...
 
 
 @dataclass(frozen=True)
 class StepBlockIds:
     """Block ids of every transferred KV-cache group of one request for one step.
 
-    ``packed_block_ids`` holds, for each transferred group in group order, the
-    ``groups[g].num_blocks(num_tokens)`` blocks that the first ``num_tokens``
-    tokens' rows occupy, as `GroupBlockTracker.packed_block_ids` packs them
-    (`block_ids` reads them, `group_block_ids` splits them, `group_block_counts` counts them). ``num_tokens`` equals
-    ``len(req_meta.token_ids)``; ``chunk_size`` is LMCache's chunk size and
-    ``vllm_cached_tokens`` the prefix vLLM already holds (0 if no load).
+    ``geometry_digest`` names the groups the ids were made for (`specs.geometry_digest` of
+    the scheduler's layout); the groups themselves are not shipped: each reader passes its
+    own layout, whose digest must be the same (`check_geometry`). ``packed_block_ids`` holds,
+    for each transferred group in group order, the ``num_blocks(num_tokens)`` blocks that the
+    first ``num_tokens`` tokens' rows occupy, as `GroupBlockTracker.packed_block_ids` packs
+    them (`block_ids` reads them, `group_block_ids` splits them, `group_block_counts` counts
+    them). ``num_tokens`` equals ``len(req_meta.token_ids)``; ``chunk_size`` is LMCache's
+    chunk size and ``vllm_cached_tokens`` the prefix vLLM already holds (0 if no load).
     """
 
-    groups: tuple[KVGroupSpec, ...]
+    geometry_digest: int
     packed_block_ids: bytes
     num_tokens: int
     chunk_size: int
@@ -57,14 +81,27 @@ class StepBlockIds:
         """The ids of `packed_block_ids`, read-only, without a copy."""
         return unpack_block_ids(self.packed_block_ids)
 
-    @property
-    def transferred_groups(self) -> tuple[int, ...]:
-        return tuple(group.group_index for group in self.groups if group.transferred)
+    def check_geometry(self, layout: GroupGeometry) -> None:
+        """Refuse a reader whose KV-cache groups are not those the ids were made for (one comparison)."""
+        if layout.geometry_digest != self.geometry_digest:
+            raise GeometryMismatchError(
+                f"the step's block ids were made for KV-cache group geometry {self.geometry_digest:016x} "
+                f"(scheduler) but this layout's is {layout.geometry_digest:016x} (worker): the KV-cache group "
+                "geometry (block sizes, compress ratios, sliding windows, which groups move) differs between "
+                "scheduler and worker; both must build their layout from the same vLLM KV-cache config"
+            )
 
-    def group_block_counts(self) -> dict[int, int]:
-        """Transferred group -> how many of the ids are its blocks, in order; checks the total length
-        (without reading the ids)."""
-        counts = {group.group_index: group.num_blocks(self.num_tokens) for group in self.groups if group.transferred}
+    def transferred_groups(self, layout: GroupGeometry) -> tuple[int, ...]:
+        """The groups whose ids are shipped, in order (`layout`'s transferred groups, checked)."""
+        self.check_geometry(layout)
+        return layout.transferred_group_indices
+
+    def group_block_counts(self, layout: GroupGeometry) -> dict[int, int]:
+        """Transferred group -> how many of the ids are its blocks, in order; checks the geometry and the
+        total length (without reading the ids)."""
+        self.check_geometry(layout)
+        groups, num_tokens = layout.groups, self.num_tokens
+        counts = {index: groups[index].num_blocks(num_tokens) for index in layout.transferred_group_indices}
         if len(self.packed_block_ids) != sum(counts.values()) * BLOCK_ID_DTYPE.itemsize:
             shipped = len(self.packed_block_ids) / BLOCK_ID_DTYPE.itemsize
             raise ValueError(
@@ -73,9 +110,9 @@ class StepBlockIds:
             )
         return counts
 
-    def group_block_ids(self) -> dict[int, np.ndarray]:
-        """Transferred group -> its blocks (views of `block_ids`); checks the total length."""
-        counts = self.group_block_counts()
+    def group_block_ids(self, layout: GroupGeometry) -> dict[int, np.ndarray]:
+        """Transferred group -> its blocks (views of `block_ids`); checks the geometry and the total length."""
+        counts = self.group_block_counts(layout)
         block_ids = self.block_ids
         out: dict[int, np.ndarray] = {}
         cursor = 0
@@ -84,7 +121,7 @@ class StepBlockIds:
             cursor += count
         return out
 
-    def store_hole_chunks(self) -> tuple[int, ...]:
+    def store_hole_chunks(self, layout: GroupGeometry) -> tuple[int, ...]:
         """LMCache chunks (index = first token // chunk_size) that a store cannot fill.
 
         A row that a chunk stores (its `chunk_row_window`) but that sits on vLLM's
@@ -92,16 +129,17 @@ class StepBlockIds:
         the buffer held. Callers must not persist these chunks.
         """
         num_chunks = -(-self.num_tokens // self.chunk_size)
+        block_ids = self.group_block_ids(layout)
         if num_chunks == 0:
             return ()
         starts = np.arange(num_chunks, dtype=np.int64) * self.chunk_size
         ends = np.minimum(starts + self.chunk_size, self.num_tokens)
         holes = np.zeros(num_chunks, dtype=bool)
-        for group_index, ids in self.group_block_ids().items():
+        for group_index, ids in block_ids.items():
             null = ids == NULL_BLOCK_ID
             if not null.any():
                 continue
-            group = self.groups[group_index]
+            group = layout.groups[group_index]
             first, count = chunk_row_window(group, starts, ends)
             # Null blocks before each block index: a chunk has a hole when its rows'
             # blocks [first // rpb, ceil((first + count) / rpb)) include one.
@@ -111,13 +149,13 @@ class StepBlockIds:
             holes |= (count > 0) & (nulls_before[end_block] > nulls_before[first_block])
         return tuple(np.flatnonzero(holes).tolist())
 
-    def first_storable_token(self) -> int:
+    def first_storable_token(self, layout: GroupGeometry) -> int:
         """Where a store may start so that no chunk with an unfillable row is persisted.
 
         LMCache's store mask can only skip a leading run of tokens, so every chunk up
         to the last hole chunk is left out: better recomputed later than loaded stale.
         """
-        holes = self.store_hole_chunks()
+        holes = self.store_hole_chunks(layout)
         return min(self.num_tokens, (holes[-1] + 1) * self.chunk_size) if holes else 0
 
 
@@ -148,7 +186,7 @@ def step_block_ids(
             )
         counts.append(needed)
     return StepBlockIds(
-        groups=layout.groups,
+        geometry_digest=layout.geometry_digest,
         packed_block_ids=tracker.packed_block_ids(indices, tuple(counts)),
         num_tokens=num_tokens,
         chunk_size=chunk_size,

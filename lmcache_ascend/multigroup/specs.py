@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -33,6 +34,7 @@ __all__ = [
     "RowWindow",
     "cached_row_count",
     "chunk_row_window",
+    "geometry_digest",
     "layout_from_groups",
     "layout_from_kv_cache_config",
     "sliding_tail_first_row",
@@ -162,6 +164,21 @@ def cached_row_count(group: KVGroupSpec, cached_tokens: int, num_rows: int) -> i
     return max(0, min(cached_tokens // group.compress_ratio, num_rows))
 
 
+def geometry_digest(groups: Iterable[KVGroupSpec]) -> int:
+    """A 64-bit digest of every field of `groups` (in group order), the same in every process.
+
+    The scheduler and the workers each build their groups from vLLM's KV-cache config; a
+    step's block ids carry the scheduler's digest (`StepBlockIds.geometry_digest`) instead of
+    the groups, and a worker compares it with its own. Each field is written as its name and
+    ``repr`` (ints, strings, bools and None only), so no per-process string hashing enters it.
+    """
+    text = "|".join(
+        ";".join(f"{field.name}={getattr(group, field.name)!r}" for field in dataclasses.fields(group))
+        for group in sorted(groups, key=lambda group: group.group_index)
+    )
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
 @dataclass(frozen=True)
 class MultiGroupLayout:
     """All KV-cache groups of a model plus the settings that shape transfers.
@@ -207,6 +224,11 @@ class MultiGroupLayout:
     @functools.cached_property
     def transferred_group_indices(self) -> tuple[int, ...]:
         return tuple(group.group_index for group in self.groups if group.transferred)
+
+    @functools.cached_property
+    def geometry_digest(self) -> int:
+        """`geometry_digest` of the groups: what a step's block ids carry in their place."""
+        return geometry_digest(self.groups)
 
     @functools.cached_property
     def block_sizes(self) -> tuple[int, ...]:

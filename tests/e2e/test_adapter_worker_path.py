@@ -163,7 +163,7 @@ def test_wait_for_save_then_start_load_kv_round_trips_every_group(patches, pipel
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
     from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
-    from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
+    from lmcache_ascend.multigroup.attachments import CONNECTOR_LAYOUT, STEP_BLOCK_IDS
     from tests.multigroup.cpu_slots import raw_slot_mapping_for_group
 
     fixture = dsv4_ascend_kv_cache_config()
@@ -172,7 +172,9 @@ def test_wait_for_save_then_start_load_kv_round_trips_every_group(patches, pipel
     store_meta = driver.start(PROMPT_TOKENS, BLOCK_IDS)
     (request,) = store_meta.requests
     step_blocks = STEP_BLOCK_IDS.get(request)
-    assert step_blocks is not None and len(step_blocks.groups) == 11
+    layout = CONNECTOR_LAYOUT.get(scheduler)
+    assert step_blocks is not None and layout.num_groups == 11
+    assert step_blocks.geometry_digest == layout.geometry_digest  # the groups themselves are not shipped
 
     config, engine = _engine()
     try:
@@ -311,7 +313,7 @@ def test_chunks_with_rows_on_the_null_block_are_not_persisted(patches, pipeline_
     """
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
-    from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
+    from lmcache_ascend.multigroup.attachments import CONNECTOR_LAYOUT, STEP_BLOCK_IDS
 
     fixture = dsv4_ascend_kv_cache_config()
     scheduler = make_connector_impl(fixture, chunk_size=CHUNK)
@@ -319,7 +321,7 @@ def test_chunks_with_rows_on_the_null_block_are_not_persisted(patches, pipeline_
     block_ids_with_null = ([0, 5],) + BLOCK_IDS[1:]
     store_meta = driver.start(PROMPT_TOKENS, block_ids_with_null)
     (request,) = store_meta.requests
-    assert STEP_BLOCK_IDS.get(request).store_hole_chunks() == (0, 1)
+    assert STEP_BLOCK_IDS.get(request).store_hole_chunks(CONNECTOR_LAYOUT.get(scheduler)) == (0, 1)
 
     config, engine = _engine()
     try:

@@ -33,7 +33,7 @@ GROUPS = (
 
 
 def _requests(seed: int):
-    """(requests for `DeviceSlots.for_requests`, the registered groups) of a random step."""
+    """(requests for `DeviceSlots.for_requests`, the model's groups) of a random step."""
     draw = random.Random(seed)
     kv_groups = layout_from_groups(GROUPS, 16, StateGroupPolicy())
     requests = {}
@@ -47,7 +47,7 @@ def _requests(seed: int):
         store = draw.random() < 0.5
         cached = 0 if store or not tokens else draw.randint(0, tokens)  # may end inside a block
         requests[(f"r{index}", store)] = (step, cached)
-    return requests, kv_groups.groups_by_index()
+    return requests, kv_groups
 
 
 def _poisoned_expansion(monkeypatch, device: torch.device) -> None:

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from lmcache_ascend.kv_layout.device_slots import DeviceSlots
-from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
-from lmcache_ascend.multigroup.connector_state import MultiGroupConfigError
+from lmcache_ascend.multigroup.attachments import CONNECTOR_LAYOUT, STEP_BLOCK_IDS
+from lmcache_ascend.multigroup.connector_state import MultiGroupConfigError, layout_for_connector
 from lmcache_ascend.patches import State, registry
 from tests.fixtures.kv_cache_configs import (
     DSV4_ASCEND_STATE_GROUPS,
@@ -48,10 +48,14 @@ def _specs(fixture):
     return out
 
 
-def _resolve(step, cached_tokens=0):
-    """Per group, the slots a worker resolves from the shipped block ids (CPU device)."""
-    groups = {group.group_index: group for group in step.groups}
-    device_slots = DeviceSlots.from_block_ids(step, groups, torch.device("cpu"), cached_tokens)
+def _layout_of(fixture):
+    """The layout a worker builds from the fixture's KV-cache config (the scheduler's, rebuilt)."""
+    return layout_for_connector(fixture.kv_cache_config, fixture.vllm_block_size, None)
+
+
+def _resolve(step, layout, cached_tokens=0):
+    """Per group, the slots a worker with `layout` resolves from the shipped block ids (CPU device)."""
+    device_slots = DeviceSlots.from_block_ids(step, layout, torch.device("cpu"), cached_tokens)
     flat = device_slots.slots.tolist()
     return {g: flat[device_slots.offsets[g] : device_slots.offsets[g] + device_slots.lengths[g]] for g in device_slots.offsets}
 
@@ -64,15 +68,17 @@ def _assert_rows(meta, fixture, block_ids_by_group, chunk_size=256, vllm_cached=
     assert step.vllm_cached_tokens == vllm_cached
     assert isinstance(step.packed_block_ids, bytes)  # what is pickled to the workers
     assert isinstance(step.block_ids, np.ndarray) and step.block_ids.dtype == np.int64
-    store, load = _resolve(step), _resolve(step, step.vllm_cached_tokens)
+    layout = _layout_of(fixture)
+    assert step.geometry_digest == layout.geometry_digest
+    store, load = _resolve(step, layout), _resolve(step, layout, step.vllm_cached_tokens)
     for group, (block_size, ratio, window) in enumerate(_specs(fixture)):
         if group in STATE_GROUPS and fixture.name.startswith("dsv4-ascend"):
-            assert group not in store and group not in step.group_block_ids()
+            assert group not in store and group not in step.group_block_ids(layout)
             continue
         ids = block_ids_by_group[group]
-        assert step.group_block_ids()[group].tolist() == ids[: step.groups[group].num_blocks(num_tokens)]
+        assert step.group_block_ids(layout)[group].tolist() == ids[: layout.groups[group].num_blocks(num_tokens)]
         assert store[group] == reference_raw_slots(block_size, ratio, ids, num_tokens)
-        keep = rows_in_chunk_windows(step.groups[group], len(store[group]), chunk_size)
+        keep = rows_in_chunk_windows(layout.groups[group], len(store[group]), chunk_size)
         assert [slot if kept else -1 for slot, kept in zip(store[group], keep)] == reference_store_slots(
             block_size, ratio, window, ids, num_tokens, chunk_size
         )
@@ -111,7 +117,7 @@ def test_dsv4_request_life_tracks_every_group_row_by_row(patched):
     assert tracker.ascend_block_tracker.block_ids_by_group == [list(t) for t in tables_512]
     assert tracker.allocated_block_ids == tables_512[0]  # upstream's own field is untouched
     slots, store, _ = _assert_rows(req, fixture, tables_512)
-    assert slots.transferred_groups == (0, 1, 2, 3, 8)
+    assert slots.transferred_groups(_layout_of(fixture)) == (0, 1, 2, 3, 8)
     # Upstream's own slot mapping: group 2's table (128-token blocks divide the chunk), owning its memory.
     assert req.slot_mapping.tolist() == reference_raw_slots(128, 1, tables_512[2], 512)
     assert req.slot_mapping.untyped_storage().nbytes() == 512 * 8
@@ -233,8 +239,9 @@ def test_state_groups_transferred_when_skipping_is_off(patched, monkeypatch):
     tables = _dsv4_tables(1, 256, one_state_block=False)
     (req,) = RequestDriver(impl, "r", list(range(1, 257))).start(256, tables).requests
     slots = STEP_BLOCK_IDS.get(req)
-    assert slots.transferred_groups == tuple(range(11))
-    assert _resolve(slots)[4] == reference_raw_slots(128, 1, tables[4], 256)
+    layout = CONNECTOR_LAYOUT.get(impl)
+    assert slots.transferred_groups(layout) == tuple(range(11))
+    assert _resolve(slots, layout)[4] == reference_raw_slots(128, 1, tables[4], 256)
 
 
 def test_metadata_with_block_ids_survives_pickling_to_workers(patched):
@@ -247,9 +254,10 @@ def test_metadata_with_block_ids_survives_pickling_to_workers(patched):
     payload = pickle.dumps(meta)
     copy = pickle.loads(payload)
     original, restored = STEP_BLOCK_IDS.get(meta.requests[0]), STEP_BLOCK_IDS.get(copy.requests[0])
-    assert restored.groups == original.groups and restored.num_tokens == original.num_tokens
+    assert restored.geometry_digest == original.geometry_digest and restored.num_tokens == original.num_tokens
     assert restored.block_ids.tolist() == original.block_ids.tolist()
-    assert _resolve(restored) == _resolve(original)
+    layout = _layout_of(fixture)
+    assert _resolve(restored, layout) == _resolve(original, layout)
     # No tensor of the scheduler's beyond upstream's own slot mapping (512 entries, owning its
     # memory): the 16384-token C128 table no longer travels, nor any per-group slot tensor.
     assert len(payload) < 512 * 8 + 8 * 1024
@@ -405,3 +413,93 @@ def test_steps_read_by_position_and_by_name_agree_with_vllm_tables(patched, make
     assert by_position == by_name
     # Steps that built metadata: A's prefill, B's prefill, both after A's rollback, B's resume.
     assert sum(1 for step in by_position for entry in step if len(entry) > 4) == 5
+
+
+def _cuda_tables(num_tokens: int) -> tuple[list[int], ...]:
+    """Blocks of DeepSeek-V4's five CUDA groups (256/64/64/4/8 tokens) for `num_tokens` tokens."""
+    return tuple(list(range(1000 * g + 1, 1000 * g + 1 + -(-num_tokens // b))) for g, b in enumerate((256, 64, 64, 4, 8)))
+
+
+def _first_step_with_a_load_spec(fixture, kv_role: str, can_load: bool):
+    """A new request's first step on a connector that saves nothing (LMCache's force_skip_save),
+    with a load spec that can or cannot load (LMCache holds 256 tokens, vLLM none)."""
+    from lmcache.integration.vllm.vllm_v1_adapter import LoadSpec
+
+    impl = make_connector_impl(fixture, chunk_size=256)
+    impl.kv_role, impl.force_skip_save = kv_role, True
+    driver = RequestDriver(impl, "req-load", list(range(1, 513)))
+    impl.load_specs["req-load"] = LoadSpec(vllm_cached_tokens=0, lmcache_cached_tokens=256, can_load=can_load)
+    driver.request.num_computed_tokens = 0
+    impl.update_state_after_alloc(driver.request, 256 if can_load else 0)
+    impl.update_state_after_alloc = lambda request, num_external_tokens: None  # (done: the driver's call is not vLLM's)
+    tables = _dsv4_tables(1, 512)
+    return impl, tables, driver.start(512, tables)
+
+
+def _decision(meta):
+    """What upstream decided per request: the tokens it names and its save and load specs."""
+    return [(req.req_id, list(req.token_ids), req.save_spec, req.load_spec) for req in meta.requests]
+
+
+@pytest.mark.parametrize("kv_role", ["kv_both", "kv_consumer", "kv_producer"])
+@pytest.mark.parametrize("can_load", [False, True])
+def test_block_ids_only_for_metadata_that_stores_or_loads(kv_role, can_load):
+    """Upstream returns a ReqMeta that moves nothing when it carries a load spec that cannot load
+    (for the workers' metrics) and saves nothing: no block ids are built for it, unless the worker
+    stores it anyway (a producer stores whatever its save spec says). Upstream's decisions are the
+    same with and without the patch."""
+    fixture = dsv4_ascend_kv_cache_config()
+    _, _, upstream = _first_step_with_a_load_spec(fixture, kv_role, can_load)
+    assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
+    try:
+        _, tables, meta = _first_step_with_a_load_spec(fixture, kv_role, can_load)
+    finally:
+        assert registry.revert(PATCH) is State.REVERTED
+    assert _decision(meta) == _decision(upstream)
+    (req,) = meta.requests
+    assert not req.save_spec.can_save and req.load_spec.can_load is can_load
+    if can_load or kv_role == "kv_producer":
+        _assert_rows(req, fixture, tables, vllm_cached=0)
+    else:
+        assert STEP_BLOCK_IDS.get(req) is None
+
+
+def test_step_hands_upstream_the_table_block_size_and_restores_vllm_s(patched):
+    """For the step, upstream's loop passes the block size of the table it is given; the connector's
+    own (vLLM's) block size is back after the step, also when upstream raises."""
+    from lmcache.integration.vllm.vllm_v1_adapter import ReqMeta
+
+    fixture = dsv4_cuda_kv_cache_config()  # vLLM's block size 4, upstream's table: group 0's 256-token blocks
+    impl = make_connector_impl(fixture, chunk_size=256)
+    vllm_block_size = impl._block_size
+    seen = []
+    installed = ReqMeta.__dict__["from_request_tracker"]
+
+    def spy(tracker, block_size, *args, **kwargs):
+        seen.append((block_size, impl._block_size))
+        return installed.__func__(tracker, block_size, *args, **kwargs)
+
+    ReqMeta.from_request_tracker = staticmethod(spy)
+    try:
+        driver = RequestDriver(impl, "r", list(range(1, 513)))
+        tables = _cuda_tables(512)
+        (req,) = driver.start(512, tables).requests
+    finally:
+        ReqMeta.from_request_tracker = installed
+    table = CONNECTOR_LAYOUT.get(impl).upstream_table(256)
+    assert (table.group_index, table.block_size, vllm_block_size) == (0, 256, 4)
+    assert seen == [(256, 256)] and impl._block_size == 4
+    assert req.slot_mapping.tolist() == reference_raw_slots(256, 1, tables[0], 512)
+    assert impl._request_trackers["r"].allocated_block_ids == tables[0]
+    _assert_rows(req, fixture, tables)
+
+    def failing(tracker, block_size, *args, **kwargs):
+        raise RuntimeError("upstream failed")
+
+    ReqMeta.from_request_tracker = staticmethod(failing)
+    try:
+        with pytest.raises(RuntimeError, match="upstream failed"):
+            RequestDriver(impl, "s", list(range(1, 257))).start(256, _cuda_tables(256))
+    finally:
+        ReqMeta.from_request_tracker = installed
+    assert impl._block_size == vllm_block_size

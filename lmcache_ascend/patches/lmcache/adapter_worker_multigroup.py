@@ -75,13 +75,25 @@ def start_load_kv_wrapper(wrapped, instance, args, kwargs):
 def wait_for_save_wrapper(wrapped, instance, args, kwargs):
     requests = _step_requests(instance)
     storing = [request for request in requests if _stores(instance, request)]
-    _skip_unfillable_chunks(instance, storing)
+    _skip_unfillable_chunks(instance, storing, _worker_groups(instance))
     return _run_with_request_slots(instance, requests, wrapped, args, kwargs,
                                    stores=[request.req_id for request in storing])
 
 
-def _skip_unfillable_chunks(adapter, storing) -> None:
-    """Raise each storing request's store start past its last chunk with a row on vLLM's null block."""
+def _worker_groups(adapter):
+    """This worker's KV-cache groups, against which the scheduler's block ids are read: the bound
+    multi-group connector's chunk planner, else the adapter's multi-group layout (None: one group)."""
+    from lmcache_ascend.multigroup.attachments import CONNECTOR_LAYOUT
+
+    connector = _bound_connector(adapter)
+    if connector is not None and connector.layout is not None:
+        return connector.layout
+    return CONNECTOR_LAYOUT.get(adapter)
+
+
+def _skip_unfillable_chunks(adapter, storing, groups) -> None:
+    """Raise each storing request's store start past its last chunk with a row on vLLM's null block
+    (`groups`: this worker's KV-cache groups, `_worker_groups`)."""
     from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 
     producer = getattr(adapter, "kv_role", None) == "kv_producer"
@@ -89,8 +101,13 @@ def _skip_unfillable_chunks(adapter, storing) -> None:
         blocks = STEP_BLOCK_IDS.get(request)
         if blocks is None:
             continue
+        if groups is None:
+            raise ValueError(
+                f"request {request.req_id}: the scheduler shipped per-group block ids but this worker knows no "
+                "multi-group layout (is the lmcache-adapter-multigroup patch applied on the worker?)"
+            )
         save_spec = request.save_spec
-        first = blocks.first_storable_token()
+        first = blocks.first_storable_token(groups)
         # A producer starts at min(skip_leading_tokens, disagg_spec.num_transferred_tokens):
         # both must be raised, or upstream lowers the start below the holes again.
         disagg_spec = getattr(request, "disagg_spec", None) if producer else None
