@@ -36,10 +36,10 @@ import numpy as np
 import torch
 
 from lmcache_ascend.kernels import launch_counter
-from lmcache_ascend.kv_layout import ChunkMover, plan_kv_caches
-from lmcache_ascend.kv_layout.device_slots import DeviceSlots
+from lmcache_ascend.kv_worker import ChunkMover, plan_kv_caches
+from lmcache_ascend.kv_worker.device_slots import DeviceSlots
 from lmcache_ascend.multigroup.slots import step_block_ids
-from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout
+from lmcache_ascend.multigroup.specs import KVGroupSpec, KVGroups
 from lmcache_ascend.multigroup.tracker import GroupBlockTracker
 from tests.multigroup.cpu_slots import build_group_slot_mappings
 
@@ -79,7 +79,7 @@ class RequestCase:
         groups = tuple(
             KVGroupSpec(index, cls, block, ratio, window) for index, (cls, block, ratio, window, _) in enumerate(groups_spec)
         )
-        self.layout = MultiGroupLayout(groups, vllm_block_size=min(g.block_size for g in groups))
+        self.kv_groups = KVGroups(groups, vllm_block_size=min(g.block_size for g in groups))
         block_ids, kv_caches, plane_groups = [], {}, {}
         for index, (group, (_, _, _, _, planes)) in enumerate(zip(groups, groups_spec)):
             needed = -(-group.num_rows(tokens) // group.rows_per_block)
@@ -96,14 +96,14 @@ class RequestCase:
                 kv_caches[f"layer{layer}.group{index}"] = tuple(tensors)
                 plane_groups[f"layer{layer}.group{index}"] = (index,)
         self.kv_caches = kv_caches
-        _, self.chunk_layout = plan_kv_caches(kv_caches, plane_groups, self.layout.groups_by_index(), chunk_size)
+        _, self.planner = plan_kv_caches(kv_caches, plane_groups, self.kv_groups.groups_by_index(), chunk_size)
         tracker = GroupBlockTracker.for_new_request(tuple(block_ids), len(groups))
-        self.group_slots = build_group_slot_mappings(self.layout, tracker, tokens, chunk_size)
-        self.step = step_block_ids(self.layout, tracker, tokens, chunk_size)
-        self.mover = ChunkMover(self.chunk_layout)
+        self.group_slots = build_group_slot_mappings(self.kv_groups, tracker, tokens, chunk_size)
+        self.step = step_block_ids(self.kv_groups, tracker, tokens, chunk_size)
+        self.mover = ChunkMover(self.planner)
         self.handed_over = self.hand_over()
         self.starts = list(range(0, tokens, chunk_size))
-        total = self.chunk_layout.full_plan.total_bytes
+        total = self.planner.full_plan.total_bytes
         self.chunk_bytes = total
         self.device_pool = torch.empty(len(self.starts) * total, dtype=torch.uint8, device=device)
         self.host_pool = torch.empty(len(self.starts) * total, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
@@ -114,7 +114,7 @@ class RequestCase:
         slots = self.mover.upload(self.group_slots.transferred_slot_mappings())
         starts = np.asarray(self.starts, dtype=np.int64)
         payload = 0
-        for group, (_, counts) in zip(self.chunk_layout.layer_groups, self.mover.plane_rows(slots, starts, starts + chunk_size)):
+        for group, (_, counts) in zip(self.planner.layer_groups, self.mover.plane_rows(slots, starts, starts + chunk_size)):
             row_bytes = np.asarray([plane.row_bytes for plane in group.planes], dtype=np.int64)
             payload += int((counts * row_bytes[None, :]).sum()) * group.num_layers
         self.payload = payload
@@ -125,7 +125,7 @@ class RequestCase:
     # ---- the paths -------------------------------------------------------------------
     def hand_over(self) -> DeviceSlots:
         """The request's slots on the device from its block ids, as the connector resolves them."""
-        return DeviceSlots.from_block_ids(self.step, self.chunk_layout, self.device)
+        return DeviceSlots.from_block_ids(self.step, self.planner, self.device)
 
     def timed_hand_over(self) -> int:
         self.hand_over()
@@ -148,7 +148,7 @@ class RequestCase:
             pick = self.group_slots.store_slot_mapping if store else self.group_slots.load_slot_mapping
             mappings = {g: pick(g).to(device=self.device, dtype=torch.int64).contiguous()
                         for g in self.group_slots.transferred_groups}
-            slots = DeviceSlots.upload(mappings, self.layout.groups_by_index(), self.device)
+            slots = DeviceSlots.upload(mappings, self.kv_groups.groups_by_index(), self.device)
             if chunk.device == self.device:
                 launches += self.mover.move(chunk, start, start + self.chunk_size, slots, store=store)
             elif store:
@@ -318,7 +318,7 @@ def staged_timeline(case: "RequestCase", store: bool, calls: int = 9, before=Non
     (the profiler slows the host several times): when the first copy starts after the call begins, the
     idle gaps between copies, the copy engine's busy time, and the host's wait after the last copy;
     medians of `calls` requests (each right after `before()`, where given, and a synchronization)."""
-    from lmcache_ascend.kv_layout import staging
+    from lmcache_ascend.kv_worker import staging
 
     original = staging._StagedWaves.copy
     recorded: list = []
@@ -371,7 +371,7 @@ def measure_request(device: torch.device, tokens: int = 16384, chunk_size: int =
     for name in LAYOUTS:
         case = RequestCase(name, tokens, chunk_size, device)
         entry = {"payload_bytes": case.payload, "chunks": len(case.starts),
-                 "layer_groups": len(case.chunk_layout.layer_groups), "check": case.check()}
+                 "layer_groups": len(case.planner.layer_groups), "check": case.check()}
         entry["host_breakdown_us"] = host_breakdown(case)
         print(f"  request {name} host breakdown (us per request): {entry['host_breakdown_us']}", flush=True)
         # Diagnostics: a failure here is reported, and the timed comparison still runs.

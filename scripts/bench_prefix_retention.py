@@ -38,9 +38,9 @@ VARIANTS = (
 )
 
 
-def _layout_and_workload(quick: bool, compressed_storage_block: int | None = None):
+def _hybrid_and_workload(quick: bool, compressed_storage_block: int | None = None):
     from lmcache_ascend.prefix_cache.block_sizes import compressed_kv_block_size, prefix_block_size
-    from tests.prefix_cache.harness import HybridLayout, ReplayWorkload
+    from tests.prefix_cache.harness import HybridModel, ReplayWorkload
 
     # MLA group (128-token blocks), sliding window 128 in 64-token blocks, and a
     # compressed group whose block covers 1024 prompt tokens (e.g. 8 rows x ratio 128).
@@ -50,7 +50,7 @@ def _layout_and_workload(quick: bool, compressed_storage_block: int | None = Non
         # rows covers storage x 128 prompt tokens (VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE).
         rows = compressed_kv_block_size(128, compressed_storage_block)
         compressed_tokens = prefix_block_size(_CompressedSpec(rows))
-    layout = HybridLayout(
+    hybrid = HybridModel(
         mla_block_size=128,
         sliding_window_block_size=64,
         sliding_window=128,
@@ -65,7 +65,7 @@ def _layout_and_workload(quick: bool, compressed_storage_block: int | None = Non
         prompt_tokens=8192,
         prompt_jitter=255,
     )
-    return layout, workload
+    return hybrid, workload
 
 
 class _CompressedSpec:
@@ -93,20 +93,20 @@ def worker(patched: bool, quick: bool, compressed_storage_block: int | None = No
 
     from tests.prefix_cache.harness import hybrid_config, make_manager, run_replay
 
-    layout, workload = _layout_and_workload(quick, compressed_storage_block)
+    hybrid, workload = _hybrid_and_workload(quick, compressed_storage_block)
     if not patched:
         from lmcache_ascend.patches import registry
 
         applied = [name for name in CORE_BACKPORT_PATCHES if registry.state(name).value == "applied"]
         if applied:
             raise SystemExit(f"unpatched run has patches applied: {applied}")
-    manager = make_manager(hybrid_config(layout), layout.scheduler_block_size, layout.hash_block_size)
+    manager = make_manager(hybrid_config(hybrid), hybrid.scheduler_block_size, hybrid.hash_block_size)
     started = time.perf_counter()
-    stats = run_replay(manager, workload, layout.hash_block_size)
+    stats = run_replay(manager, workload, hybrid.hash_block_size)
     return {
         "vllm": vllm.__version__,
         "patches": states,
-        "layout": asdict(layout),
+        "layout": asdict(hybrid),
         "workload": asdict(workload),
         "requests": stats.requests,
         "prompt_tokens": stats.prompt_tokens,
@@ -187,7 +187,7 @@ def main() -> int:
         patched_a, native_b = pair
         compressed_rows += pair
         print(
-            f"{storage:<16} {patched_a['layout']['compressed_block_tokens']:>12} {patched_a['hit_rate'] * 100:>9.2f}% "
+            f"{storage:<16} {patched_a['hybrid']['compressed_block_tokens']:>12} {patched_a['hit_rate'] * 100:>9.2f}% "
             f"{native_b['hit_rate'] * 100:>9.2f}% {(patched_a['hit_rate'] - native_b['hit_rate']) * 100:>+9.2f}"
         )
     output = Path(args.output)

@@ -32,9 +32,9 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from lmcache_ascend.kv_layout.device_slots import DeviceSlots  # noqa: E402
+from lmcache_ascend.kv_worker.device_slots import DeviceSlots  # noqa: E402
 from lmcache_ascend.multigroup.slots import step_block_ids  # noqa: E402
-from lmcache_ascend.multigroup.specs import KVGroupSpec, layout_from_groups  # noqa: E402
+from lmcache_ascend.multigroup.specs import KVGroupSpec, kv_groups_from_specs  # noqa: E402
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy  # noqa: E402
 from lmcache_ascend.multigroup.tracker import GroupBlockTracker  # noqa: E402
 from tests.multigroup.cpu_slots import build_group_slot_mappings  # noqa: E402
@@ -59,21 +59,21 @@ def sync(device: torch.device) -> None:
 
 def case_setup(name: str, tokens: int):
     groups = tuple(KVGroupSpec(i, c, b, r, w, is_state=s) for i, (c, b, r, w, s) in enumerate(LAYOUTS[name]))
-    layout = layout_from_groups(groups, min(g.block_size for g in groups), StateGroupPolicy())
+    kv_groups = kv_groups_from_specs(groups, min(g.block_size for g in groups), StateGroupPolicy())
     tables = tuple([1 + 100_000 * g.group_index + i for i in range(g.num_blocks(tokens))] for g in groups)
-    return layout, tables
+    return kv_groups, tables
 
 
-def run_once(kind: str, layout, tables, tokens: int, device: torch.device) -> dict[str, float]:
-    tracker = GroupBlockTracker.for_new_request(tables, layout.num_groups)  # fresh: nothing cached
-    registered = layout.groups_by_index()
+def run_once(kind: str, kv_groups, tables, tokens: int, device: torch.device) -> dict[str, float]:
+    tracker = GroupBlockTracker.for_new_request(tables, kv_groups.num_groups)  # fresh: nothing cached
+    registered = kv_groups.groups_by_index()
     cached = tokens // 2
     times = {}
     begin = time.perf_counter()
     if kind == "old":
-        shipped = build_group_slot_mappings(layout, tracker, tokens, CHUNK, cached)
+        shipped = build_group_slot_mappings(kv_groups, tracker, tokens, CHUNK, cached)
     else:
-        shipped = step_block_ids(layout, tracker, tokens, CHUNK, cached)
+        shipped = step_block_ids(kv_groups, tracker, tokens, CHUNK, cached)
     times["scheduler"] = time.perf_counter() - begin
     begin = time.perf_counter()
     payload = pickle.dumps(shipped, protocol=pickle.HIGHEST_PROTOCOL)
@@ -87,8 +87,8 @@ def run_once(kind: str, layout, tables, tokens: int, device: torch.device) -> di
         load = DeviceSlots.upload(received.transferred_slot_mappings(), registered, device, received.vllm_cached_tokens)
     else:
         backend = "torch" if kind == "ours_host" else None
-        store = DeviceSlots.from_block_ids(received, layout, device, backend=backend)
-        load = DeviceSlots.from_block_ids(received, layout, device, received.vllm_cached_tokens, backend=backend)
+        store = DeviceSlots.from_block_ids(received, kv_groups, device, backend=backend)
+        load = DeviceSlots.from_block_ids(received, kv_groups, device, received.vllm_cached_tokens, backend=backend)
     sync(device)
     times["worker"] = time.perf_counter() - begin
     times["_slots"] = (store.slots, load.slots)
@@ -105,17 +105,17 @@ def main() -> int:
     device = torch.device(args.device)
     rows = []
     for name in LAYOUTS:
-        layout, tables = case_setup(name, args.tokens)
+        kv_groups, tables = case_setup(name, args.tokens)
         # Same slots, every element, before timing.
-        old = run_once("old", layout, tables, args.tokens, device)
+        old = run_once("old", kv_groups, tables, args.tokens, device)
         for kind in KINDS[1:]:
-            for a, b in zip(old["_slots"], run_once(kind, layout, tables, args.tokens, device)["_slots"]):
+            for a, b in zip(old["_slots"], run_once(kind, kv_groups, tables, args.tokens, device)["_slots"]):
                 assert torch.equal(a.cpu(), b.cpu()), f"{name}: {kind}'s slots differ from the old builder's"
         samples = {kind: [] for kind in KINDS}
         for round_index in range(args.rounds):
             shift = round_index % len(KINDS)
             for kind in KINDS[shift:] + KINDS[:shift]:
-                samples[kind].append(run_once(kind, layout, tables, args.tokens, device))
+                samples[kind].append(run_once(kind, kv_groups, tables, args.tokens, device))
         for part in ("scheduler", "pickle", "worker"):
             row = {"layout": name, "part": part}
             for kind in KINDS:
@@ -129,15 +129,15 @@ def main() -> int:
         rows.append({"layout": name, "part": "bytes", **{kind: samples[kind][0]["bytes"] for kind in KINDS}})
     print(f"slots of one {args.tokens}-token request (chunk {CHUNK}, load with half cached), device {device}, "
           f"{args.rounds} rounds interleaved; us: median [q1-q3]; ratio: median of per-round ours / old")
-    print(f"{'layout':<17} {'part':<9} | {'old us':>24} | {'ours_host us':>24} | {'ours us':>24} | {'ours/old':>18}")
+    print(f"{'kv_groups':<17} {'part':<9} | {'old us':>24} | {'ours_host us':>24} | {'ours us':>24} | {'ours/old':>18}")
     for row in rows:
         if row["part"] == "bytes":
-            print(f"{row['layout']:<17} {'pickled':<9} | {row['old']:>21} B  | {row['ours_host']:>21} B  | "
+            print(f"{row['kv_groups']:<17} {'pickled':<9} | {row['old']:>21} B  | {row['ours_host']:>21} B  | "
                   f"{row['ours']:>21} B  |")
             continue
         cell = lambda e: f"{e['median']:.1f} [{e['q1']:.1f}-{e['q3']:.1f}]".rjust(24)  # noqa: E731
         ratio = row["ratio"]
-        print(f"{row['layout']:<17} {row['part']:<9} | {cell(row['old'])} | {cell(row['ours_host'])} | {cell(row['ours'])} | "
+        print(f"{row['kv_groups']:<17} {row['part']:<9} | {cell(row['old'])} | {cell(row['ours_host'])} | {cell(row['ours'])} | "
               f"{ratio['median']:.2f} [{ratio['q1']:.2f}-{ratio['q3']:.2f}]".rstrip())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

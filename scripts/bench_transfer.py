@@ -55,7 +55,7 @@ from lmcache_ascend.kernels import (  # noqa: E402
 
 @dataclass
 class Row:
-    layout: str
+    case_name: str
     tokens: int
     direction: str
     payload_bytes: int
@@ -98,7 +98,7 @@ MLA_PLANES = (PlaneSpec("mla_latent_rope_bf16", torch.bfloat16, 576, 64, 1),)
 MLA_LAYERS = 61
 
 
-def build_layout(planes: tuple[PlaneSpec, ...], layers: int, tokens: int, device: torch.device, blob: bool):
+def build_case(planes: tuple[PlaneSpec, ...], layers: int, tokens: int, device: torch.device, blob: bool):
     """Caches filled with random bytes, scattered block tables, slots; all planes valid."""
     generator = torch.Generator(device="cpu").manual_seed(tokens)
     counts = [-(-tokens // spec.compress_ratio) for spec in planes]
@@ -129,10 +129,10 @@ def build_layout(planes: tuple[PlaneSpec, ...], layers: int, tokens: int, device
         block_ids = torch.randperm(num_blocks - 1, generator=generator)[: -(-count // spec.block_size)] + 1
         positions = torch.arange(count)
         slots.append(PlaneSlots((block_ids[positions // spec.block_size] * spec.block_size + positions % spec.block_size).to(device)))
-    layout = group.chunk_layout([s.count for s in slots])
-    chunk = torch.randint(0, 256, (layout.total_bytes,), dtype=torch.uint8, device=device)
+    regions = group.chunk_regions([s.count for s in slots])
+    chunk = torch.randint(0, 256, (regions.total_bytes,), dtype=torch.uint8, device=device)
     payload = sum(count * plane.row_bytes for count, plane in zip(counts, group.planes)) * layers
-    return group, tuple(slots), chunk, layout, payload
+    return group, tuple(slots), chunk, regions, payload
 
 
 def synchronize(device: torch.device) -> None:
@@ -185,7 +185,7 @@ def profile_kernels(fn, name_contains: tuple[str, ...] | None = None, with_copie
     return launches, total
 
 
-def index_path(group, slots, chunk, layout, store: bool):
+def index_path(group, slots, chunk, regions, store: bool):
     """The torch baseline: one index op per (layer, plane), natural dtypes.
 
     Contiguous caches: index_select(out=) / index_copy_ on [rows, row] views; blob
@@ -196,7 +196,7 @@ def index_path(group, slots, chunk, layout, store: bool):
     for layer in range(group.layer_count):
         for index, (plane, plane_slots) in enumerate(zip(group.planes, slots)):
             cache = plane.caches[layer]
-            start = layout.region_offset(layer, index)
+            start = regions.region_offset(layer, index)
             region_bytes = chunk[start : start + plane_slots.count * plane.row_bytes]
             if cache.is_contiguous():
                 rows = cache.reshape(-1, plane.row_bytes // cache.element_size())
@@ -223,13 +223,13 @@ def index_path(group, slots, chunk, layout, store: bool):
     return run
 
 
-def exploded(group, slots, chunk, layout, store: bool, backend: str | None):
+def exploded(group, slots, chunk, regions, store: bool, backend: str | None):
     """Our op with one launch per (layer, plane): what an unbundled layout costs."""
     pieces = []
     for layer in range(group.layer_count):
         for index, plane in enumerate(group.planes):
             single = PagedGroup((PagedPlane((plane.caches[layer],), plane.block_size, plane.row_bytes),))
-            pieces.append((single, slots[index], layout.region_offset(layer, index)))
+            pieces.append((single, slots[index], regions.region_offset(layer, index)))
 
     def run():
         for single, plane_slots, offset in pieces:
@@ -242,7 +242,7 @@ def check_triton_on_device(examples: int, device: torch.device) -> dict:
     """Triton vs the independent expectation and vs the torch reference, byte exact, on `device`."""
     from hypothesis import HealthCheck, given, settings
 
-    from tests.kernels._layouts import build, layout_cases, poisoned_chunk
+    from tests.kernels._cases import build, transfer_cases, poisoned_chunk
     from tests.kernels.test_transfer_roundtrip import round_trip
 
     import dataclasses
@@ -257,7 +257,7 @@ def check_triton_on_device(examples: int, device: torch.device) -> dict:
         checked["regressions"] += 1
 
     @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(case=layout_cases(max_tokens=300, max_layers=3))
+    @given(case=transfer_cases(max_tokens=300, max_layers=3))
     def check(case):
         round_trip(case, backend="triton", device=str(device))
         for store in (True, False):
@@ -283,7 +283,7 @@ def tune(device: torch.device) -> list[dict]:
 
     results = []
     for name, planes, layers, blob in (("mla", MLA_PLANES, MLA_LAYERS, False), ("dsv4", DSV4_PLANES, DSV4_LAYERS, True)):
-        group, slots, chunk, layout, payload = build_layout(planes, layers, 8192, device, blob)
+        group, slots, chunk, regions, payload = build_case(planes, layers, 8192, device, blob)
         for store in (True, False):
             transfer = resolve_transfer(group, slots, chunk, store=store)
             for tile, segment, warps in ((64, 128, 4), (32, 256, 4), (16, 512, 4), (8, 1024, 4), (4, 2048, 4),
@@ -309,7 +309,7 @@ def host_breakdown(device: torch.device, calls: int = 500) -> dict:
     from lmcache_ascend.kernels import launcher
     from lmcache_ascend.kernels import triton_transfer as tt
 
-    group, slots, chunk, layout, _ = build_layout(MLA_PLANES, MLA_LAYERS, 256, device, False)
+    group, slots, chunk, regions, _ = build_case(MLA_PLANES, MLA_LAYERS, 256, device, False)
 
     def per_call(fn) -> float:
         fn()
@@ -325,7 +325,7 @@ def host_breakdown(device: torch.device, calls: int = 500) -> dict:
     result = {
         "select_backend": per_call(lambda: select_backend(device)),
         "resolve_transfer": per_call(lambda: resolve_transfer(group, slots, chunk, store=True)),
-        "device_table_lookup": per_call(lambda: tt._device_table(group, transfer.layout, 0, chunk.data_ptr())),
+        "device_table_lookup": per_call(lambda: tt._device_table(group, transfer.regions, 0, chunk.data_ptr())),
         "triton_transfer_raw_launch": per_call(lambda: tt.triton_transfer(transfer)),
     }
     launcher._raw_launch["enabled"] = False
@@ -362,7 +362,7 @@ def measure(device: torch.device, token_counts: list[int], calls: int, repeats: 
     rows: list[Row] = []
     for name, planes, layers, blob in (("dsv4_bundled", DSV4_PLANES, DSV4_LAYERS, True), ("mla", MLA_PLANES, MLA_LAYERS, False)):
         for tokens in token_counts:
-            group, slots, chunk, layout, payload = build_layout(planes, layers, tokens, device, blob)
+            group, slots, chunk, regions, payload = build_case(planes, layers, tokens, device, blob)
             src = torch.randint(0, 256, (payload,), dtype=torch.uint8, device=device)
             dst = torch.empty_like(src)
             copy_us = wall_time_us(lambda: dst.copy_(src), device, calls, repeats)
@@ -375,8 +375,8 @@ def measure(device: torch.device, token_counts: list[int], calls: int, repeats: 
                     ours()
                 host_us = (time.perf_counter() - issued) * 1e6 / calls
                 synchronize(device)
-                index_us = wall_time_us(index_path(group, slots, chunk, layout, store), device, calls, repeats)
-                exploded_run, exploded_launches = exploded(group, slots, chunk, layout, store, backend)
+                index_us = wall_time_us(index_path(group, slots, chunk, regions, store), device, calls, repeats)
+                exploded_run, exploded_launches = exploded(group, slots, chunk, regions, store, backend)
                 exploded_us = wall_time_us(exploded_run, device, max(1, calls // 4), repeats)
                 kernel_us = kernel_gbps = copy_kernel_gbps = vs_copy_kernel = None
                 if device.type == "cuda":
@@ -395,7 +395,7 @@ def measure(device: torch.device, token_counts: list[int], calls: int, repeats: 
                     exploded_counted = launch_counter.torch + launch_counter.triton
                 assert exploded_counted == exploded_launches, (exploded_counted, exploded_launches)
                 rows.append(Row(
-                    layout=name, tokens=tokens, direction="store" if store else "load", payload_bytes=payload,
+                    case_name=name, tokens=tokens, direction="store" if store else "load", payload_bytes=payload,
                     ours_us=round(ours_us, 2), host_us=round(host_us, 2), ours_gbps=round(payload / ours_us / 1e3, 1),
                     copy_gbps=round(payload / copy_us / 1e3, 1), index_gbps=round(payload / index_us / 1e3, 1),
                     exploded_gbps=round(payload / exploded_us / 1e3, 1),
@@ -411,14 +411,14 @@ def measure(device: torch.device, token_counts: list[int], calls: int, repeats: 
 
 
 def print_table(rows: list[Row]) -> None:
-    header = (f"{'layout':<13}{'T':>6} {'dir':<6}{'MB':>8} {'ours us':>9} {'host us':>8}{'GB/s':>8}{'copy':>8}{'index':>8}"
+    header = (f"{'regions':<13}{'T':>6} {'dir':<6}{'MB':>8} {'ours us':>9} {'host us':>8}{'GB/s':>8}{'copy':>8}{'index':>8}"
               f"{'explod':>8}{'/copy':>7}{'/index':>7}{'kern GB/s':>10}{'kern/copyk':>11}{'launch b/e':>11}")
     print(header)
     print("-" * len(header))
     for r in rows:
         kern = f"{r.kernel_gbps:>10}" if r.kernel_gbps is not None else f"{'-':>10}"
         kern_ratio = f"{r.vs_copy_kernel:>11}" if r.vs_copy_kernel is not None else f"{'-':>11}"
-        print(f"{r.layout:<13}{r.tokens:>6} {r.direction:<6}{r.payload_bytes / 1e6:>8.2f} {r.ours_us:>9} {r.host_us:>8}{r.ours_gbps:>8}"
+        print(f"{r.case_name:<13}{r.tokens:>6} {r.direction:<6}{r.payload_bytes / 1e6:>8.2f} {r.ours_us:>9} {r.host_us:>8}{r.ours_gbps:>8}"
               f"{r.copy_gbps:>8}{r.index_gbps:>8}{r.exploded_gbps:>8}{r.vs_copy:>7}{r.vs_index:>7}{kern}{kern_ratio}"
               f"{f'{r.launches_bundled}/{r.launches_exploded}':>11}")
 

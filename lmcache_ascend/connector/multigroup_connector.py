@@ -2,7 +2,7 @@
 
 LMCache's own connectors move one homogeneous set of layers with one slot
 mapping.  This one moves chunks through the flat chunk buffer planned by
-`lmcache_ascend.kv_layout` (all layer groups, planes and scheduler groups), with
+`lmcache_ascend.kv_worker` (all layer groups, planes and scheduler groups), with
 the transfer ops of `lmcache_ascend.kernels` (Triton on CUDA / NPU, the torch
 reference on CPU).
 
@@ -35,8 +35,8 @@ from typing import Any, Mapping, Sequence
 import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
-from lmcache_ascend.kv_layout import ChunkPlanner, ChunkMover, LayerLayout, LayoutError
-from lmcache_ascend.kv_layout.device_slots import DeviceSlots
+from lmcache_ascend.kv_worker import ChunkPlanner, ChunkMover, LayerPlanes, KVCacheShapeError
+from lmcache_ascend.kv_worker.device_slots import DeviceSlots
 
 __all__ = ["MultiGroupGPUConnector"]
 
@@ -47,7 +47,7 @@ def _as_group_mapping(slot_mappings: object) -> dict[int, Any]:
         return {int(group): slots for group, slots in slot_mappings.items() if slots is not None}
     if isinstance(slot_mappings, Sequence):
         return {group: slots for group, slots in enumerate(slot_mappings) if slots is not None}
-    raise LayoutError(
+    raise KVCacheShapeError(
         f"slot_mappings_by_group is a {type(slot_mappings).__name__}; "
         "allowed: a sequence indexed by scheduler group or a mapping group -> tensor"
     )
@@ -58,11 +58,11 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
 
     def __init__(self, chunk_size: int, backend: str | None = None):
         if chunk_size <= 0:
-            raise LayoutError(f"chunk_size={chunk_size} must be a positive int")
+            raise KVCacheShapeError(f"chunk_size={chunk_size} must be a positive int")
         self.chunk_size = chunk_size
         self.backend = backend
-        self.layers: tuple[LayerLayout, ...] = ()
-        self.layout: ChunkPlanner | None = None
+        self.layers: tuple[LayerPlanes, ...] = ()
+        self.planner: ChunkPlanner | None = None
         self.mover: ChunkMover | None = None
         self.kvcaches = None
         # req_id -> StepBlockIds of the step being served (handed over by the adapter patch),
@@ -76,28 +76,28 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self.tokens_loaded = 0
 
     # ---- registration -------------------------------------------------------------
-    def register(self, layers: Sequence[LayerLayout], layout: ChunkPlanner) -> None:
-        """Adopt a planned set of KV caches (see `lmcache_ascend.kv_layout.plan_kv_caches`)."""
-        if layout.chunk_size != self.chunk_size:
-            raise LayoutError(
-                f"the layout was planned for chunk_size={layout.chunk_size} but the connector moves "
+    def register(self, layers: Sequence[LayerPlanes], planner: ChunkPlanner) -> None:
+        """Adopt a planned set of KV caches (see `lmcache_ascend.kv_worker.plan_kv_caches`)."""
+        if planner.chunk_size != self.chunk_size:
+            raise KVCacheShapeError(
+                f"the layout was planned for chunk_size={planner.chunk_size} but the connector moves "
                 f"chunks of {self.chunk_size} tokens"
             )
         self.layers = tuple(layers)
-        self.layout = layout
-        self.mover = ChunkMover(layout, self.backend)
+        self.planner = planner
+        self.mover = ChunkMover(planner, self.backend)
         self._device_slots_by_request = {}
 
     def _require_registered(self) -> ChunkMover:
-        if self.mover is None or self.layout is None:
-            raise LayoutError("MultiGroupGPUConnector used before KV caches were registered")
+        if self.mover is None or self.planner is None:
+            raise KVCacheShapeError("MultiGroupGPUConnector used before KV caches were registered")
         return self.mover
 
     # ---- LMCache interface ----------------------------------------------------------
     def get_shape(self, num_tokens: int) -> torch.Size:
-        if self.layout is None:
-            raise LayoutError("MultiGroupGPUConnector.get_shape called before KV caches were registered")
-        return torch.Size(self.layout.memory_shape(num_tokens))
+        if self.planner is None:
+            raise KVCacheShapeError("MultiGroupGPUConnector.get_shape called before KV caches were registered")
+        return torch.Size(self.planner.memory_shape(num_tokens))
 
     def hand_over_requests(self, block_ids_by_request: Mapping[str, Any], stores: Sequence[str] = ()) -> None:
         """This step's requests (`StepBlockIds` by req_id), until `release_requests`.
@@ -112,7 +112,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self._request_slots = {req_id: blocks for req_id, blocks in block_ids_by_request.items() if blocks is not None}
         storing = {(req_id, True): (self._request_slots[req_id], 0) for req_id in stores if req_id in self._request_slots}
         self._device_slots_by_request = (
-            DeviceSlots.for_requests(storing, mover.layout, mover.device, mover.block_counts, mover.backend)
+            DeviceSlots.for_requests(storing, mover.planner, mover.device, mover.block_counts, mover.backend)
             if storing
             else {}
         )
@@ -136,19 +136,19 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
             resolved = self._device_slots_by_request.get(key)
             if resolved is None:  # a load, or a store not named at hand-over: resolved here, once
                 resolved = DeviceSlots.from_block_ids(
-                    request_blocks, mover.layout, mover.device, cached_tokens, mover.block_counts, key[0], mover.backend,
+                    request_blocks, mover.planner, mover.device, cached_tokens, mover.block_counts, key[0], mover.backend,
                 )
                 self._device_slots_by_request[key] = resolved
             return resolved
         if kwargs.get("slot_mapping") is not None:
-            in_use = self.layout.scheduler_groups_in_use()
+            in_use = self.planner.scheduler_groups_in_use()
             if in_use != (0,):
-                raise LayoutError(
+                raise KVCacheShapeError(
                     f"only 'slot_mapping' was given but the registered caches use scheduler groups {in_use}; "
                     "pass 'slot_mappings_by_group'"
                 )
             return mover.upload({0: kwargs["slot_mapping"]}, cached_tokens, kwargs.get("req_id"))
-        raise LayoutError("neither 'slot_mappings_by_group' nor 'slot_mapping' was given")
+        raise KVCacheShapeError("neither 'slot_mappings_by_group' nor 'slot_mapping' was given")
 
     def _memory_bytes(self, memory_obj: Any, start: int, end: int, total: int) -> torch.Tensor:
         """The memory object's bytes as a flat uint8 tensor holding at least `total` bytes.
@@ -167,13 +167,13 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         else:
             tensor = memory_obj.tensor
             if tensor is None:
-                raise LayoutError("the memory object has no tensor")
+                raise KVCacheShapeError("the memory object has no tensor")
             if not tensor.is_contiguous():
-                raise LayoutError(f"memory object tensor of shape {tuple(tensor.shape)} is not contiguous")
+                raise KVCacheShapeError(f"memory object tensor of shape {tuple(tensor.shape)} is not contiguous")
             chunk = tensor.reshape(-1).view(torch.uint8)
             size = chunk.numel()
         if size < total:
-            raise LayoutError(
+            raise KVCacheShapeError(
                 f"memory object of {size} bytes cannot hold tokens [{start}, {end}) "
                 f"({total} bytes); was it allocated by the lmcache-metadata-chunk-bytes shape?"
             )
@@ -188,7 +188,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
 
     def _move_one(self, memory_obj: Any, start: int, end: int, slots: DeviceSlots, *, store: bool) -> None:
         mover = self._require_registered()
-        total = self.layout.plan(end - start).total_bytes
+        total = self.planner.plan(end - start).total_bytes
         chunk = self._memory_bytes(memory_obj, start, end, total)
         if mover.device.type == "cpu" or chunk.device == mover.device:
             self.launches += mover.move(chunk, start, end, slots, store=store)
@@ -211,7 +211,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         mover = self._require_registered()
         starts, ends = list(starts), list(ends)
         if not (len(starts) == len(ends) == len(memory_objs)):
-            raise LayoutError(
+            raise KVCacheShapeError(
                 f"{len(memory_objs)} memory objects, {len(starts)} starts and {len(ends)} ends; they must match"
             )
         resolved: list[DeviceSlots] = []
@@ -222,7 +222,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
             return resolved[0]
 
         chunk_size = self.chunk_size
-        full_total = self.layout.full_plan.total_bytes
+        full_total = self.planner.full_plan.total_bytes
         full_chunks, full_starts, partial = [], [], []
         for memory_obj, start, end in zip(memory_objs, starts, ends):
             if end - start == chunk_size:
@@ -231,7 +231,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
             else:  # a partial chunk has a plan of its own (and is checked there, before anything moves)
                 partial.append((memory_obj, start, end))
         for memory_obj, start, end in partial:
-            self._memory_bytes(memory_obj, start, end, self.layout.plan(end - start).total_bytes)
+            self._memory_bytes(memory_obj, start, end, self.planner.plan(end - start).total_bytes)
         self._count_tokens(starts, ends, store)
         # (Full chunks first: their staged copies may start before the slots are resolved. The
         # batched move leaves the staging buffer to the current stream, so a partial chunk's use of
@@ -264,5 +264,5 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
         self, memory_objs: Any = None, starts: Sequence[int] | None = None, ends: Sequence[int] | None = None, **kwargs: Any
     ) -> None:
         if memory_objs is None or starts is None or ends is None:
-            raise LayoutError("MultiGroupGPUConnector.batched_to_gpu needs memory_objs, starts and ends")
+            raise KVCacheShapeError("MultiGroupGPUConnector.batched_to_gpu needs memory_objs, starts and ends")
         self._move_many(list(memory_objs), starts, ends, kwargs, store=False)

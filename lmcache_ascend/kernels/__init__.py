@@ -14,11 +14,11 @@ Contract (both backends implement exactly this; bytes are moved, never values):
   With `rows_per_id` n > 1 the array holds block ids instead, each standing for
   n consecutive slots: row r of the array's rows has slot `ids[r // n] * n + r % n`
   (an id < 0 stands for n skipped rows); the kernel expands them itself.
-* Chunk layout (`ChunkLayout`, bytes from `chunk_offset` into the chunk): per
+* Chunk layout (`ChunkRegions`, bytes from `chunk_offset` into the chunk): per
   layer the planes one after another, plane p's region
   `align_up(row_bytes_p * region_rows_p, alignment)` bytes (alignment 32 by
   default; `region_rows` defaults to `count`); the layer stride is the sum of a
-  layer's regions; layer l starts at `l * layer_stride`. A `strided_chunk_layout`
+  layer's regions; layer l starts at `l * layer_stride`. A `strided_chunk_regions`
   instead gives each plane its own offset and row pitch (LMCache's K/V-major
   `[2, L, T, H]` buffers, token-major `[T, 2, H]` rows, planes of one token row).
 * `store=True` copies paged -> chunk, `store=False` chunk -> paged.
@@ -72,11 +72,11 @@ from lmcache_ascend.kernels.spec import (
     DEFAULT_REGION_ALIGNMENT,
     ELEMENT_WIDTHS,
     MAX_PLANES,
-    ChunkLayout,
+    ChunkRegions,
     TransferError,
     align_up,
-    chunk_layout,
-    strided_chunk_layout,
+    chunk_regions,
+    strided_chunk_regions,
     triton_interpreting,
     widest_element_width,
 )
@@ -87,7 +87,7 @@ __all__ = [
     "ELEMENT_WIDTHS",
     "MAX_PLANES",
     "ChunkBuffers",
-    "ChunkLayout",
+    "ChunkRegions",
     "ChunkRows",
     "LaunchCounter",
     "PagedGeometry",
@@ -99,7 +99,7 @@ __all__ = [
     "TransferError",
     "align_up",
     "chunk_buffers",
-    "chunk_layout",
+    "chunk_regions",
     "chunk_rows",
     "launch_counter",
     "pool_chunk_buffers",
@@ -107,7 +107,7 @@ __all__ = [
     "resolve_chunk_batch",
     "resolve_transfer",
     "select_backend",
-    "strided_chunk_layout",
+    "strided_chunk_regions",
     "triton_interpreting",
     "transfer_chunk_batches",
     "transfer_group",

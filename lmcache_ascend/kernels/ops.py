@@ -20,7 +20,7 @@ from lmcache_ascend.kernels.resolve import (
 )
 from lmcache_ascend.kernels.spec import (
     DEFAULT_REGION_ALIGNMENT,
-    ChunkLayout,
+    ChunkRegions,
     TransferError,
     triton_interpreting,
 )
@@ -125,7 +125,7 @@ def transfer_group(
     chunk_offset: int = 0,
     alignment: int = DEFAULT_REGION_ALIGNMENT,
     backend: str | None = None,
-    layout: ChunkLayout | None = None,
+    regions: ChunkRegions | None = None,
 ) -> None:
     """Move all planes of all layers of `group` between the paged caches and `chunk`.
 
@@ -133,7 +133,7 @@ def transfer_group(
     Triton backend. See the package docstring for the exact contract.
     """
     transfer = resolve_transfer(
-        group, slots, chunk, store=store, chunk_offset=chunk_offset, alignment=alignment, layout=layout
+        group, slots, chunk, store=store, chunk_offset=chunk_offset, alignment=alignment, regions=regions
     )
     if select_backend(group.device, backend) == "triton":
         from lmcache_ascend.kernels.triton_transfer import triton_transfer
@@ -151,7 +151,7 @@ def prepare_relaunch(
     chunk: torch.Tensor,
     *,
     store: bool,
-    layout: ChunkLayout | None = None,
+    regions: ChunkRegions | None = None,
     backend: str | None = None,
 ):
     """The launch `transfer_group` made with these arguments, as a function of (chunk address, slot
@@ -163,7 +163,7 @@ def prepare_relaunch(
         return None
     from lmcache_ascend.kernels.triton_transfer import prepare_relaunch as prepare
 
-    return _counted(prepare(resolve_transfer(group, slots, chunk, store=store, layout=layout)))
+    return _counted(prepare(resolve_transfer(group, slots, chunk, store=store, regions=regions)))
 
 
 def prepare_chunks_relaunch(batch: ResolvedChunkBatch, *, backend: str | None = None):

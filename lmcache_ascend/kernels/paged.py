@@ -15,11 +15,11 @@ from lmcache_ascend.bounded_cache import BoundedCache
 from lmcache_ascend.kernels.spec import (
     DEFAULT_REGION_ALIGNMENT,
     MAX_PLANES,
-    ChunkLayout,
+    ChunkRegions,
     _INT32_LIMIT,
     TransferError,
     _positive_int,
-    chunk_layout,
+    chunk_regions,
 )
 
 __all__ = ["PagedGeometry", "PagedGroup", "PagedPlane"]
@@ -201,11 +201,11 @@ class PagedGroup:
     def plane_count(self) -> int:
         return len(self.planes)
 
-    def chunk_layout(
+    def chunk_regions(
         self, region_rows: Sequence[int], alignment: int = DEFAULT_REGION_ALIGNMENT
-    ) -> ChunkLayout:
+    ) -> ChunkRegions:
         """This group's chunk layout for the given rows per plane (memoized: one per chunk shape)."""
-        return self.cache("chunk_layouts", 256).get_or_build((tuple(region_rows), alignment), lambda: chunk_layout(
+        return self.cache("chunk_regions", 256).get_or_build((tuple(region_rows), alignment), lambda: chunk_regions(
             [plane.row_bytes for plane in self.planes], region_rows, self.layer_count, alignment))
 
     def cache(self, name: str, bound: int) -> BoundedCache:

@@ -38,7 +38,7 @@ def _view(storage: torch.UntypedStorage, device: torch.device, width: int, offse
 def reference_transfer(transfer: ResolvedTransfer) -> None:
     """Run one validated transfer (see `lmcache_ascend.kernels` for the contract)."""
     group = transfer.group
-    layout = transfer.layout
+    regions = transfer.regions
     chunk = transfer.chunk_bytes
     chunk_storage = chunk.untyped_storage()
     chunk_base = chunk.storage_offset() + transfer.chunk_offset
@@ -67,8 +67,8 @@ def reference_transfer(transfer: ResolvedTransfer) -> None:
             every_row = rows.numel() == count
             if rows.numel() == 0:
                 continue
-            region_start = chunk_base + layout.region_offset(layer, plane_index)
-            pitch = layout.row_pitch[plane_index]
+            region_start = chunk_base + regions.region_offset(layer, plane_index)
+            pitch = regions.row_pitch[plane_index]
             width = widest_element_width(row_bytes, geometry.storage_offset_bytes, geometry.block_stride_bytes,
                                          region_start, pitch, widths=_VIEW_WIDTHS)
             cache = plane.caches[layer]
@@ -117,8 +117,8 @@ def reference_transfer_chunks(batch: ResolvedChunkBatch) -> None:
             )
         slots = tuple(
             PlaneSlots(batch.slots, int(start), int(count), region_rows=region_rows, rows_per_id=batch.rows_per_id)
-            for start, count, region_rows in zip(rows.starts[index], rows.counts[index], rows.layout.region_rows)
+            for start, count, region_rows in zip(rows.starts[index], rows.counts[index], rows.regions.region_rows)
         )
         reference_transfer(
-            ResolvedTransfer(batch.group, slots, chunk, batch.chunk_offset, rows.layout, batch.store)
+            ResolvedTransfer(batch.group, slots, chunk, batch.chunk_offset, rows.regions, batch.store)
         )

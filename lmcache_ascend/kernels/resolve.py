@@ -15,7 +15,7 @@ import torch
 from lmcache_ascend.kernels.paged import PagedGroup
 from lmcache_ascend.kernels.spec import (
     DEFAULT_REGION_ALIGNMENT,
-    ChunkLayout,
+    ChunkRegions,
     _INT32_LIMIT,
     TransferError,
     _non_negative_int,
@@ -75,7 +75,7 @@ class ResolvedTransfer:
     slots: tuple[PlaneSlots, ...]
     chunk_bytes: torch.Tensor  # flat uint8 view of the whole chunk buffer
     chunk_offset: int  # where this group's part starts, in bytes
-    layout: ChunkLayout
+    regions: ChunkRegions
     store: bool
 
 
@@ -98,24 +98,24 @@ def _chunk_as_bytes(chunk: torch.Tensor) -> torch.Tensor:
     return flat
 
 
-def _check_layout(group: PagedGroup, slots: tuple[PlaneSlots, ...], layout: ChunkLayout) -> None:
-    if not isinstance(layout, ChunkLayout):
-        raise TransferError(f"layout is a {type(layout).__name__}; allowed: ChunkLayout")
+def _check_regions(group: PagedGroup, slots: tuple[PlaneSlots, ...], regions: ChunkRegions) -> None:
+    if not isinstance(regions, ChunkRegions):
+        raise TransferError(f"layout is a {type(regions).__name__}; allowed: ChunkRegions")
     row_bytes = tuple(plane.row_bytes for plane in group.planes)
-    if layout.row_bytes != row_bytes or layout.layer_count != group.layer_count:
+    if regions.row_bytes != row_bytes or regions.layer_count != group.layer_count:
         raise TransferError(
-            f"layout has row_bytes {layout.row_bytes} x {layout.layer_count} layers but the group has "
+            f"layout has row_bytes {regions.row_bytes} x {regions.layer_count} layers but the group has "
             f"{row_bytes} x {group.layer_count}; they must match"
         )
     for index, plane_slots in enumerate(slots):
-        if layout.region_rows[index] < plane_slots.count:
+        if regions.region_rows[index] < plane_slots.count:
             raise TransferError(
-                f"slots[{index}]: count={plane_slots.count} > layout region_rows={layout.region_rows[index]}; "
+                f"slots[{index}]: count={plane_slots.count} > layout region_rows={regions.region_rows[index]}; "
                 "the region must hold every moved row"
             )
-        if layout.plane_region_bytes[index] >= _INT32_LIMIT:
+        if regions.plane_region_bytes[index] >= _INT32_LIMIT:
             raise TransferError(
-                f"plane {index}: a region of {layout.plane_region_bytes[index]} bytes; allowed: below 2**31 bytes"
+                f"plane {index}: a region of {regions.plane_region_bytes[index]} bytes; allowed: below 2**31 bytes"
             )
 
 
@@ -127,12 +127,12 @@ def resolve_transfer(
     store: bool,
     chunk_offset: int = 0,
     alignment: int = DEFAULT_REGION_ALIGNMENT,
-    layout: ChunkLayout | None = None,
+    regions: ChunkRegions | None = None,
 ) -> ResolvedTransfer:
     """Check a launch against the contract; raise TransferError naming the bad input.
 
     `layout` (default: the group's packed layout for the slots' region rows at
-    `alignment`) places the regions in the chunk, e.g. a `strided_chunk_layout`.
+    `alignment`) places the regions in the chunk, e.g. a `strided_chunk_regions`.
     """
     if not isinstance(group, PagedGroup):
         raise TransferError(f"group is a {type(group).__name__}; allowed: PagedGroup")
@@ -200,21 +200,21 @@ def resolve_transfer(
             "all tensors of a transfer must be on one device"
         )
     _non_negative_int("chunk_offset", chunk_offset)
-    if layout is None:
-        layout = group.chunk_layout([s.region_rows for s in slots], alignment)
+    if regions is None:
+        regions = group.chunk_regions([s.region_rows for s in slots], alignment)
     else:
-        _check_layout(group, slots, layout)
-    if chunk_offset + layout.total_bytes > chunk_bytes.numel():
+        _check_regions(group, slots, regions)
+    if chunk_offset + regions.total_bytes > chunk_bytes.numel():
         raise TransferError(
             f"chunk holds {chunk_bytes.numel()} bytes but chunk_offset={chunk_offset} + the group's "
-            f"{layout.total_bytes} bytes ({layout.layer_count} layers x {layout.layer_stride}) do not fit"
+            f"{regions.total_bytes} bytes ({regions.layer_count} layers x {regions.layer_stride}) do not fit"
         )
     return ResolvedTransfer(
         group=group,
         slots=slots,
         chunk_bytes=chunk_bytes,
         chunk_offset=chunk_offset,
-        layout=layout,
+        regions=regions,
         store=store,
     )
 
@@ -359,7 +359,7 @@ class ChunkRows:
     """
 
     group: PagedGroup
-    layout: ChunkLayout
+    regions: ChunkRegions
     starts: np.ndarray  # int64 [chunks, planes]
     counts: np.ndarray  # int64 [chunks, planes]
     slots_needed: int  # the slot tensor must hold at least this many entries
@@ -370,11 +370,11 @@ class ChunkRows:
         return len(self.starts)
 
 
-def chunk_rows(group: PagedGroup, layout: ChunkLayout, starts: np.ndarray, counts: np.ndarray) -> ChunkRows:
+def chunk_rows(group: PagedGroup, regions: ChunkRegions, starts: np.ndarray, counts: np.ndarray) -> ChunkRows:
     """Check per-chunk rows of a multi-chunk launch against `group` and `layout`; raise TransferError naming them."""
     if not isinstance(group, PagedGroup):
         raise TransferError(f"group is a {type(group).__name__}; allowed: PagedGroup")
-    _check_layout(group, (), layout)
+    _check_regions(group, (), regions)
     starts = np.array(starts, dtype=np.int64)  # copies: the caller's arrays may change, these may not
     counts = np.array(counts, dtype=np.int64)
     if starts.ndim != 2 or starts.shape != counts.shape or starts.shape[1] != group.plane_count:
@@ -384,7 +384,7 @@ def chunk_rows(group: PagedGroup, layout: ChunkLayout, starts: np.ndarray, count
         )
     if (starts < 0).any() or (counts < 0).any():
         raise TransferError("starts and counts must be >= 0")
-    region_rows = np.asarray(layout.region_rows, dtype=np.int64)
+    region_rows = np.asarray(regions.region_rows, dtype=np.int64)
     over = counts > region_rows[None, :]
     if over.any():
         chunk, plane = np.argwhere(over)[0]
@@ -396,7 +396,7 @@ def chunk_rows(group: PagedGroup, layout: ChunkLayout, starts: np.ndarray, count
     row_bytes = np.asarray([plane.row_bytes for plane in group.planes], dtype=np.int64)
     slots_needed = int((starts + counts).max()) if starts.size else 0
     max_region_bytes = int((counts * row_bytes[None, :]).max()) if counts.size else 0
-    return ChunkRows(group, layout, starts, counts, slots_needed, max_region_bytes)
+    return ChunkRows(group, regions, starts, counts, slots_needed, max_region_bytes)
 
 
 @dataclass(frozen=True)
@@ -418,8 +418,8 @@ class ResolvedChunkBatch:
     rows_per_id: int = 1  # > 1: `slots` holds block ids of this many slots each (see `PlaneSlots`)
 
     @property
-    def layout(self) -> ChunkLayout:
-        return self.rows.layout
+    def regions(self) -> ChunkRegions:
+        return self.rows.regions
 
     @property
     def num_chunks(self) -> int:
@@ -475,10 +475,10 @@ def resolve_chunk_batch(
                 f"chunk {chunk} plane {plane}: start={rows.starts[chunk, plane]} + count={rows.counts[chunk, plane]} "
                 f"exceeds the {slot_rows} slots"
             )
-        if chunks.min_bytes < chunk_offset + rows.layout.total_bytes:
+        if chunks.min_bytes < chunk_offset + rows.regions.total_bytes:
             raise TransferError(
                 f"a chunk holds {chunks.min_bytes} bytes but chunk_offset={chunk_offset} + the group's "
-                f"{rows.layout.total_bytes} bytes do not fit"
+                f"{rows.regions.total_bytes} bytes do not fit"
             )
         if chunks.mapped_host:
             if group.device.type != "cuda":

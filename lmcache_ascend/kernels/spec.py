@@ -17,11 +17,11 @@ __all__ = [
     "DEFAULT_REGION_ALIGNMENT",
     "ELEMENT_WIDTHS",
     "MAX_PLANES",
-    "ChunkLayout",
+    "ChunkRegions",
     "TransferError",
     "align_up",
-    "chunk_layout",
-    "strided_chunk_layout",
+    "chunk_regions",
+    "strided_chunk_regions",
     "triton_interpreting",
     "widest_element_width",
 ]
@@ -78,14 +78,14 @@ def _non_negative_int(what: str, value: object) -> int:
 
 
 @dataclass(frozen=True)
-class ChunkLayout:
+class ChunkRegions:
     """Where each (layer, plane) region lies in a group's part of the chunk buffer.
 
     Region (layer l, plane p) starts `l * layer_stride + plane_offsets[p]` bytes
     from the group's start; its row t lies `t * row_pitch[p]` bytes further and
-    holds `row_bytes[p]` bytes. The packed layout (`chunk_layout`) puts a layer's
+    holds `row_bytes[p]` bytes. The packed layout (`chunk_regions`) puts a layer's
     planes one after another, each `align_up(row_bytes * region_rows, alignment)`
-    bytes with rows back to back (pitch = row bytes); `strided_chunk_layout`
+    bytes with rows back to back (pitch = row bytes); `strided_chunk_regions`
     describes other orders (LMCache's K/V-major `[2, L, T, H]`, token-major rows).
     """
 
@@ -114,12 +114,12 @@ class ChunkLayout:
         return layer * self.layer_stride + self.plane_offsets[plane]
 
 
-def chunk_layout(
+def chunk_regions(
     row_bytes: Sequence[int],
     region_rows: Sequence[int],
     layer_count: int,
     alignment: int = DEFAULT_REGION_ALIGNMENT,
-) -> ChunkLayout:
+) -> ChunkRegions:
     """The chunk layout of a group whose planes have these row sizes and row counts."""
     _positive_int("layer_count", layer_count)
     _positive_int("alignment", alignment)
@@ -141,7 +141,7 @@ def chunk_layout(
         size = align_up(width * rows, alignment)
         sizes.append(size)
         cursor += size
-    return ChunkLayout(
+    return ChunkRegions(
         row_bytes=tuple(row_bytes),
         region_rows=tuple(region_rows),
         plane_offsets=tuple(offsets),
@@ -152,14 +152,14 @@ def chunk_layout(
     )
 
 
-def strided_chunk_layout(
+def strided_chunk_regions(
     row_bytes: Sequence[int],
     region_rows: Sequence[int],
     plane_offsets: Sequence[int],
     row_pitch: Sequence[int],
     layer_stride: int,
     layer_count: int,
-) -> ChunkLayout:
+) -> ChunkRegions:
     """A chunk layout with explicit plane offsets, row pitches and layer stride (bytes).
 
     Regions of different planes may interleave (token-major rows) but must not
@@ -183,7 +183,7 @@ def strided_chunk_layout(
             raise TransferError(f"row_pitch[{plane}]={pitch} < row_bytes[{plane}]={width}; rows would overlap")
         if rows:
             extent = max(extent, (layer_count - 1) * layer_stride + offset + (rows - 1) * pitch + width)
-    return ChunkLayout(
+    return ChunkRegions(
         row_bytes=tuple(row_bytes),
         region_rows=tuple(region_rows),
         plane_offsets=tuple(plane_offsets),

@@ -53,7 +53,7 @@ from lmcache_ascend.kernels.resolve import (
 )
 from lmcache_ascend.kernels.spec import (
     MAX_PLANES,
-    ChunkLayout,
+    ChunkRegions,
     TransferError,
     triton_interpreting,
     widest_element_width,
@@ -453,18 +453,18 @@ def _group_geometry(group: PagedGroup) -> _GroupGeometry:
     return cached
 
 
-def _widths(geometry: _GroupGeometry, layout: ChunkLayout, chunk_offset: int, anchor: int) -> tuple[int, ...]:
+def _widths(geometry: _GroupGeometry, regions: ChunkRegions, chunk_offset: int, anchor: int) -> tuple[int, ...]:
     widths = []
     for plane_index, plane_gcd in enumerate(geometry.plane_gcds):
-        quantities = [plane_gcd, anchor, chunk_offset + layout.plane_offsets[plane_index],
-                      layout.row_pitch[plane_index]]
-        if layout.layer_count > 1:
-            quantities.append(layout.layer_stride)
+        quantities = [plane_gcd, anchor, chunk_offset + regions.plane_offsets[plane_index],
+                      regions.row_pitch[plane_index]]
+        if regions.layer_count > 1:
+            quantities.append(regions.layer_stride)
         widths.append(widest_element_width(*quantities))
     return tuple(widths)
 
 
-def _device_table(group: PagedGroup, layout: ChunkLayout, chunk_offset: int, anchor: int) -> _DeviceTable:
+def _device_table(group: PagedGroup, regions: ChunkRegions, chunk_offset: int, anchor: int) -> _DeviceTable:
     """The kernel's table for this chunk shape: built and uploaded once, then looked up.
 
     Everything in it is a function of the group (fixed), the layout (offsets, row
@@ -473,15 +473,15 @@ def _device_table(group: PagedGroup, layout: ChunkLayout, chunk_offset: int, anc
     which together are the cache key.
     """
     return group.cache("triton.tables", _MAX_CACHED_TABLES).get_or_build(
-        (layout, chunk_offset, anchor % 16), lambda: _build_device_table(group, layout, chunk_offset, anchor))
+        (regions, chunk_offset, anchor % 16), lambda: _build_device_table(group, regions, chunk_offset, anchor))
 
 
-def _build_device_table(group: PagedGroup, layout: ChunkLayout, chunk_offset: int, anchor: int) -> _DeviceTable:
+def _build_device_table(group: PagedGroup, regions: ChunkRegions, chunk_offset: int, anchor: int) -> _DeviceTable:
     geometry = _group_geometry(group)
-    widths = _widths(geometry, layout, chunk_offset, anchor)
+    widths = _widths(geometry, regions, chunk_offset, anchor)
     values = list(geometry.rows)
     for plane_index, width in enumerate(widths):
-        values.extend((chunk_offset + layout.plane_offsets[plane_index], width, layout.row_pitch[plane_index]))
+        values.extend((chunk_offset + regions.plane_offsets[plane_index], width, regions.row_pitch[plane_index]))
     # A blocking copy from a tensor of its own: nothing on the host can change
     # under it, and it happens once per chunk shape, not per call.
     table = torch.tensor(values, dtype=torch.int64).to(group.device)
@@ -490,7 +490,7 @@ def _build_device_table(group: PagedGroup, layout: ChunkLayout, chunk_offset: in
 
 def plane_widths(transfer: ResolvedTransfer) -> tuple[int, ...]:
     """The element width (bytes) each plane of this transfer moves with."""
-    return _device_table(transfer.group, transfer.layout, transfer.chunk_offset, transfer.chunk_bytes.data_ptr()).widths
+    return _device_table(transfer.group, transfer.regions, transfer.chunk_offset, transfer.chunk_bytes.data_ptr()).widths
 
 
 def _check_shape(shape: LaunchShape) -> None:
@@ -524,7 +524,7 @@ def _single_chunk_launch(transfer: ResolvedTransfer, shape: LaunchShape):
     tile = shape.tile
     chunk = transfer.chunk_bytes
     anchor = chunk.data_ptr()
-    device_table = _device_table(transfer.group, transfer.layout, transfer.chunk_offset, anchor)
+    device_table = _device_table(transfer.group, transfer.regions, transfer.chunk_offset, anchor)
     geometry = _group_geometry(transfer.group)
     planes = len(geometry.row_bytes)
     # The slot anchor is the first plane that moves rows (an empty tensor may have
@@ -555,7 +555,7 @@ def _single_chunk_launch(transfer: ResolvedTransfer, shape: LaunchShape):
     if slot_anchor is None:
         return None  # no plane moves a row
     grid = (max_programs, geometry.layer_planes, 1)
-    layer_stride = transfer.layout.layer_stride
+    layer_stride = transfer.regions.layer_stride
     rows_per_id = transfer.slots[0].rows_per_id  # one for every plane (resolve_transfer)
     arguments = (chunk, anchor, slot_anchor, device_table.table, layer_stride, *slot_offsets, *counts)
     # The compiled kernel's key: pointer alignments and integer widths (counts
@@ -633,17 +633,17 @@ def _build_chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, 
     column = 0  # the group's first plane's column in the rows table
     widest = 1
     for batch in batches:
-        rows, layout = batch.rows, batch.rows.layout
+        rows, regions = batch.rows, batch.rows.regions
         geometry = _group_geometry(rows.group)
         planes = len(geometry.row_bytes)
-        widths = _widths(geometry, layout, batch.chunk_offset, alignment)
+        widths = _widths(geometry, regions, batch.chunk_offset, alignment)
         largest = rows.counts.max(axis=0)
         for layer in range(rows.group.layer_count):
             for plane in range(planes):
                 first = (layer * planes + plane) * _GEOMETRY_FIELDS
-                region = batch.chunk_offset + layout.plane_offsets[plane] + layer * layout.layer_stride
+                region = batch.chunk_offset + regions.plane_offsets[plane] + layer * regions.layer_stride
                 table.append((*geometry.rows[first : first + _GEOMETRY_FIELDS], region, widths[plane],
-                              layout.row_pitch[plane], column + plane))
+                              regions.row_pitch[plane], column + plane))
                 programs.append(-(-int(largest[plane]) // rows_per_program(shape.tile, widths[plane])))
         counts.append(rows.counts)
         starts.append(rows.starts)

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import logging
 
-from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, CONNECTOR_LAYOUT, REUSE_BLOCKER
+from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, CONNECTOR_GROUPS, REUSE_BLOCKER
 from lmcache_ascend.multigroup.connector_state import (
     check_chunk_size,
     check_discard_partial_chunks,
     check_single_group_chunk_size,
-    layout_for_connector,
+    kv_groups_for_connector,
 )
 from lmcache_ascend.multigroup.reuse_verdict import reuse_blocker
 from lmcache_ascend.multigroup.slicing import prefix_bound_in_vllm_blocks
 
-__all__ = ["advance_trackers", "connector_layout", "connector_reuse_blocker"]
+__all__ = ["advance_trackers", "connector_kv_groups", "connector_reuse_blocker"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,37 +29,37 @@ _NOT_SET = object()
 _BLOCK_TRACKER = BLOCK_TRACKER.name  # read from the tracker's own dict (`Attachment.get`, inlined: per request)
 
 
-def connector_layout(connector):
+def connector_kv_groups(connector):
     """Layout of LMCache's scheduler-side `connector` (computed once); None for single-group models.
 
     Raises naming the setting when the connector's config can't move KV exactly: multi-group
     mode without whole chunks, or a chunk_size that is not whole blocks of some moved group.
     """
-    layout = CONNECTOR_LAYOUT.get(connector, _NOT_SET)
-    if layout is not _NOT_SET:
-        return layout
+    kv_groups = CONNECTOR_GROUPS.get(connector, _NOT_SET)
+    if kv_groups is not _NOT_SET:
+        return kv_groups
     parent = getattr(connector, "_parent", None)
-    layout = layout_for_connector(
+    kv_groups = kv_groups_for_connector(
         getattr(parent, "_kv_cache_config", None), connector._block_size, getattr(connector, "config", None)
     )
-    _decide_reuse(connector, layout)
+    _decide_reuse(connector, kv_groups)
     chunk_size = connector._lmcache_chunk_size
-    if layout is not None and layout.is_multi_group:
-        check_discard_partial_chunks(layout, connector._discard_partial_chunks)
-        check_chunk_size(layout, chunk_size)
+    if kv_groups is not None and kv_groups.is_multi_group:
+        check_discard_partial_chunks(kv_groups, connector._discard_partial_chunks)
+        check_chunk_size(kv_groups, chunk_size)
     else:
         # One group (vLLM's hybrid manager off, or a one-group model): LMCache's own
         # path, whose chunks must be whole blocks all the same.
-        if layout is not None:
-            check_chunk_size(layout, chunk_size)
+        if kv_groups is not None:
+            check_chunk_size(kv_groups, chunk_size)
         else:
             check_single_group_chunk_size(connector._block_size, chunk_size)
-        layout = None
-    CONNECTOR_LAYOUT.set(connector, layout)
-    return layout
+        kv_groups = None
+    CONNECTOR_GROUPS.set(connector, kv_groups)
+    return kv_groups
 
 
-def advance_trackers(connector, scheduler_output, layout) -> None:
+def advance_trackers(connector, scheduler_output, kv_groups) -> None:
     """Bring the multi-group trackers of the step's running requests up to date, before upstream's
     loop over them runs.
 
@@ -113,7 +113,7 @@ def advance_trackers(connector, scheduler_output, layout) -> None:
         elif new_block_ids is None or (
             type(new_block_ids) is tuple
             and not any(new_block_ids)
-            and len(new_block_ids) == len(layout.groups)
+            and len(new_block_ids) == len(kv_groups.groups)
             and type(new_block_ids[0]) is not int
         ):
             continue
@@ -123,7 +123,7 @@ def advance_trackers(connector, scheduler_output, layout) -> None:
         if groups is None:
             continue
         if rolled_back:
-            _roll_back(tracker, groups, request, layout)
+            _roll_back(tracker, groups, request, kv_groups)
         _apply_new_blocks(groups, new_block_ids, req_id in resumed)
 
 
@@ -135,7 +135,7 @@ def _apply_new_blocks(groups, new_block_ids, preempted) -> None:
         groups.append_new_blocks(new_block_ids)
 
 
-def _roll_back(tracker, groups, request, layout) -> None:
+def _roll_back(tracker, groups, request, kv_groups) -> None:
     """Truncate a rolled-back multi-group tracker before upstream does.
 
     After a failed load vLLM lowers ``num_computed_tokens``; upstream then
@@ -146,23 +146,23 @@ def _roll_back(tracker, groups, request, layout) -> None:
     """
     counts = groups.num_blocks_by_group()
     covered_blocks = prefix_bound_in_vllm_blocks(
-        {g: counts[g] for g in layout.transferred_group_indices},
-        {g: layout.groups[g].block_size for g in layout.transferred_group_indices},
-        layout.vllm_block_size,
+        {g: counts[g] for g in kv_groups.transferred_group_indices},
+        {g: kv_groups.groups[g].block_size for g in kv_groups.transferred_group_indices},
+        kv_groups.vllm_block_size,
     )
-    keep = min(request.num_computed_tokens, covered_blocks * layout.vllm_block_size)
+    keep = min(request.num_computed_tokens, covered_blocks * kv_groups.vllm_block_size)
     tracker.token_ids = list(request.all_token_ids[:keep])
     tracker.num_saved_tokens = min(tracker.num_saved_tokens, keep)
 
 
-def _decide_reuse(connector, layout) -> None:
+def _decide_reuse(connector, kv_groups) -> None:
     """Decide once per connector whether it may supply prefixes; say why not, once, at start.
 
     An engine that may not reuse also stores nothing (LMCache's own ``force_skip_save``): its
     chunks' keys name its layout, so only an engine of the same model and groups could find
     them, and that engine is refused reuse for the same reason.
     """
-    blocker = reuse_blocker(layout, getattr(connector, "_vllm_config", None))
+    blocker = reuse_blocker(kv_groups, getattr(connector, "_vllm_config", None))
     REUSE_BLOCKER.set(connector, blocker)
     if blocker is not None:
         connector.force_skip_save = True
@@ -176,5 +176,5 @@ def _decide_reuse(connector, layout) -> None:
 def connector_reuse_blocker(connector):
     """Why LMCache's scheduler-side `connector` supplies no prefix, or None (decided at start)."""
     if not REUSE_BLOCKER.is_set(connector):
-        connector_layout(connector)
+        connector_kv_groups(connector)
     return REUSE_BLOCKER.get(connector)

@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 __all__ = [
     "BLOCK_TRACKER",
     "CHUNK_PLANNER",
-    "CONNECTOR_LAYOUT",
+    "CONNECTOR_GROUPS",
     "GROUP_HINTS",
     "GROUP_PLAN",
     "MP_GROUP_STATE",
@@ -65,13 +65,13 @@ STEP_BLOCK_IDS: Attachment = Attachment("ascend_step_block_ids", "StepBlockIds o
 # request's per-group block ids (multigroup.tracker).
 BLOCK_TRACKER: Attachment = Attachment("ascend_block_tracker", "GroupBlockTracker of the request")
 # On LMCache's in-process connector (LMCacheConnectorV1Impl): its multi-group layout, None for one group.
-CONNECTOR_LAYOUT: Attachment = Attachment("_ascend_multigroup_layout", "MultiGroupLayout or None")
+CONNECTOR_GROUPS: Attachment = Attachment("_ascend_kv_groups", "KVGroups or None")
 # On the same connector: what each of its scheduler steps reads, fixed at its first step.
 STEP_READS: Attachment = Attachment(
     "_ascend_step_reads", "the adapter patch's per-step reads (layout, upstream's table), or its single-group mark"
 )
 # On the LMCache engine's metadata: the chunk planner whose byte shape memory objects take.
-CHUNK_PLANNER: Attachment = Attachment("ascend_chunk_layout", "kv_layout.ChunkPlanner of the registered caches")
+CHUNK_PLANNER: Attachment = Attachment("ascend_chunk_planner", "kv_worker.ChunkPlanner of the registered caches")
 
 REUSE_BLOCKER: Attachment = Attachment(
     "_ascend_reuse_blocker", "why the connector supplies no prefix (str), or None where reuse may be exact"

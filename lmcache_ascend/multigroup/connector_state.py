@@ -12,7 +12,7 @@ import math
 from typing import Any, Sequence
 
 from lmcache_ascend.flags import flag_value
-from lmcache_ascend.multigroup.specs import MultiGroupLayout, layout_from_kv_cache_config
+from lmcache_ascend.multigroup.specs import KVGroups, kv_groups_from_config
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy, policy_from_values
 
 __all__ = [
@@ -21,7 +21,7 @@ __all__ = [
     "check_single_group_chunk_size",
     "check_discard_partial_chunks",
     "check_native_adapter",
-    "layout_for_connector",
+    "kv_groups_for_connector",
     "nearest_chunk_sizes",
     "policy_for_config",
 ]
@@ -38,12 +38,12 @@ def policy_for_config(lmcache_config: Any) -> StateGroupPolicy:
     )
 
 
-def check_discard_partial_chunks(layout: MultiGroupLayout, discard_partial_chunks: bool) -> None:
+def check_discard_partial_chunks(kv_groups: KVGroups, discard_partial_chunks: bool) -> None:
     """Multi-group stores need whole chunks: a partial chunk's compressed and
     sliding-window rows are not final until the chunk is complete."""
-    if layout.is_multi_group and not discard_partial_chunks:
+    if kv_groups.is_multi_group and not discard_partial_chunks:
         raise MultiGroupConfigError(
-            f"a model with {layout.num_groups} KV-cache groups needs discard_partial_chunks: "
+            f"a model with {kv_groups.num_groups} KV-cache groups needs discard_partial_chunks: "
             "set kv_connector_extra_config 'discard_partial_chunks': true, or leave LMCache's "
             "'save_unfull_chunk' at false (it is true now)"
         )
@@ -106,16 +106,16 @@ def _refuse_chunk_size(chunk_size: int, groups: Sequence[tuple[str, int, int]]) 
     )
 
 
-def check_chunk_size(layout: MultiGroupLayout, chunk_size: int) -> None:
+def check_chunk_size(kv_groups: KVGroups, chunk_size: int) -> None:
     """Every compressed row sits inside one LMCache chunk, and every chunk is whole blocks of every moved group."""
-    for group, keep in zip(layout.groups, layout.transferred):
+    for group, keep in zip(kv_groups.groups, kv_groups.transferred):
         if keep and chunk_size % group.compress_ratio:
             raise MultiGroupConfigError(
                 f"LMCache chunk_size={chunk_size} is not a multiple of compress_ratio="
                 f"{group.compress_ratio} of KV-cache group {group.group_index} "
                 f"({group.spec_class_name}); choose a chunk_size divisible by every compress ratio"
             )
-    moved = [layout.groups[index] for index in layout.transferred_group_indices]
+    moved = [kv_groups.groups[index] for index in kv_groups.transferred_group_indices]
     _refuse_chunk_size(
         chunk_size,
         [(f"group {group.group_index} {group.spec_class_name}", group.block_size, group.compress_ratio) for group in moved],
@@ -127,8 +127,8 @@ def check_single_group_chunk_size(vllm_block_size: int, chunk_size: int) -> None
     _refuse_chunk_size(chunk_size, [("vLLM block_size", vllm_block_size, 1)])
 
 
-def layout_for_connector(kv_cache_config: Any, vllm_block_size: int, lmcache_config: Any) -> MultiGroupLayout | None:
+def kv_groups_for_connector(kv_cache_config: Any, vllm_block_size: int, lmcache_config: Any) -> KVGroups | None:
     """The connector's layout, or None when vLLM gave no KVCacheConfig (legacy single group)."""
     if kv_cache_config is None:
         return None
-    return layout_from_kv_cache_config(kv_cache_config, vllm_block_size, policy_for_config(lmcache_config))
+    return kv_groups_from_config(kv_cache_config, vllm_block_size, policy_for_config(lmcache_config))

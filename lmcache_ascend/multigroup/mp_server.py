@@ -29,7 +29,7 @@ __all__ = [
     "HINT_GROUP_BLOCK_SIZES",
     "HINT_LAYER_GROUPS",
     "ServerGroupPlan",
-    "block_ids_layout",
+    "block_ids_format",
     "check_request_format",
     "chunk_block_ids",
     "client_hints",
@@ -146,7 +146,7 @@ def server_format_from_answer(answer: object) -> tuple[str, str | None]:
     raise ValueError(f"LMCache MP server answered a registration with {answer!r}; allowed: None or {_ANSWER_PREFIX!r}...")
 
 
-def block_ids_layout(block_ids: Sequence[Any]) -> str:
+def block_ids_format(block_ids: Sequence[Any]) -> str:
     """`FLAT` for a list of ints, `PER_GROUP` for a list of int lists; anything else raises."""
     if all(isinstance(b, int) and not isinstance(b, bool) for b in block_ids):
         return FLAT

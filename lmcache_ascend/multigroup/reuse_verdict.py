@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmcache_ascend.multigroup.specs import MultiGroupLayout
+from lmcache_ascend.multigroup.specs import KVGroups
 
 __all__ = ["VLLM_REUSE_OFF_KEY", "record_vllm_reuse_off", "reuse_blocker", "vllm_reuse_off_reason"]
 
@@ -51,11 +51,11 @@ def vllm_reuse_off_reason(vllm_config: Any) -> str | None:
     return reason if isinstance(reason, str) and reason else None
 
 
-def reuse_blocker(layout: MultiGroupLayout | None, vllm_config: Any) -> str | None:
+def reuse_blocker(kv_groups: KVGroups | None, vllm_config: Any) -> str | None:
     """Why no prefix may be supplied to this engine, or None."""
     reasons = []
-    if layout is not None and layout.no_reuse_groups:
-        listed = "; ".join(f"group {group.group_index} ({group.no_reuse})" for group in layout.no_reuse_groups)
+    if kv_groups is not None and kv_groups.no_reuse_groups:
+        listed = "; ".join(f"group {group.group_index} ({group.no_reuse})" for group in kv_groups.no_reuse_groups)
         reasons.append(f"KV-cache groups that make reuse impossible: {listed}")
     vllm_reason = vllm_reuse_off_reason(vllm_config)
     if vllm_reason is not None:

@@ -11,7 +11,7 @@ is the sliding-window part of it) and `cached_row_count` (the rows of vLLM's
 cached prefix, which a load leaves alone).
 
 A leaf module (numpy and the standard library only): vLLM's scheduler process
-imports it. `layout_from_kv_cache_config` reads plain attributes of a
+imports it. `kv_groups_from_config` reads plain attributes of a
 ``KVCacheConfig``-like object (duck-typed), never importing vLLM.
 """
 
@@ -30,13 +30,13 @@ from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 
 __all__ = [
     "KVGroupSpec",
-    "MultiGroupLayout",
+    "KVGroups",
     "RowWindow",
     "cached_row_count",
     "chunk_row_window",
     "geometry_digest",
-    "layout_from_groups",
-    "layout_from_kv_cache_config",
+    "kv_groups_from_specs",
+    "kv_groups_from_config",
     "sliding_tail_first_row",
 ]
 
@@ -180,7 +180,7 @@ def geometry_digest(groups: Iterable[KVGroupSpec]) -> int:
 
 
 @dataclass(frozen=True)
-class MultiGroupLayout:
+class KVGroups:
     """All KV-cache groups of a model plus the settings that shape transfers.
 
     ``vllm_block_size`` is ``cache_config.block_size`` (under the hybrid
@@ -192,7 +192,7 @@ class MultiGroupLayout:
 
     def __post_init__(self) -> None:
         if not self.groups:
-            raise ValueError("MultiGroupLayout needs at least one KV-cache group; got none")
+            raise ValueError("KVGroups needs at least one KV-cache group; got none")
         for position, group in enumerate(self.groups):
             if group.group_index != position:
                 raise ValueError(
@@ -328,11 +328,11 @@ def _spec_to_group(group_index: int, spec: Any, policy: StateGroupPolicy) -> KVG
     )
 
 
-def layout_from_kv_cache_config(
+def kv_groups_from_config(
     kv_cache_config: Any,
     vllm_block_size: int,
     policy: StateGroupPolicy,
-) -> MultiGroupLayout:
+) -> KVGroups:
     """The layout of a vLLM ``KVCacheConfig`` (read by attribute, never imported)."""
     kv_cache_groups: Sequence[Any] = getattr(kv_cache_config, "kv_cache_groups", None) or ()
     if not kv_cache_groups:
@@ -343,12 +343,12 @@ def layout_from_kv_cache_config(
     groups = tuple(
         _spec_to_group(index, group.kv_cache_spec, policy) for index, group in enumerate(kv_cache_groups)
     )
-    return layout_from_groups(groups, vllm_block_size, policy)
+    return kv_groups_from_specs(groups, vllm_block_size, policy)
 
 
-def layout_from_groups(
+def kv_groups_from_specs(
     groups: Sequence[KVGroupSpec], vllm_block_size: int, policy: StateGroupPolicy
-) -> MultiGroupLayout:
+) -> KVGroups:
     """Layout of already-typed groups; the policy decides which groups move."""
     moved = tuple(
         dataclasses.replace(
@@ -362,4 +362,4 @@ def layout_from_groups(
             "every KV-cache group would be skipped as a state group "
             f"({[g.spec_class_name for g in groups]}); check LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"
         )
-    return MultiGroupLayout(groups=moved, vllm_block_size=vllm_block_size)
+    return KVGroups(groups=moved, vllm_block_size=vllm_block_size)

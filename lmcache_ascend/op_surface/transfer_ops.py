@@ -61,7 +61,7 @@ from lmcache_ascend.kernels.resolve import (
 from lmcache_ascend.kernels.spec import (
     MAX_PLANES,
     TransferError,
-    strided_chunk_layout,
+    strided_chunk_regions,
 )
 from lmcache_ascend.op_surface.formats import FormatFacts, format_facts, paged_layer_shape
 
@@ -348,22 +348,22 @@ def _move(group: PagedGroup, slots: PlaneSlots | Sequence[PlaneSlots], chunk: to
     if isinstance(slots, PlaneSlots):
         slots = (slots,) * group.plane_count
     span = _byte_span(chunk, what, op)
-    layout = _strided_layout(tuple(plane.row_bytes for plane in group.planes), tuple(s.count for s in slots),
+    regions = _strided_regions(tuple(plane.row_bytes for plane in group.planes), tuple(s.count for s in slots),
                              tuple(plane_offsets), tuple(row_pitch), layer_stride, group.layer_count)
-    if layout.total_bytes > span.numel():
+    if regions.total_bytes > span.numel():
         raise TransferError(
-            f"{op}: {what} spans {span.numel()} bytes but the move needs {layout.total_bytes}; "
+            f"{op}: {what} spans {span.numel()} bytes but the move needs {regions.total_bytes}; "
             f"shape {tuple(chunk.shape)} is too small"
         )
     if group.on_group_device(span):
-        transfer_group(group, slots, span, store=store, layout=layout, backend=backend)
+        transfer_group(group, slots, span, store=store, regions=regions, backend=backend)
         if repeatable:
-            return prepare_relaunch(group, slots, span, store=store, layout=layout, backend=backend) or _never
+            return prepare_relaunch(group, slots, span, store=store, regions=regions, backend=backend) or _never
         return None
     # LMCache's buffer lives elsewhere (pinned host memory): stage it on the caches'
     # device. A store stages the old bytes too, so rows it skips keep them.
     staged = span.to(group.device, non_blocking=not store)
-    transfer_group(group, slots, staged, store=store, layout=layout, backend=backend)
+    transfer_group(group, slots, staged, store=store, regions=regions, backend=backend)
     if store:
         span.copy_(staged)
     return _never if repeatable else None
@@ -402,7 +402,7 @@ def _repeat_key(op: str, backend: str, tensors: tuple, scalars: tuple) -> tuple 
 
 
 # A call's chunk layout is one of a few (chunk sizes x formats): checked once, then looked up.
-_strided_layout = functools.lru_cache(maxsize=256)(strided_chunk_layout)
+_strided_regions = functools.lru_cache(maxsize=256)(strided_chunk_regions)
 
 
 def _row_bytes(tensor: torch.Tensor, block_size: int) -> int:
@@ -874,7 +874,7 @@ def multi_layer_block_kv_transfer(
     # placement the kernel reaches; an object the skipped prefix cuts into, or one that differs,
     # is moved on its own.
     batch: list[tuple[int, torch.Tensor, int, int]] = []  # (object, bytes, first block, end block)
-    batch_layout = batch_shape = None
+    batch_regions = batch_shape = None
     alone = 0  # objects moved on their own
     for index, obj in enumerate(objects):
         first = max(index * per_object, skip_prefix_n_blocks)
@@ -888,9 +888,9 @@ def multi_layer_block_kv_transfer(
             batch.append((index, obj.view(-1).view(torch.uint8), first, end))
             continue
         what = f"lmcache_objects_ptrs[{index}]"
-        offsets, pitch, layer_stride = _object_layout(obj, facts, row_bytes, plane_count, layers, token_offset, what, op)
+        offsets, pitch, layer_stride = _object_regions(obj, facts, row_bytes, plane_count, layers, token_offset, what, op)
         if token_offset == 0 and batch_shape is None and _kernel_reaches(group, obj):
-            batch_shape, batch_layout = shape, (tuple(offsets), tuple(pitch), layer_stride)
+            batch_shape, batch_regions = shape, (tuple(offsets), tuple(pitch), layer_stride)
             batch.append((index, obj.view(-1).view(torch.uint8), first, end))
             continue
         alone += 1
@@ -902,18 +902,18 @@ def multi_layer_block_kv_transfer(
                   and ids_as_given)
     if len(batch) == 1:
         index, obj_bytes, first, end = batch[0]
-        offsets, pitch, layer_stride = batch_layout
+        offsets, pitch, layer_stride = batch_regions
         launch = _move(group, PlaneSlots(ids, first * bs, (end - first) * bs, rows_per_id=bs), obj_bytes, offsets,
                        pitch, layer_stride, store, op, f"lmcache_objects_ptrs[{index}]", backend, repeatable)
         if launch is not None and launch is not _never:
             _repeats.keep(handle, _BlockRepeat(launch, True, batch_shape[:4], index, index + 1, bs, rows, group.device))
             return
     elif batch:
-        offsets, pitch, layer_stride = batch_layout
-        layout = _strided_layout(row_bytes, (per_object * bs,) * plane_count, offsets, pitch, layer_stride, layers)
+        offsets, pitch, layer_stride = batch_regions
+        regions = _strided_regions(row_bytes, (per_object * bs,) * plane_count, offsets, pitch, layer_stride, layers)
         spans = tuple((first * bs, (end - first) * bs) for _, _, first, end in batch)
         chunks = chunk_buffers([obj_bytes for _, obj_bytes, _, _ in batch])
-        resolved = resolve_chunk_batch(ids, chunks, _object_rows(group, layout, spans), store=store, rows_per_id=bs)
+        resolved = resolve_chunk_batch(ids, chunks, _object_rows(group, regions, spans), store=store, rows_per_id=bs)
         transfer_chunk_batches([resolved], backend=backend)
         launch = prepare_chunks_relaunch(resolved, backend=backend) if repeatable else None
         if launch is not None:
@@ -1039,16 +1039,16 @@ def _kernel_reaches(group: PagedGroup, obj: torch.Tensor) -> bool:
     return group.on_group_device(obj) or (group.device.type == "cuda" and obj.is_cpu and obj.is_pinned())
 
 
-def _object_rows(group: PagedGroup, layout, spans: tuple[tuple[int, int], ...]) -> ChunkRows:
+def _object_rows(group: PagedGroup, regions, spans: tuple[tuple[int, int], ...]) -> ChunkRows:
     """The checked rows of a multi-object launch (every plane of object c moves slots
     [start, start + count) of spans[c]); kept on the group per layout and spans, since the
     kernel's device table is keyed on the rows' identity (calls of one length reuse it)."""
     def build() -> ChunkRows:
         starts = [[start] * group.plane_count for start, _ in spans]
         counts = [[count] * group.plane_count for _, count in spans]
-        return chunk_rows(group, layout, starts, counts)
+        return chunk_rows(group, regions, starts, counts)
 
-    return group.cache("op_surface.object_rows", 64).get_or_build((layout, spans), build)
+    return group.cache("op_surface.object_rows", 64).get_or_build((regions, spans), build)
 
 
 def _kv_dtype(paged: object, objects: list, shape_desc: PageBufferShapeDesc, op: str) -> torch.dtype:
@@ -1098,7 +1098,7 @@ def _objects(objects: list, facts: FormatFacts, shape_desc: PageBufferShapeDesc,
     return tensors
 
 
-def _object_layout(obj: torch.Tensor, facts: FormatFacts, row_bytes: list[int], planes: int, layers: int,
+def _object_regions(obj: torch.Tensor, facts: FormatFacts, row_bytes: list[int], planes: int, layers: int,
                    token_offset: int, what: str, op: str) -> tuple[list[int], list[int], int]:
     """Plane offsets, row pitches and layer stride (bytes) of one LMCache object, from `token_offset` on."""
     total = obj.numel() * obj.element_size()

@@ -57,7 +57,7 @@ def record_launches() -> list[Launch]:
                                      256, name="layers"),))
         slots = torch.arange(40, dtype=torch.int64)
         for store in (True, False):
-            chunk = torch.zeros(one.chunk_layout([40]).total_bytes, dtype=torch.uint8)
+            chunk = torch.zeros(one.chunk_regions([40]).total_bytes, dtype=torch.uint8)
             tt.triton_transfer(resolve_transfer(one, (PlaneSlots(slots, 0, 40),), chunk, store=store))
             take(f"one plane {'store' if store else 'load'}")
             # LMCache's block op: block ids of 4 rows, which the kernel expands.
@@ -76,7 +76,7 @@ def record_launches() -> list[Launch]:
                              PagedPlane(tuple(layer[2] for layer in layers), 2, 192, name="latent")))
         bundle_slots = tuple(PlaneSlots(torch.arange(count, dtype=torch.int64)) for count in (6, 6, 3))
         for store in (True, False):
-            chunk = torch.zeros(bundle.chunk_layout([s.region_rows for s in bundle_slots]).total_bytes,
+            chunk = torch.zeros(bundle.chunk_regions([s.region_rows for s in bundle_slots]).total_bytes,
                                 dtype=torch.uint8)
             tt.triton_transfer(resolve_transfer(bundle, bundle_slots, chunk, store=store))
             take(f"DSv4-like bundle {'store' if store else 'load'}")
@@ -89,17 +89,17 @@ def record_launches() -> list[Launch]:
         group_slots = torch.arange(48, dtype=torch.int64)
         starts = np.array([[4 * c, 20 + 3 * c] for c in range(5)], dtype=np.int64)
         counts = np.array([[4, 3], [4, 0], [2, 3], [4, 3], [0, 1]], dtype=np.int64)
-        layout = group.chunk_layout([4, 3])
-        rows = chunk_rows(group, layout, starts, counts)
+        regions = group.chunk_regions([4, 3])
+        rows = chunk_rows(group, regions, starts, counts)
         for store in (True, False):
-            stride = layout.total_bytes + 64
+            stride = regions.total_bytes + 64
             pool = torch.zeros(5 * stride + 64, dtype=torch.uint8)
             offsets = np.arange(5, dtype=np.int64) * stride + 64
             tt.triton_transfer_chunk_batches([resolve_chunk_batch(
-                group_slots, pool_chunk_buffers(pool, offsets, layout.total_bytes), rows, store=store)])
+                group_slots, pool_chunk_buffers(pool, offsets, regions.total_bytes), rows, store=store)])
             take(f"pool chunks {'store' if store else 'load'}")
         for store in (True, False):
-            separate = [torch.zeros(layout.total_bytes, dtype=torch.uint8) for _ in range(5)]
+            separate = [torch.zeros(regions.total_bytes, dtype=torch.uint8) for _ in range(5)]
             tt.triton_transfer_chunk_batches([resolve_chunk_batch(group_slots, separate, rows, store=store)],
                                              shape=tt.DEFAULT_LAUNCH_SHAPE)
             take(f"separate chunks {'store' if store else 'load'}")

@@ -75,14 +75,14 @@ def pipeline_group():
 
 
 @pytest.fixture(autouse=True)
-def fixture_backend_layouts(monkeypatch):
+def fixture_backend_dims(monkeypatch):
     """The worker asks vLLM's attention layers for each single tensor's layout; no
     model is loaded here, so the fixture's own (documented) layouts answer."""
-    import lmcache_ascend.connector.backend_layouts as backend_layouts
+    import lmcache_ascend.connector.backend_dims as backend_dims
 
-    layouts = dsv4_ascend_kv_caches("zeros").backend_layouts
+    dims_by_layer = dsv4_ascend_kv_caches("zeros").backend_dims
     monkeypatch.setattr(
-        backend_layouts, "describe_kv_caches", lambda vllm_config, kv_caches: {n: layouts[n] for n in kv_caches if n in layouts}
+        backend_dims, "describe_kv_caches", lambda vllm_config, kv_caches: {n: dims_by_layer[n] for n in kv_caches if n in dims_by_layer}
     )
 
 
@@ -163,7 +163,7 @@ def test_wait_for_save_then_start_load_kv_round_trips_every_group(patches, pipel
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
     from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
-    from lmcache_ascend.multigroup.attachments import CONNECTOR_LAYOUT, STEP_BLOCK_IDS
+    from lmcache_ascend.multigroup.attachments import CONNECTOR_GROUPS, STEP_BLOCK_IDS
     from tests.multigroup.cpu_slots import raw_slot_mapping_for_group
 
     fixture = dsv4_ascend_kv_cache_config()
@@ -172,9 +172,9 @@ def test_wait_for_save_then_start_load_kv_round_trips_every_group(patches, pipel
     store_meta = driver.start(PROMPT_TOKENS, BLOCK_IDS)
     (request,) = store_meta.requests
     step_blocks = STEP_BLOCK_IDS.get(request)
-    layout = CONNECTOR_LAYOUT.get(scheduler)
-    assert step_blocks is not None and layout.num_groups == 11
-    assert step_blocks.geometry_digest == layout.geometry_digest  # the groups themselves are not shipped
+    kv_groups = CONNECTOR_GROUPS.get(scheduler)
+    assert step_blocks is not None and kv_groups.num_groups == 11
+    assert step_blocks.geometry_digest == kv_groups.geometry_digest  # the groups themselves are not shipped
 
     config, engine = _engine()
     try:
@@ -197,17 +197,17 @@ def test_wait_for_save_then_start_load_kv_round_trips_every_group(patches, pipel
         loader.start_load_kv(_forward_context())
         assert loader._invalid_block_ids == set()
 
-        layout = loader._ascend_multigroup_layout if "_ascend_multigroup_layout" in vars(loader) else None
-        if layout is None:
-            from lmcache_ascend.multigroup.connector_state import layout_for_connector
+        kv_groups = loader._ascend_kv_groups if "_ascend_kv_groups" in vars(loader) else None
+        if kv_groups is None:
+            from lmcache_ascend.multigroup.connector_state import kv_groups_for_connector
 
-            layout = layout_for_connector(fixture.kv_cache_config, fixture.vllm_block_size, config)
+            kv_groups = kv_groups_for_connector(fixture.kv_cache_config, fixture.vllm_block_size, config)
         slots = {
-            group: raw_slot_mapping_for_group(layout.groups[group], list(ids), PROMPT_TOKENS)
+            group: raw_slot_mapping_for_group(kv_groups.groups[group], list(ids), PROMPT_TOKENS)
             for group, ids in enumerate(BLOCK_IDS)
         }
         expected = expected_after_roundtrip(
-            source, dsv4_ascend_kv_caches("zeros"), slots, layout, fixture.kv_cache_config, 3 * CHUNK, CHUNK
+            source, dsv4_ascend_kv_caches("zeros"), slots, kv_groups, fixture.kv_cache_config, 3 * CHUNK, CHUNK
         )
         assert_bytes_equal(target.storages, expected)
     finally:
@@ -222,7 +222,7 @@ def test_a_steps_store_slots_are_resolved_at_hand_over_and_the_store_only_indexe
     from lmcache.integration.vllm.vllm_v1_adapter import LMCacheConnectorMetadata, LoadSpec
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
-    from lmcache_ascend.kv_layout.device_slots import DeviceSlots
+    from lmcache_ascend.kv_worker.device_slots import DeviceSlots
     from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 
     fixture = dsv4_ascend_kv_cache_config()
@@ -285,7 +285,7 @@ def test_register_honours_the_bundle_flag(patches, monkeypatch, environ, expecte
     try:
         worker = _worker(fixture, config, engine)
         worker.register_kv_caches(dsv4_ascend_kv_caches("zeros").kv_caches)
-        assert len(engine.gpu_connector.layout.layer_groups) == expected_layer_groups
+        assert len(engine.gpu_connector.planner.layer_groups) == expected_layer_groups
     finally:
         LMCacheEngineBuilder.destroy("ascend-adapter-e2e")
 
@@ -293,14 +293,14 @@ def test_register_honours_the_bundle_flag(patches, monkeypatch, environ, expecte
 def test_layerwise_mode_is_rejected_at_registration(patches):
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
-    from lmcache_ascend.kv_layout import LayoutError
+    from lmcache_ascend.kv_worker import KVCacheShapeError
 
     fixture = dsv4_ascend_kv_cache_config()
     config, engine = _engine()
     try:
         worker = _worker(fixture, config, engine)
         worker.use_layerwise = True
-        with pytest.raises(LayoutError, match="use_layerwise=True cannot move multi-group"):
+        with pytest.raises(KVCacheShapeError, match="use_layerwise=True cannot move multi-group"):
             worker.register_kv_caches(dsv4_ascend_kv_caches("zeros").kv_caches)
     finally:
         LMCacheEngineBuilder.destroy("ascend-adapter-e2e")
@@ -313,7 +313,7 @@ def test_chunks_with_rows_on_the_null_block_are_not_persisted(patches, pipeline_
     """
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
-    from lmcache_ascend.multigroup.attachments import CONNECTOR_LAYOUT, STEP_BLOCK_IDS
+    from lmcache_ascend.multigroup.attachments import CONNECTOR_GROUPS, STEP_BLOCK_IDS
 
     fixture = dsv4_ascend_kv_cache_config()
     scheduler = make_connector_impl(fixture, chunk_size=CHUNK)
@@ -321,7 +321,7 @@ def test_chunks_with_rows_on_the_null_block_are_not_persisted(patches, pipeline_
     block_ids_with_null = ([0, 5],) + BLOCK_IDS[1:]
     store_meta = driver.start(PROMPT_TOKENS, block_ids_with_null)
     (request,) = store_meta.requests
-    assert STEP_BLOCK_IDS.get(request).store_hole_chunks(CONNECTOR_LAYOUT.get(scheduler)) == (0, 1)
+    assert STEP_BLOCK_IDS.get(request).store_hole_chunks(CONNECTOR_GROUPS.get(scheduler)) == (0, 1)
 
     config, engine = _engine()
     try:

@@ -4,11 +4,11 @@ Per backend module of ``vllm/v1/attention/backends`` (and ``mla/``) that imports
 this stack: build a cache exactly as vLLM's runner does (the backend's
 ``get_kv_cache_shape`` allocated in its ``get_kv_cache_stride_order`` on vLLM <= 0.23;
 the [blocks, heads, tokens, cell] view in each layout of ``supported_kv_cache_layouts``
-on vLLM >= 0.32), describe it with `backend_layout_of`, store 20 tokens from
+on vLLM >= 0.32), describe it with `backend_dims_of`, store 20 tokens from
 some slots and load them into a poisoned cache at other slots, then compare every
 element of every token against a reference indexed straight from the documented
 layout.  A backend whose layout lmcache-ascend cannot read must be refused with a
-LayoutError (never moved).  The module prints the matrix (``pytest -s``).
+KVCacheShapeError (never moved).  The module prints the matrix (``pytest -s``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import pkgutil
 import pytest
 import torch
 
-from tests.kv_layout._geometry import geometry as group_geometry
-from lmcache_ascend.connector.backend_layouts import backend_layout_of
-from lmcache_ascend.kv_layout import ChunkMover, DimRole, LayoutError, PackedKV, plan_kv_caches
+from tests.kv_worker._geometry import geometry as group_geometry
+from lmcache_ascend.connector.backend_dims import backend_dims_of
+from lmcache_ascend.kv_worker import ChunkMover, DimRole, KVCacheShapeError, PackedKV, plan_kv_caches
 
 vllm = pytest.importorskip("vllm")
 from vllm.v1.attention.backend import AttentionBackend  # noqa: E402
@@ -80,7 +80,7 @@ def _spec(backend):
 
 
 def _caches(backend) -> list[tuple[str, callable, object, object]]:
-    """(case, cache factory, layout, spec) as vLLM's runner would register them; raises LayoutError if refused."""
+    """(case, cache factory, layout, spec) as vLLM's runner would register them; raises KVCacheShapeError if refused."""
     if NEW_FAMILY:
         from vllm.v1.kv_cache_interface import compute_layer_kv_cache_shape_bytes
         from vllm.v1.kv_cache_layout import KVCacheLayout
@@ -92,16 +92,16 @@ def _caches(backend) -> list[tuple[str, callable, object, object]]:
         for kv_layout in supported:
             config = type("Config", (), {"cache_config": type("C", (), {
                 "get_resolved_kv_cache_layout": staticmethod(lambda kv_layout=kv_layout: kv_layout)})()})()
-            layout = backend_layout_of(backend, config, spec)
+            backend_dims = backend_dims_of(backend, config, spec)
             order = kv_layout.layer_view_order
-            cases.append((kv_layout.name, lambda order=order: _allocate(shape_bytes, order, spec.dtype), layout, spec))
+            cases.append((kv_layout.name, lambda order=order: _allocate(shape_bytes, order, spec.dtype), backend_dims, spec))
         return cases
     from vllm.config import DeviceConfig, VllmConfig
 
-    layout = backend_layout_of(backend, VllmConfig(device_config=DeviceConfig(device="cpu")))
+    backend_dims = backend_dims_of(backend, VllmConfig(device_config=DeviceConfig(device="cpu")))
     shape = tuple(backend.get_kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE))
-    order = layout.stride_order or tuple(range(len(shape)))
-    return [("stride order " + str(order), lambda: _allocate(shape, order, torch.float32), layout, None)]
+    order = backend_dims.stride_order or tuple(range(len(shape)))
+    return [("stride order " + str(order), lambda: _allocate(shape, order, torch.float32), backend_dims, None)]
 
 
 def _allocate(shape, order, dtype):
@@ -132,10 +132,10 @@ def _token_v032(backend, spec, cache, slot):
     return key[block, offset], value[block, offset]
 
 
-def _token_v023(cache, layout, slot):
+def _token_v023(cache, backend_dims, slot):
     """Every element of one slot, indexed from the roles get_kv_cache_shape documents (vLLM <= 0.23)."""
-    roles = list(layout.dims)
-    if layout.packed_kv is PackedKV.ROWS_PER_BLOCK_HEAD:  # cpu_attn.py: view(B, H, 2 * N, D), K rows then V rows
+    roles = list(backend_dims.dims)
+    if backend_dims.packed_kv is PackedKV.ROWS_PER_BLOCK_HEAD:  # cpu_attn.py: view(B, H, 2 * N, D), K rows then V rows
         b, h, n, c = cache.shape
         rows = cache.contiguous().view(b, h, 2 * n, c // 2)
         block, offset = divmod(slot, n)
@@ -146,8 +146,8 @@ def _token_v023(cache, layout, slot):
     return (cache[tuple(index)],)
 
 
-def _token_bytes(backend, spec, cache, layout, slot):
-    parts = _token_v032(backend, spec, cache, slot) if NEW_FAMILY else _token_v023(cache, layout, slot)
+def _token_bytes(backend, spec, cache, backend_dims, slot):
+    parts = _token_v032(backend, spec, cache, slot) if NEW_FAMILY else _token_v023(cache, backend_dims, slot)
     return torch.cat([part.contiguous().view(torch.uint8).flatten() for part in parts])
 
 
@@ -156,7 +156,7 @@ def test_backend_cache_round_trips_every_token_or_is_refused(backend):
     name = f"{backend.__module__.rsplit('.', 1)[-1]}.{backend.__name__}"
     try:
         cases = _caches(backend)
-    except LayoutError as error:
+    except KVCacheShapeError as error:
         MATRIX[name] = f"refused at registration: {error}"
         assert backend.get_name() in str(error)
         return
@@ -167,26 +167,26 @@ def test_backend_cache_round_trips_every_token_or_is_refused(backend):
     load_slots = torch.tensor([NUM_BLOCKS * BLOCK_SIZE - 1 - t for t in range(TOKENS)])
     geometry = {0: group_geometry(0)}
     generator = torch.Generator().manual_seed(0)
-    for case, allocate, layout, spec in cases:
+    for case, allocate, backend_dims, spec in cases:
         source, target = allocate(), allocate()
         # Every byte random (exact in any dtype), the target poisoned.
         source.view(torch.uint8).copy_(torch.randint(0, 256, source.view(torch.uint8).shape, generator=generator,
                                                      dtype=torch.uint8))
         target.view(torch.uint8).fill_(POISON)
-        _, store_layout = plan_kv_caches({"l": source}, {"l": (0,)}, geometry, TOKENS, backend_layouts={"l": layout})
-        _, load_layout = plan_kv_caches({"l": target}, {"l": (0,)}, geometry, TOKENS, backend_layouts={"l": layout})
-        chunk = torch.zeros(store_layout.full_plan.total_bytes, dtype=torch.uint8)
-        ChunkMover(store_layout, backend="torch").move(chunk, 0, TOKENS, {0: store_slots}, store=True)
-        ChunkMover(load_layout, backend="torch").move(chunk, 0, TOKENS, {0: load_slots}, store=False)
+        _, store_planner = plan_kv_caches({"l": source}, {"l": (0,)}, geometry, TOKENS, backend_dims={"l": backend_dims})
+        _, load_planner = plan_kv_caches({"l": target}, {"l": (0,)}, geometry, TOKENS, backend_dims={"l": backend_dims})
+        chunk = torch.zeros(store_planner.full_plan.total_bytes, dtype=torch.uint8)
+        ChunkMover(store_planner, backend="torch").move(chunk, 0, TOKENS, {0: store_slots}, store=True)
+        ChunkMover(load_planner, backend="torch").move(chunk, 0, TOKENS, {0: load_slots}, store=False)
         moved = set(load_slots.tolist())
         for t in range(TOKENS):
-            loaded = _token_bytes(backend, spec, target, layout, int(load_slots[t]))
-            stored = _token_bytes(backend, spec, source, layout, int(store_slots[t]))
+            loaded = _token_bytes(backend, spec, target, backend_dims, int(load_slots[t]))
+            stored = _token_bytes(backend, spec, source, backend_dims, int(store_slots[t]))
             assert torch.equal(loaded, stored), (case, t)
         for slot in range(NUM_BLOCKS * BLOCK_SIZE):
             if slot not in moved:
-                assert bool((_token_bytes(backend, spec, target, layout, slot) == POISON).all()), (case, slot)
-    MATRIX[name] = "covered: " + "; ".join(f"{case} as {layout.describe()}" for case, _, layout, _ in cases)
+                assert bool((_token_bytes(backend, spec, target, backend_dims, slot) == POISON).all()), (case, slot)
+    MATRIX[name] = "covered: " + "; ".join(f"{case} as {backend_dims.describe()}" for case, _, backend_dims, _ in cases)
 
 
 def test_print_matrix():

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmcache_ascend.kv_layout.chunk_identity import KEY_SEPARATOR
+from lmcache_ascend.kv_worker.chunk_identity import KEY_SEPARATOR
 from lmcache_ascend.patches import State, registry
 from tests.e2e.test_engine_roundtrip import (  # noqa: F401 - fixtures
     CHUNK,
@@ -23,7 +23,7 @@ from tests.e2e.test_engine_roundtrip import (  # noqa: F401 - fixtures
     _plan,
     _slot_mappings,
     metadata_patch,
-    multigroup_layout,
+    config_and_groups,
 )
 from tests.fixtures.kv_caches import dsv4_ascend_kv_caches
 
@@ -41,9 +41,9 @@ def stable_hash_patch():
     registry.revert(STABLE_HASH_PATCH)
 
 
-def _planned_engine(caches, kv_cache_config, layout, bundle=True):
+def _planned_engine(caches, kv_cache_config, kv_groups, bundle=True):
     instance_id, engine = _engine(None)
-    _plan(engine, caches, kv_cache_config, layout, bundle)
+    _plan(engine, caches, kv_cache_config, kv_groups, bundle)
     return instance_id, engine
 
 
@@ -54,16 +54,16 @@ def _destroy(*instance_ids):
         LMCacheEngineBuilder.destroy(instance_id)
 
 
-def test_keys_carry_the_layout_digest(metadata_patch, multigroup_layout):
-    kv_cache_config, layout = multigroup_layout
+def test_keys_carry_the_layout_digest(metadata_patch, config_and_groups):
+    kv_cache_config, kv_groups = config_and_groups
     caches = dsv4_ascend_kv_caches("zeros")
     ids = []
     try:
-        first_id, first = _planned_engine(caches, kv_cache_config, layout)
+        first_id, first = _planned_engine(caches, kv_cache_config, kv_groups)
         ids.append(first_id)
-        twin_id, twin = _planned_engine(dsv4_ascend_kv_caches("zeros"), kv_cache_config, layout)
+        twin_id, twin = _planned_engine(dsv4_ascend_kv_caches("zeros"), kv_cache_config, kv_groups)
         ids.append(twin_id)
-        exploded_id, exploded = _planned_engine(caches, kv_cache_config, layout, bundle=False)
+        exploded_id, exploded = _planned_engine(caches, kv_cache_config, kv_groups, bundle=False)
         ids.append(exploded_id)
 
         name = first.metadata.model_name
@@ -79,17 +79,17 @@ def test_keys_carry_the_layout_digest(metadata_patch, multigroup_layout):
         assert CacheEngineKey.from_string(key.to_string()) == key
 
         # Re-planning the same engine (caches registered again) re-keys it, never nests digests.
-        _plan(first, caches, kv_cache_config, layout, False)
+        _plan(first, caches, kv_cache_config, kv_groups, False)
         assert first.metadata.model_name == exploded.metadata.model_name
     finally:
         _destroy(*ids)
 
 
-def test_a_store_under_another_layout_is_not_found(metadata_patch, stable_hash_patch, multigroup_layout):
+def test_a_store_under_another_layout_is_not_found(metadata_patch, stable_hash_patch, config_and_groups):
     """Two engines over one storage (the bundled one's local CPU backend): no cross-layout hit."""
-    kv_cache_config, layout = multigroup_layout
+    kv_cache_config, kv_groups = config_and_groups
     source = dsv4_ascend_kv_caches("random", seed=3)
-    slot_mappings = _slot_mappings(layout)
+    slot_mappings = _slot_mappings(kv_groups)
     tokens = torch.arange(NUM_TOKENS)
     ids, borrowed = [], []
 
@@ -99,22 +99,22 @@ def test_a_store_under_another_layout_is_not_found(metadata_patch, stable_hash_p
         engine.retrieve_locations = owner.retrieve_locations
 
     try:
-        bundled_id, bundled = _planned_engine(source, kv_cache_config, layout)
+        bundled_id, bundled = _planned_engine(source, kv_cache_config, kv_groups)
         ids.append(bundled_id)
         bundled.store(tokens, slot_mappings_by_group=slot_mappings)
         assert bundled.lookup(tokens) == NUM_TOKENS
 
-        exploded_id, exploded = _planned_engine(source, kv_cache_config, layout, bundle=False)
+        exploded_id, exploded = _planned_engine(source, kv_cache_config, kv_groups, bundle=False)
         ids.append(exploded_id)
         share_storage(exploded, bundled)
         assert exploded.lookup(tokens) == 0
         target = dsv4_ascend_kv_caches("zeros")
-        _plan(exploded, target, kv_cache_config, layout, False)
+        _plan(exploded, target, kv_cache_config, kv_groups, False)
         assert int(exploded.retrieve(tokens, slot_mappings_by_group=slot_mappings).sum()) == 0
         assert all(int(storage.count_nonzero()) == 0 for storage in target.storages.values()), "nothing may be loaded"
 
         # Control: an engine of the bundled layout over the same storage finds every chunk.
-        twin_id, twin = _planned_engine(dsv4_ascend_kv_caches("zeros"), kv_cache_config, layout)
+        twin_id, twin = _planned_engine(dsv4_ascend_kv_caches("zeros"), kv_cache_config, kv_groups)
         ids.append(twin_id)
         share_storage(twin, bundled)
         assert twin.lookup(tokens) == NUM_TOKENS

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kv_layout._geometry import geometry as group_geometry
-from lmcache_ascend.kv_layout import LayoutError, plan_kv_caches
-from tests.fixtures.kv_caches import LATENT_LAYOUT
+from tests.kv_worker._geometry import geometry as group_geometry
+from lmcache_ascend.kv_worker import KVCacheShapeError, plan_kv_caches
+from tests.fixtures.kv_caches import LATENT_DIMS
 
 GEOMETRY = {0: group_geometry(0), 1: group_geometry(1, compress_ratio=4, sliding_window=8)}
 CHUNK = 16
@@ -33,10 +33,10 @@ def _connector(caches):
     from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
 
     connector = MultiGroupGPUConnector(CHUNK, backend="torch")
-    layers, layout = plan_kv_caches(
-        caches, {"full": (0,), "compressed": (1,)}, GEOMETRY, CHUNK, backend_layouts={"full": LATENT_LAYOUT}
+    layers, planner = plan_kv_caches(
+        caches, {"full": (0,), "compressed": (1,)}, GEOMETRY, CHUNK, backend_dims={"full": LATENT_DIMS}
     )
-    connector.register(layers, layout)
+    connector.register(layers, planner)
     return connector
 
 
@@ -74,26 +74,26 @@ def test_connector_errors_name_the_problem():
     from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
 
     fresh = MultiGroupGPUConnector(CHUNK)
-    with pytest.raises(LayoutError, match="before KV caches were registered"):
+    with pytest.raises(KVCacheShapeError, match="before KV caches were registered"):
         fresh.get_shape(CHUNK)
-    with pytest.raises(LayoutError, match="chunk_size=0 must be a positive int"):
+    with pytest.raises(KVCacheShapeError, match="chunk_size=0 must be a positive int"):
         MultiGroupGPUConnector(0)
-    layers, layout = plan_kv_caches(_caches(), {"full": (0,), "compressed": (1,)}, GEOMETRY, 8, backend_layouts={"full": LATENT_LAYOUT})
-    with pytest.raises(LayoutError, match="planned for chunk_size=8 but the connector moves chunks of 16"):
-        fresh.register(layers, layout)
+    layers, planner = plan_kv_caches(_caches(), {"full": (0,), "compressed": (1,)}, GEOMETRY, 8, backend_dims={"full": LATENT_DIMS})
+    with pytest.raises(KVCacheShapeError, match="planned for chunk_size=8 but the connector moves chunks of 16"):
+        fresh.register(layers, planner)
 
     connector = _connector(_caches())
     memory = _memory_obj(connector.get_shape(CHUNK))
-    with pytest.raises(LayoutError, match="use scheduler groups \\(0, 1\\); pass 'slot_mappings_by_group'"):
+    with pytest.raises(KVCacheShapeError, match="use scheduler groups \\(0, 1\\); pass 'slot_mappings_by_group'"):
         connector.from_gpu(memory, 0, CHUNK, slot_mapping=torch.arange(CHUNK))
-    with pytest.raises(LayoutError, match="neither 'slot_mappings_by_group' nor 'slot_mapping'"):
+    with pytest.raises(KVCacheShapeError, match="neither 'slot_mappings_by_group' nor 'slot_mapping'"):
         connector.from_gpu(memory, 0, CHUNK)
-    with pytest.raises(LayoutError, match="no slot mapping for scheduler group 1"):
+    with pytest.raises(KVCacheShapeError, match="no slot mapping for scheduler group 1"):
         connector.from_gpu(memory, 0, CHUNK, slot_mappings_by_group={0: torch.arange(CHUNK)})
-    with pytest.raises(LayoutError, match="slot mapping of scheduler group 1 has 2 entries"):
+    with pytest.raises(KVCacheShapeError, match="slot mapping of scheduler group 1 has 2 entries"):
         connector.from_gpu(memory, 0, CHUNK, slot_mappings_by_group=[torch.arange(CHUNK), torch.arange(2)])
     small = _memory_obj((1, 1, CHUNK, 1))
-    with pytest.raises(LayoutError, match="memory object of 16 bytes cannot hold tokens \\[0, 16\\)"):
+    with pytest.raises(KVCacheShapeError, match="memory object of 16 bytes cannot hold tokens \\[0, 16\\)"):
         connector.from_gpu(small, 0, CHUNK, slot_mappings_by_group=[torch.arange(CHUNK), torch.arange(4)])
 
 
@@ -128,6 +128,6 @@ def test_patches_leave_upstream_answers_where_they_do_not_apply(factory_patches)
     assert isinstance(factory.CreateGPUConnector(config, metadata, EngineType.MOCK), MockGPUConnector)
     # With a layout attached, one uint8 chunk buffer.
     connector = _connector(_caches())
-    metadata.ascend_chunk_layout = connector.layout
+    metadata.ascend_chunk_planner = connector.planner
     assert metadata.get_shapes(8) == [connector.get_shape(8)]
     assert metadata.get_dtypes() == [torch.uint8]

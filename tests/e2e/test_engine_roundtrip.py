@@ -42,12 +42,12 @@ def metadata_patch():
 
 
 @pytest.fixture(scope="module")
-def multigroup_layout():
-    from lmcache_ascend.multigroup.specs import layout_from_kv_cache_config
+def config_and_groups():
+    from lmcache_ascend.multigroup.specs import kv_groups_from_config
     from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 
     fixture = dsv4_ascend_kv_cache_config()
-    return fixture.kv_cache_config, layout_from_kv_cache_config(
+    return fixture.kv_cache_config, kv_groups_from_config(
         fixture.kv_cache_config, fixture.vllm_block_size, StateGroupPolicy()
     )
 
@@ -76,17 +76,17 @@ def _engine(connector):
     return instance_id, engine
 
 
-def _slot_mappings(layout) -> dict[int, torch.Tensor]:
+def _slot_mappings(kv_groups) -> dict[int, torch.Tensor]:
     from tests.multigroup.cpu_slots import raw_slot_mapping_for_group
 
     return {
-        group: raw_slot_mapping_for_group(layout.groups[group], ids, NUM_TOKENS) for group, ids in BLOCK_IDS.items()
+        group: raw_slot_mapping_for_group(kv_groups.groups[group], ids, NUM_TOKENS) for group, ids in BLOCK_IDS.items()
     }
 
 
-def _plan(engine, caches, kv_cache_config, layout, bundle=True):
+def _plan(engine, caches, kv_cache_config, kv_groups, bundle=True):
     from lmcache_ascend.connector.install import plan_for_engine
-    from lmcache_ascend.kv_layout.registration import plane_groups_from_layer_names
+    from lmcache_ascend.kv_worker.registration import plane_groups_from_layer_names
 
     plane_groups = plane_groups_from_layer_names(
         [group.layer_names for group in kv_cache_config.kv_cache_groups], caches.kv_caches
@@ -95,67 +95,67 @@ def _plan(engine, caches, kv_cache_config, layout, bundle=True):
         engine,
         caches.kv_caches,
         plane_groups,
-        layout.groups_by_index(),
+        kv_groups.groups_by_index(),
         bundle_multi_spec=bundle,
-        backend_layouts=caches.backend_layouts,
+        backend_dims=caches.backend_dims,
     )
 
 
 @pytest.mark.parametrize("bundle", [True, False], ids=["bundled", "exploded"])
-def test_store_then_retrieve_every_group_byte_exact(metadata_patch, multigroup_layout, bundle):
+def test_store_then_retrieve_every_group_byte_exact(metadata_patch, config_and_groups, bundle):
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
-    kv_cache_config, layout = multigroup_layout
+    kv_cache_config, kv_groups = config_and_groups
     source = dsv4_ascend_kv_caches("random", seed=1)
     target = dsv4_ascend_kv_caches("zeros")
-    slot_mappings = _slot_mappings(layout)
+    slot_mappings = _slot_mappings(kv_groups)
     # The null block rows really are -1, so the test covers skipped rows.
     assert (slot_mappings[0][:ROWS_PER_BLOCK] == -1).all()
 
     instance_id, engine = _engine(None)
     try:
-        connector = _plan(engine, source, kv_cache_config, layout, bundle)
+        connector = _plan(engine, source, kv_cache_config, kv_groups, bundle)
         tokens = torch.arange(NUM_TOKENS)
         engine.store(tokens, slot_mappings_by_group=slot_mappings)
         launches_per_store = connector.launches
         # One launch per layer group moves the store's 3 chunks; bundled, the 5 kept scheduler
         # groups give 5 layer groups; exploded, each distinct plane identity is its own (11).
         assert connector.tokens_stored == 3 * connector.chunk_size
-        assert launches_per_store == len(connector.layout.layer_groups)
-        assert len(connector.layout.layer_groups) == (5 if bundle else 11)
+        assert launches_per_store == len(connector.planner.layer_groups)
+        assert len(connector.planner.layer_groups) == (5 if bundle else 11)
 
-        _plan(engine, target, kv_cache_config, layout, bundle)  # register the zeroed caches
+        _plan(engine, target, kv_cache_config, kv_groups, bundle)  # register the zeroed caches
         retrieved = engine.retrieve(tokens, slot_mappings_by_group=slot_mappings)
         assert int(retrieved.sum()) == NUM_TOKENS
 
         zero = dsv4_ascend_kv_caches("zeros")
-        expected = expected_after_roundtrip(source, zero, slot_mappings, layout, kv_cache_config, NUM_TOKENS, CHUNK)
+        expected = expected_after_roundtrip(source, zero, slot_mappings, kv_groups, kv_cache_config, NUM_TOKENS, CHUNK)
         assert_bytes_equal(target.storages, expected)
     finally:
         LMCacheEngineBuilder.destroy(instance_id)
 
 
-def test_state_groups_are_skipped_and_window_holds_only_its_tail(metadata_patch, multigroup_layout):
+def test_state_groups_are_skipped_and_window_holds_only_its_tail(metadata_patch, config_and_groups):
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
-    kv_cache_config, layout = multigroup_layout
+    kv_cache_config, kv_groups = config_and_groups
     source = dsv4_ascend_kv_caches("random", seed=2)
-    slot_mappings = _slot_mappings(layout)
+    slot_mappings = _slot_mappings(kv_groups)
     # Give the state groups slots too: they must still not be stored.
     for group, _ in DSV4_ASCEND_STATE_GROUPS:
         slot_mappings[group] = torch.arange(NUM_TOKENS, dtype=torch.long) % (8 * ROWS_PER_BLOCK)
     instance_id, engine = _engine(None)
     try:
-        connector = _plan(engine, source, kv_cache_config, layout)
-        in_use = set(connector.layout.scheduler_groups_in_use())
+        connector = _plan(engine, source, kv_cache_config, kv_groups)
+        in_use = set(connector.planner.scheduler_groups_in_use())
         assert in_use == {0, 1, 2, 3, 8}
         assert not in_use & {group for group, _ in DSV4_ASCEND_STATE_GROUPS}
         # Sliding-window group 8 (window 128, compress 128): its window is one row, widened
         # to the paged block holding it (2 rows: 256-token blocks), i.e. the chunk.
-        plan = connector.layout.full_plan
+        plan = connector.planner.full_plan
         (swa_region,) = [
             region
-            for region, group in zip(plan.regions, connector.layout.layer_groups)
+            for region, group in zip(plan.regions, connector.planner.layer_groups)
             if group.scheduler_groups[0] == 8
         ]
         assert swa_region.plane_rows == (2, 2, 2, 2)

@@ -18,7 +18,7 @@ from lmcache_ascend.patches import State, registry
 from tests.e2e.test_adapter_worker_path import (  # noqa: F401  (fixtures used by name)
     _engine,
     _worker,
-    fixture_backend_layouts,
+    fixture_backend_dims,
     patches,
     pipeline_group,
 )

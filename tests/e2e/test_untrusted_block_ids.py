@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-from lmcache_ascend.kv_layout import LayoutError
+from lmcache_ascend.kv_worker import KVCacheShapeError
 from tests.e2e.test_adapter_worker_path import (  # noqa: F401  (fixtures used by name)
     BLOCK_IDS,
     CHUNK,
@@ -23,7 +23,7 @@ from tests.e2e.test_adapter_worker_path import (  # noqa: F401  (fixtures used b
     _engine,
     _forward_context,
     _worker,
-    fixture_backend_layouts,
+    fixture_backend_dims,
     patches,
     pipeline_group,
 )
@@ -54,7 +54,7 @@ def test_store_with_a_foreign_block_id_is_refused_and_stores_nothing(patches, pi
         saver = _worker(fixture, config, engine)
         saver.register_kv_caches(dsv4_ascend_kv_caches("random", seed=11).kv_caches)
         saver._parent._connector_metadata = _store_meta("req-bad", tokens, bad_id)
-        with pytest.raises(LayoutError) as raised:
+        with pytest.raises(KVCacheShapeError) as raised:
             saver.wait_for_save()
         assert str(raised.value).startswith(
             f"request 'req-bad', KV-cache group 2: block id {bad_id} (position 3 of its 6) is not a block of "
@@ -101,7 +101,7 @@ def test_load_with_a_foreign_block_id_is_refused_and_moves_nothing(patches, pipe
         loader = _worker(fixture, config, engine)
         loader.register_kv_caches(target.kv_caches)
         loader._parent._connector_metadata = load_meta("req-load", bad_id)
-        with pytest.raises(LayoutError, match=rf"^request 'req-load', KV-cache group 2: block id {bad_id} "):
+        with pytest.raises(KVCacheShapeError, match=rf"^request 'req-load', KV-cache group 2: block id {bad_id} "):
             loader.start_load_kv(_forward_context())
         assert_bytes_equal(target.storages, untouched)  # every byte of every cache still the poison
         # Control: the same load with the request's own ids writes into the cache.
@@ -115,7 +115,7 @@ def test_load_with_a_foreign_block_id_is_refused_and_moves_nothing(patches, pipe
 def test_slot_mappings_given_whole_are_checked_against_the_cache_rows():
     """`slot_mappings_by_group` / `slot_mapping` (LMCache hands them over as given): -1 skips, anything
     outside the group's rows is refused naming request, group, slot and position."""
-    from lmcache_ascend.kv_layout.device_slots import DeviceSlots
+    from lmcache_ascend.kv_worker.device_slots import DeviceSlots
     from lmcache_ascend.multigroup.specs import KVGroupSpec
 
     groups = {0: KVGroupSpec(0, "Full", 4), 1: KVGroupSpec(1, "C4", 16, 4)}
@@ -124,5 +124,5 @@ def test_slot_mappings_given_whole_are_checked_against_the_cache_rows():
     fine = DeviceSlots.upload({0: torch.tensor([-1, 0, 31]), 1: [15, -1]}, groups, cpu, slot_rows=rows, request="r")
     assert fine.slots.tolist() == [-1, 0, 31, 15, -1]
     for group, slots, bad, position in ((0, [0, 32, 1], 32, 1), (1, [3, -2], -2, 1), (0, [2**62], 2**62, 0)):
-        with pytest.raises(LayoutError, match=rf"^request 'r', KV-cache group {group}: slot {bad} \(position {position}\)"):
+        with pytest.raises(KVCacheShapeError, match=rf"^request 'r', KV-cache group {group}: slot {bad} \(position {position}\)"):
             DeviceSlots.upload({group: slots}, groups, cpu, slot_rows=rows, request="r")

@@ -24,7 +24,7 @@ Redis connector; skipped where no ``redis-server`` is installed: `scripts/test`
 installs Debian's where it runs as root).
 
 The chunk key names the chunk plan and the model's config and weights files
-(`kv_layout.chunk_identity`), so engines that would read the bytes differently
+(`kv_worker.chunk_identity`), so engines that would read the bytes differently
 never find each other's chunks.
 """
 

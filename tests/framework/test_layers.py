@@ -21,7 +21,7 @@ MAY_IMPORT = {
     "op_surface": ("lmcache_ascend.bounded_cache", "lmcache_ascend.flags", "lmcache_ascend.kernels"),
 }
 # pure logic: any lmcache_ascend module but the patch glue; nothing of vLLM or LMCache
-PURE = ("multigroup", "kv_layout", "prefix_cache", "blend")
+PURE = ("multigroup", "kv_worker", "prefix_cache", "blend")
 GLUE = ("lmcache_ascend.patches", "lmcache_ascend.connector", "lmcache_ascend.autoload")
 
 

@@ -80,7 +80,7 @@ def test_nothing_below_the_patches_imports_them():
         str(path.relative_to(PACKAGE)): sorted(
             name for name in _imported_modules(path) if name.startswith("lmcache_ascend.patches")
         )
-        for package in ("compat", "multigroup", "prefix_cache", "blend", "kv_layout", "kernels")
+        for package in ("compat", "multigroup", "prefix_cache", "blend", "kv_worker", "kernels")
         for path in (PACKAGE / package).rglob("*.py")
     }
     assert not {path: names for path, names in upward.items() if names}

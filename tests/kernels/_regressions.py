@@ -18,10 +18,10 @@ import itertools
 import torch
 
 from lmcache_ascend.kernels import PagedGroup, PagedPlane, PlaneSlots, transfer_group
-from tests.kernels._layouts import LayoutCase, PlaneCase
+from tests.kernels._cases import TransferCase, PlaneCase
 
 # Hypothesis's minimal failing example, verbatim.
-MINIMAL_OUT_OF_RANGE = LayoutCase(
+MINIMAL_OUT_OF_RANGE = TransferCase(
     format="merged",
     layer_count=1,
     planes=(

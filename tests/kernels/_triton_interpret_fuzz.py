@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from lmcache_ascend.kernels import launch_counter, resolve_transfer, select_backend  # noqa: E402
 from lmcache_ascend.kernels.triton_transfer import plane_widths  # noqa: E402
-from tests.kernels._layouts import build, layout_cases  # noqa: E402
+from tests.kernels._cases import build, transfer_cases  # noqa: E402
 from tests.kernels._regressions import MINIMAL_OUT_OF_RANGE, out_of_range_slot_cases  # noqa: E402
 from tests.kernels.test_transfer_roundtrip import round_trip  # noqa: E402
 
@@ -38,7 +38,7 @@ def main(examples: int) -> None:
     # derandomize: CI sees the same cases every run (the coverage assertion on widths must not flake).
     @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None,
               derandomize=True)
-    @given(case=layout_cases(max_tokens=12, max_layers=2))
+    @given(case=transfer_cases(max_tokens=12, max_layers=2))
     def check(case):
         nonlocal calls
         built = build(case)

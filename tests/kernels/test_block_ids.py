@@ -66,10 +66,10 @@ def _single(device: str, backend: str, store: bool, as_ids: bool, start: int, co
     group, ids, caches = _case(device)
     slots = ids if as_ids else _expanded(ids, ROWS_PER_ID)
     per_id = ROWS_PER_ID if as_ids else 1
-    layout = group.chunk_layout([count, count])
-    chunk = _poisoned(layout.total_bytes + 40, device)
+    regions = group.chunk_regions([count, count])
+    chunk = _poisoned(regions.total_bytes + 40, device)
     transfer_group(group, tuple(PlaneSlots(slots, start, count, rows_per_id=per_id) for _ in range(2)), chunk,
-                   store=store, chunk_offset=8, backend=backend, layout=layout)
+                   store=store, chunk_offset=8, backend=backend, regions=regions)
     return chunk, caches
 
 
@@ -79,9 +79,9 @@ def _batch(device: str, backend: str, store: bool, as_ids: bool):
     # rows of one plane disjoint across chunks: a load of one slot from two chunks writes either
     starts = np.array([[0, 4], [8, 20], [30, 12], [44, 36]], dtype=np.int64)
     counts = np.array([[8, 8], [8, 3], [5, 8], [4, 8]], dtype=np.int64)
-    layout = group.chunk_layout([8, 8])
-    chunks = [_poisoned(layout.total_bytes + 24, device, seed) for seed in range(len(starts))]
-    batch = resolve_chunk_batch(slots, chunks, chunk_rows(group, layout, starts, counts), store=store,
+    regions = group.chunk_regions([8, 8])
+    chunks = [_poisoned(regions.total_bytes + 24, device, seed) for seed in range(len(starts))]
+    batch = resolve_chunk_batch(slots, chunks, chunk_rows(group, regions, starts, counts), store=store,
                                 chunk_offset=16, rows_per_id=ROWS_PER_ID if as_ids else 1)
     launch_counter.reset()
     assert transfer_chunk_batches([batch], backend=backend) == 1
@@ -128,19 +128,19 @@ def test_triton_moves_block_ids_as_their_slots_interpreted():
 
 def test_block_id_inputs_are_refused_naming_them():
     group, ids, _ = _case("cpu")
-    layout = group.chunk_layout([8, 8])
-    chunk = torch.zeros(layout.total_bytes, dtype=torch.uint8)
+    regions = group.chunk_regions([8, 8])
+    chunk = torch.zeros(regions.total_bytes, dtype=torch.uint8)
     with pytest.raises(TransferError, match=r"rows_per_id=0 is not allowed; allowed: an int > 0"):
         PlaneSlots(ids, 0, 8, rows_per_id=0)
     with pytest.raises(TransferError, match=r"start=44 \+ count=8 exceeds its 48 rows \(12 block ids of 4 rows\)"):
-        transfer_group(group, (PlaneSlots(ids, 44, 8, rows_per_id=4),) * 2, chunk, store=True, layout=layout)
+        transfer_group(group, (PlaneSlots(ids, 44, 8, rows_per_id=4),) * 2, chunk, store=True, regions=regions)
     with pytest.raises(TransferError, match=r"slots\[1\] has rows_per_id=1 but slots\[0\] has 4"):
         transfer_group(group, (PlaneSlots(ids, 0, 8, rows_per_id=4), PlaneSlots(ids, 0, 8)), chunk, store=True,
-                       layout=layout)
+                       regions=regions)
     with pytest.raises(TransferError, match=r"slots\[1\] holds block ids in another tensor than slots\[0\]"):
         transfer_group(group, (PlaneSlots(ids, 0, 8, rows_per_id=4), PlaneSlots(ids.clone(), 0, 8, rows_per_id=4)),
-                       chunk, store=True, layout=layout)
-    rows = chunk_rows(group, layout, np.array([[44, 0]]), np.array([[8, 8]]))
+                       chunk, store=True, regions=regions)
+    rows = chunk_rows(group, regions, np.array([[44, 0]]), np.array([[8, 8]]))
     with pytest.raises(TransferError, match=r"start=44 \+ count=8 exceeds the 48 slots"):
         resolve_chunk_batch(ids, [chunk], rows, store=True, rows_per_id=4)
     with pytest.raises(TransferError, match=r"rows_per_id=-4 is not allowed"):

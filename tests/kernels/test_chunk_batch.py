@@ -49,13 +49,13 @@ def _case(device: str, seed: int = 0):
     chunks = 5
     starts = np.array([[4 * c, 20 + 3 * c] for c in range(chunks)], dtype=np.int64)
     counts = np.array([[4, 3], [4, 0], [2, 3], [4, 3], [0, 1]], dtype=np.int64)
-    layout = group.chunk_layout([4, 3])
-    return group, slots, starts, counts, layout, caches_a + caches_b
+    regions = group.chunk_regions([4, 3])
+    return group, slots, starts, counts, regions, caches_a + caches_b
 
 
-def _poisoned_chunks(layout, count: int, device: str, chunk_offset: int):
+def _poisoned_chunks(regions, count: int, device: str, chunk_offset: int):
     generator = torch.Generator().manual_seed(99)
-    return [torch.randint(0, 256, (chunk_offset + layout.total_bytes + 7,), dtype=torch.uint8, generator=generator)
+    return [torch.randint(0, 256, (chunk_offset + regions.total_bytes + 7,), dtype=torch.uint8, generator=generator)
             .to(device) for _ in range(count)]
 
 
@@ -63,10 +63,10 @@ def _run(device: str, backend: str, store: bool, chunk_offset: int = 32):
     """(chunks, caches) after a batched transfer, and the same after one single-chunk call per chunk."""
     results = []
     for batched in (True, False):
-        group, slots, starts, counts, layout, caches = _case(device)
-        chunks = _poisoned_chunks(layout, len(starts), device, chunk_offset)
+        group, slots, starts, counts, regions, caches = _case(device)
+        chunks = _poisoned_chunks(regions, len(starts), device, chunk_offset)
         if batched:
-            batch = resolve_chunk_batch(slots, chunks, chunk_rows(group, layout, starts, counts), store=store,
+            batch = resolve_chunk_batch(slots, chunks, chunk_rows(group, regions, starts, counts), store=store,
                                         chunk_offset=chunk_offset)
             launch_counter.reset()
             assert transfer_chunk_batches([batch], backend=backend) == 1
@@ -74,9 +74,9 @@ def _run(device: str, backend: str, store: bool, chunk_offset: int = 32):
         else:
             for index, chunk in enumerate(chunks):
                 plane_slots = tuple(PlaneSlots(slots, int(s), int(c), region_rows=r)
-                                    for s, c, r in zip(starts[index], counts[index], layout.region_rows))
+                                    for s, c, r in zip(starts[index], counts[index], regions.region_rows))
                 transfer_group(group, plane_slots, chunk, store=store, chunk_offset=chunk_offset, backend=backend,
-                               layout=layout)
+                               regions=regions)
         if device == "cuda":
             torch.cuda.synchronize()
         results.append(([c.cpu() for c in chunks], [c.view(torch.uint8).cpu() for c in caches]))
@@ -91,7 +91,7 @@ def _second_group(device: str, slots: torch.Tensor):
     slots = torch.cat([slots, (torch.randperm(17, generator=generator)[:12] - 1).to(device)])
     starts = np.array([[40 + 2 * c] for c in range(5)], dtype=np.int64)
     counts = np.array([[2], [1], [0], [2], [2]], dtype=np.int64)
-    return group, slots, starts, counts, group.chunk_layout([2]), caches
+    return group, slots, starts, counts, group.chunk_regions([2]), caches
 
 
 def _run_groups(device: str, backend: str, store: bool, chunk_offset: int = 32):
@@ -99,14 +99,14 @@ def _run_groups(device: str, backend: str, store: bool, chunk_offset: int = 32):
     same after one single-chunk call per group and chunk."""
     results = []
     for batched in (True, False):
-        group, slots, starts, counts, layout, caches = _case(device)
-        second, slots, second_starts, second_counts, second_layout, second_caches = _second_group(device, slots)
-        second_offset = chunk_offset + layout.total_bytes + 8
+        group, slots, starts, counts, regions, caches = _case(device)
+        second, slots, second_starts, second_counts, second_regions, second_caches = _second_group(device, slots)
+        second_offset = chunk_offset + regions.total_bytes + 8
         generator = torch.Generator().manual_seed(99)
-        chunks = [torch.randint(0, 256, (second_offset + second_layout.total_bytes + 5,), dtype=torch.uint8,
+        chunks = [torch.randint(0, 256, (second_offset + second_regions.total_bytes + 5,), dtype=torch.uint8,
                                 generator=generator).to(device) for _ in range(len(starts))]
-        parts = ((group, starts, counts, layout, chunk_offset),
-                 (second, second_starts, second_counts, second_layout, second_offset))
+        parts = ((group, starts, counts, regions, chunk_offset),
+                 (second, second_starts, second_counts, second_regions, second_offset))
         if batched:
             batches = [resolve_chunk_batch(slots, chunks, chunk_rows(g, lay, s, c), store=store, chunk_offset=o)
                        for g, s, c, lay, o in parts]
@@ -118,7 +118,7 @@ def _run_groups(device: str, backend: str, store: bool, chunk_offset: int = 32):
                 for index, chunk in enumerate(chunks):
                     plane_slots = tuple(PlaneSlots(slots, int(a), int(b), region_rows=r)
                                         for a, b, r in zip(s[index], c[index], lay.region_rows))
-                    transfer_group(g, plane_slots, chunk, store=store, chunk_offset=o, backend=backend, layout=lay)
+                    transfer_group(g, plane_slots, chunk, store=store, chunk_offset=o, backend=backend, regions=lay)
         if device == "cuda":
             torch.cuda.synchronize()
         results.append(([c.cpu() for c in chunks], [c.view(torch.uint8).cpu() for c in caches + second_caches]))
@@ -142,8 +142,8 @@ def test_reference_batch_equals_single_chunk_calls(store):
 def test_groups_of_one_call_all_move():
     """Control for the two-group case: on a store, both groups' regions of the poisoned chunks change."""
     chunks = _run_groups("cpu", "torch", True)[0][0]
-    layout = _case("cpu")[4]
-    second_offset = 32 + layout.total_bytes + 8
+    regions = _case("cpu")[4]
+    second_offset = 32 + regions.total_bytes + 8
     generator = torch.Generator().manual_seed(99)  # the poison `_run_groups` fills the chunks with
     poisoned = [torch.randint(0, 256, (chunk.numel(),), dtype=torch.uint8, generator=generator) for chunk in chunks]
     assert any(not torch.equal(a[:second_offset], b[:second_offset]) for a, b in zip(poisoned, chunks))
@@ -152,40 +152,40 @@ def test_groups_of_one_call_all_move():
 
 def test_a_batch_moves_bytes_at_all():
     """Control: the poisoned chunks change on store (else equality above proves nothing)."""
-    group, slots, starts, counts, layout, _ = _case("cpu")
-    chunks = _poisoned_chunks(layout, len(starts), "cpu", 0)
+    group, slots, starts, counts, regions, _ = _case("cpu")
+    chunks = _poisoned_chunks(regions, len(starts), "cpu", 0)
     before = [c.clone() for c in chunks]
-    transfer_chunk_batches([resolve_chunk_batch(slots, chunks, chunk_rows(group, layout, starts, counts), store=True)],
+    transfer_chunk_batches([resolve_chunk_batch(slots, chunks, chunk_rows(group, regions, starts, counts), store=True)],
                            backend="torch")
     assert sum(not torch.equal(a, b) for a, b in zip(before, chunks)) >= 3
 
 
 def test_batch_inputs_are_refused_naming_them():
-    group, slots, starts, counts, layout, _ = _case("cpu")
-    chunks = _poisoned_chunks(layout, len(starts), "cpu", 0)
-    rows = chunk_rows(group, layout, starts, counts)
+    group, slots, starts, counts, regions, _ = _case("cpu")
+    chunks = _poisoned_chunks(regions, len(starts), "cpu", 0)
+    rows = chunk_rows(group, regions, starts, counts)
     with pytest.raises(TransferError, match="exceeds the 40 slots"):
         bad = starts.copy()
         bad[2, 1] = 39
-        resolve_chunk_batch(slots, chunks, chunk_rows(group, layout, bad, counts), store=True)
+        resolve_chunk_batch(slots, chunks, chunk_rows(group, regions, bad, counts), store=True)
     with pytest.raises(TransferError, match="chunk 0 plane 0: start=0 \\+ count=4 exceeds the 3 slots"):
         resolve_chunk_batch(slots[:3], chunks, rows, store=True)
     with pytest.raises(TransferError, match="region_rows"):
         bad = counts.copy()
         bad[0, 0] = 5
-        chunk_rows(group, layout, starts, bad)
+        chunk_rows(group, regions, starts, bad)
     with pytest.raises(TransferError, match="must be >= 0"):
-        chunk_rows(group, layout, -starts, counts)
+        chunk_rows(group, regions, -starts, counts)
     with pytest.raises(TransferError, match="do not fit"):
         resolve_chunk_batch(slots, [c[:10] for c in chunks], rows, store=True)
     with pytest.raises(TransferError, match="2 chunks but rows for 5 chunks"):
         resolve_chunk_batch(slots, chunks[:2], rows, store=True)
     with pytest.raises(TransferError, match=r"\(chunks, planes\)"):
-        chunk_rows(group, layout, starts[:, :1], counts[:, :1])
+        chunk_rows(group, regions, starts[:, :1], counts[:, :1])
     with pytest.raises(TransferError, match="allowed: ChunkRows"):
         resolve_chunk_batch(slots, chunks, (starts, counts), store=True)
     with pytest.raises(TransferError, match=r"chunks\[1\] = torch.int16"):
-        resolve_chunk_batch(slots, [chunks[0], chunks[1][:-1].view(torch.int16)], chunk_rows(group, layout, starts[:2], counts[:2]),
+        resolve_chunk_batch(slots, [chunks[0], chunks[1][:-1].view(torch.int16)], chunk_rows(group, regions, starts[:2], counts[:2]),
                             store=True)
     # Rows are kept and reused: the caller's arrays may change afterwards, the rows may not.
     before = rows.starts.copy()
@@ -199,21 +199,21 @@ def test_chunks_of_a_pool_move_like_separate_chunks(backend: str = "torch"):
     """`pool_chunk_buffers` (staging) addresses chunks by offset: same bytes as separate tensors."""
     from lmcache_ascend.kernels import pool_chunk_buffers
 
-    group, slots, starts, counts, layout, _ = _case("cpu")
-    rows = chunk_rows(group, layout, starts, counts)
-    stride = layout.total_bytes + 40
+    group, slots, starts, counts, regions, _ = _case("cpu")
+    rows = chunk_rows(group, regions, starts, counts)
+    stride = regions.total_bytes + 40
     pool = torch.full((len(starts) * stride + 8,), 0xA5, dtype=torch.uint8)
-    separate = [torch.full((layout.total_bytes,), 0xA5, dtype=torch.uint8) for _ in range(len(starts))]
+    separate = [torch.full((regions.total_bytes,), 0xA5, dtype=torch.uint8) for _ in range(len(starts))]
     offsets = np.arange(len(starts), dtype=np.int64) * stride + 8
-    transfer_chunk_batches([resolve_chunk_batch(slots, pool_chunk_buffers(pool, offsets, layout.total_bytes), rows,
+    transfer_chunk_batches([resolve_chunk_batch(slots, pool_chunk_buffers(pool, offsets, regions.total_bytes), rows,
                                                 store=True)], backend=backend)
     transfer_chunk_batches([resolve_chunk_batch(slots, separate, rows, store=True)], backend="torch")
     for index, chunk in enumerate(separate):
-        assert torch.equal(pool[8 + index * stride : 8 + index * stride + layout.total_bytes], chunk)
+        assert torch.equal(pool[8 + index * stride : 8 + index * stride + regions.total_bytes], chunk)
     assert int((pool[:8] != 0xA5).sum()) == 0  # nothing outside the chunks
     assert sum(not bool((chunk == 0xA5).all()) for chunk in separate) >= 3
     with pytest.raises(TransferError, match="do not fit the pool"):
-        pool_chunk_buffers(pool, offsets + stride, layout.total_bytes)
+        pool_chunk_buffers(pool, offsets + stride, regions.total_bytes)
 
 
 # Launch shapes every multi-chunk launch is checked under (each forced on every region) as (rows
@@ -288,9 +288,9 @@ def test_back_to_back_launches_each_move_their_own_chunks_on_cuda():
     """Multi-chunk launches keep their address table per stream and reuse it: launches queued one
     after another (no wait between them) over other chunk buffers must each read their own
     addresses. A launch on a second stream gets a table of its own."""
-    group, slots, starts, counts, layout, caches = _case("cuda")
-    rows = chunk_rows(group, layout, starts, counts)
-    rounds = [_poisoned_chunks(layout, len(starts), "cuda", 32) for _ in range(6)]
+    group, slots, starts, counts, regions, caches = _case("cuda")
+    rows = chunk_rows(group, regions, starts, counts)
+    rounds = [_poisoned_chunks(regions, len(starts), "cuda", 32) for _ in range(6)]
     for chunks in rounds:
         for chunk in chunks:
             chunk.fill_(0xA5)
@@ -305,7 +305,7 @@ def test_back_to_back_launches_each_move_their_own_chunks_on_cuda():
         else:
             transfer_chunk_batches([batch], backend="triton")
     torch.cuda.synchronize()
-    expected = _poisoned_chunks(layout, len(starts), "cuda", 32)
+    expected = _poisoned_chunks(regions, len(starts), "cuda", 32)
     for chunk in expected:
         chunk.fill_(0xA5)
     batch = resolve_chunk_batch(slots, expected, rows, store=True, chunk_offset=32)

@@ -12,12 +12,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from lmcache_ascend.kernels import PagedGroup, PagedPlane, PlaneSlots, launch_counter, transfer_group
-from tests.kernels._layouts import (
+from tests.kernels._cases import (
     build,
     describe,
     expected_chunk_after_store,
     expected_storages_after_load,
-    layout_cases,
+    transfer_cases,
     move_layers,
     poisoned_chunk,
 )
@@ -48,7 +48,7 @@ def round_trip(case, backend: str, device: str = "cpu") -> None:
 
 
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=layout_cases())
+@given(case=transfer_cases())
 def test_fuzz_store_then_load_is_byte_exact(case):
     round_trip(case, backend="torch")
 
@@ -89,7 +89,7 @@ def test_bundled_group_is_one_call_per_chunk():
         PagedPlane([torch.zeros(2, 2, 1, dtype=torch.float16) for _ in range(3)], 2, 2),
     )
     group = PagedGroup(planes)
-    chunk = torch.zeros(group.chunk_layout([4, 2]).total_bytes, dtype=torch.uint8)
+    chunk = torch.zeros(group.chunk_regions([4, 2]).total_bytes, dtype=torch.uint8)
     launch_counter.reset()
     transfer_group(group, [PlaneSlots(torch.arange(4)), PlaneSlots(torch.arange(2))], chunk, store=True,
                    backend="torch")

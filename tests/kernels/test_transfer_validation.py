@@ -11,12 +11,12 @@ from lmcache_ascend.kernels import (
     PagedPlane,
     PlaneSlots,
     TransferError,
-    chunk_layout,
+    chunk_regions,
     select_backend,
     transfer_group,
     widest_element_width,
 )
-from tests.kernels._layouts import move_layers
+from tests.kernels._cases import move_layers
 
 
 def plane(dtype=torch.bfloat16, blocks=3, block_size=4, width=8, layers=2, name="p"):
@@ -140,7 +140,7 @@ def test_complex_and_sparse_tensors_are_refused():
 
 def test_alignment_must_be_a_power_of_two():
     with pytest.raises(TransferError, match=r"alignment=24 is not allowed; allowed: a power of two"):
-        chunk_layout([8], [4], 1, alignment=24)
+        chunk_regions([8], [4], 1, alignment=24)
 
 
 @pytest.mark.parametrize(

@@ -50,8 +50,8 @@ def _widest(*quantities: int) -> int:
 def test_table_holds_exactly_each_tensors_geometry_and_each_regions_offset_and_width(chunk_offset):
     group = _group()
     slots = _slots()
-    layout = group.chunk_layout([s.region_rows for s in slots])
-    chunk = torch.full((chunk_offset + layout.total_bytes,), 0x5A, dtype=torch.uint8)
+    regions = group.chunk_regions([s.region_rows for s in slots])
+    chunk = torch.full((chunk_offset + regions.total_bytes,), 0x5A, dtype=torch.uint8)
     transfer = resolve_transfer(group, slots, chunk, store=True, chunk_offset=chunk_offset)
     table = _table(transfer, chunk.data_ptr()).table
     expected: list[int] = []
@@ -62,10 +62,10 @@ def test_table_holds_exactly_each_tensors_geometry_and_each_regions_offset_and_w
             expected += [tensor.data_ptr(), tensor.shape[0] * plane.block_size, stride, plane.block_size,
                          plane.row_bytes]
     for index, plane in enumerate(group.planes):
-        region = chunk_offset + layout.plane_offsets[index]
+        region = chunk_offset + regions.plane_offsets[index]
         addresses = [plane.caches[layer].data_ptr() for layer in range(group.layer_count)]
         strides = [plane.caches[layer].stride(0) * plane.caches[layer].element_size() for layer in range(3)]
-        width = _widest(plane.row_bytes, *addresses, *strides, chunk.data_ptr(), region, layout.layer_stride)
+        width = _widest(plane.row_bytes, *addresses, *strides, chunk.data_ptr(), region, regions.layer_stride)
         expected += [region, width, plane.row_bytes]  # packed layout: the row pitch is the row bytes
     assert table.dtype == torch.int64 and table.tolist() == expected  # every element, no padding
     assert tt.plane_widths(transfer) == tuple(expected[-8::3])
@@ -74,14 +74,14 @@ def test_table_holds_exactly_each_tensors_geometry_and_each_regions_offset_and_w
 def test_table_is_uploaded_once_per_chunk_shape_and_rebuilt_when_the_key_changes():
     group = _group()
     slots = _slots()
-    layout = group.chunk_layout([s.region_rows for s in slots])
-    chunk = torch.zeros(layout.total_bytes + 64, dtype=torch.uint8)
+    regions = group.chunk_regions([s.region_rows for s in slots])
+    chunk = torch.zeros(regions.total_bytes + 64, dtype=torch.uint8)
     first = _table(resolve_transfer(group, slots, chunk, store=True), chunk.data_ptr())
     again = _table(resolve_transfer(group, slots, chunk, store=False), chunk.data_ptr())
     assert again.table is first.table  # per call: a lookup, no new tensor, no upload
     shifted = _table(resolve_transfer(group, slots, chunk, store=True, chunk_offset=32), chunk.data_ptr())
     assert shifted.table is not first.table
-    assert shifted.table.tolist()[-9::3] == [32 + offset for offset in layout.plane_offsets]
+    assert shifted.table.tolist()[-9::3] == [32 + offset for offset in regions.plane_offsets]
     other_shape = _slots((5, 6, 3))
     reshaped = _table(resolve_transfer(group, other_shape, chunk, store=True), chunk.data_ptr())
     assert reshaped.table is not first.table
@@ -91,13 +91,13 @@ def test_table_is_uploaded_once_per_chunk_shape_and_rebuilt_when_the_key_changes
 
 
 def _table(transfer, anchor):
-    return tt._device_table(transfer.group, transfer.layout, transfer.chunk_offset, anchor)
+    return tt._device_table(transfer.group, transfer.regions, transfer.chunk_offset, anchor)
 
 
 def test_misaligned_slot_array_is_refused_naming_the_plane_before_any_launch():
     group = _group()
-    layout = group.chunk_layout([6, 6, 3])
-    chunk = torch.zeros(layout.total_bytes, dtype=torch.uint8)
+    regions = group.chunk_regions([6, 6, 3])
+    chunk = torch.zeros(regions.total_bytes, dtype=torch.uint8)
     backing = bytearray(8 * 6 + 4)
     # An int64 tensor 4 bytes off its element alignment (reachable through frombuffer).
     misaligned = torch.frombuffer(backing, dtype=torch.int64, offset=4, count=6)

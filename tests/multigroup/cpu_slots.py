@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lmcache_ascend.multigroup.specs import KVGroupSpec, MultiGroupLayout, cached_row_count, chunk_row_window
+from lmcache_ascend.multigroup.specs import KVGroupSpec, KVGroups, cached_row_count, chunk_row_window
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID, GroupBlockTracker
 
 
@@ -77,12 +77,12 @@ class GroupSlotMappings:
 
 
 def build_group_slot_mappings(
-    layout: MultiGroupLayout, tracker: GroupBlockTracker, num_tokens: int, chunk_size: int, vllm_cached_tokens: int = 0
+    kv_groups: KVGroups, tracker: GroupBlockTracker, num_tokens: int, chunk_size: int, vllm_cached_tokens: int = 0
 ) -> GroupSlotMappings:
     slot_mappings = tuple(
         raw_slot_mapping_for_group(group, tracker.block_ids_by_group[group.group_index], num_tokens)
         if group.transferred
         else None
-        for group in layout.groups
+        for group in kv_groups.groups
     )
-    return GroupSlotMappings(layout.groups, slot_mappings, num_tokens, chunk_size, vllm_cached_tokens)
+    return GroupSlotMappings(kv_groups.groups, slot_mappings, num_tokens, chunk_size, vllm_cached_tokens)

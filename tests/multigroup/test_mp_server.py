@@ -8,7 +8,7 @@ from lmcache_ascend.multigroup.mp_server import (
     HINT_CLIENT,
     HINT_GROUP_BLOCK_SIZES,
     HINT_LAYER_GROUPS,
-    block_ids_layout,
+    block_ids_format,
     check_request_format,
     chunk_block_ids,
     client_hints,
@@ -103,10 +103,10 @@ def test_registration_answer_round_trip():
 
 
 def test_block_id_layouts_and_request_format_check():
-    assert block_ids_layout([1, 2, 3]) == FLAT
-    assert block_ids_layout([[1], [2, 3], []]) == PER_GROUP
+    assert block_ids_format([1, 2, 3]) == FLAT
+    assert block_ids_format([[1], [2, 3], []]) == PER_GROUP
     with pytest.raises(ValueError, match="mix ints and lists"):
-        block_ids_layout([1, [2]])
+        block_ids_format([1, [2]])
     check_request_format(PER_GROUP, PER_GROUP, {})
     with pytest.raises(WireFormatMismatch) as error:
         check_request_format(FLAT, PER_GROUP, {"client": "vLLM 0.18.1 side", "server": "LMCache 0.4.5 side"})

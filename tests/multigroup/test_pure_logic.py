@@ -20,23 +20,23 @@ from lmcache_ascend.multigroup.connector_state import (
     MultiGroupConfigError,
     check_chunk_size,
     check_discard_partial_chunks,
-    layout_for_connector,
+    kv_groups_for_connector,
     policy_for_config,
 )
 from lmcache_ascend.multigroup.slicing import (
     group_block_range,
     prefix_bound_in_vllm_blocks,
 )
-from lmcache_ascend.kv_layout.formats import LayoutError
-from lmcache_ascend.kv_layout import device_slots as slot_module
-from lmcache_ascend.kv_layout.device_slots import DeviceSlots
+from lmcache_ascend.kv_worker.formats import KVCacheShapeError
+from lmcache_ascend.kv_worker import device_slots as slot_module
+from lmcache_ascend.kv_worker.device_slots import DeviceSlots
 from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
 from lmcache_ascend.multigroup.slots import GeometryMismatchError, StepBlockIds, step_block_ids
 from lmcache_ascend.multigroup.specs import (
     KVGroupSpec,
-    MultiGroupLayout,
+    KVGroups,
     geometry_digest,
-    layout_from_groups,
+    kv_groups_from_specs,
 )
 from lmcache_ascend.multigroup.state_skip import (
     DEFAULT_STATE_SPEC_CLASS_NAMES,
@@ -131,10 +131,10 @@ def test_group_spec_validation_names_the_bad_attribute():
 def test_layout_rejects_groups_out_of_order_and_all_skipped():
     groups = (KVGroupSpec(1, "A", 16), KVGroupSpec(0, "B", 16))
     with pytest.raises(ValueError, match="vLLM's order"):
-        MultiGroupLayout(groups, 16)
+        KVGroups(groups, 16)
     only_state = (KVGroupSpec(0, "C4AttnKVState", 16, is_state=True),)
     with pytest.raises(ValueError, match="every KV-cache group would be skipped"):
-        layout_from_groups(only_state, 16, StateGroupPolicy())
+        kv_groups_from_specs(only_state, 16, StateGroupPolicy())
 
 
 def test_state_policy_default_allowlist_and_switch():
@@ -172,13 +172,13 @@ def test_flag_beats_lmcache_config_value(monkeypatch):
 
 
 def test_config_checks_name_the_settings():
-    layout = layout_from_groups((KVGroupSpec(0, "A", 512, 4), KVGroupSpec(1, "B", 512, 128)), 128, StateGroupPolicy())
+    kv_groups = kv_groups_from_specs((KVGroupSpec(0, "A", 512, 4), KVGroupSpec(1, "B", 512, 128)), 128, StateGroupPolicy())
     with pytest.raises(MultiGroupConfigError, match="discard_partial_chunks.*save_unfull_chunk"):
-        check_discard_partial_chunks(layout, False)
-    check_discard_partial_chunks(layout, True)
+        check_discard_partial_chunks(kv_groups, False)
+    check_discard_partial_chunks(kv_groups, True)
     with pytest.raises(MultiGroupConfigError, match="chunk_size=192 is not a multiple of compress_ratio=128"):
-        check_chunk_size(layout, 192)
-    check_chunk_size(layout, 256)
+        check_chunk_size(kv_groups, 192)
+    check_chunk_size(kv_groups, 256)
 
 
 # ----------------------------------------------------------------------------- tracker
@@ -210,8 +210,8 @@ CPU = torch.device("cpu")
 _REAL_EXPAND = slot_module._expand_block_ids  # the real one, while `_resolved` wraps it
 
 
-def _layout(*groups: KVGroupSpec) -> MultiGroupLayout:
-    return layout_from_groups(groups, 4, StateGroupPolicy())
+def _kv_groups(*groups: KVGroupSpec) -> KVGroups:
+    return kv_groups_from_specs(groups, 4, StateGroupPolicy())
 
 
 def _expand_poisoned(block_ids, groups, out):
@@ -221,20 +221,20 @@ def _expand_poisoned(block_ids, groups, out):
     assert -7 not in out.tolist()
 
 
-def _resolved(step: StepBlockIds, layout: MultiGroupLayout, cached_tokens: int = 0) -> dict[int, list[int]]:
+def _resolved(step: StepBlockIds, kv_groups: KVGroups, cached_tokens: int = 0) -> dict[int, list[int]]:
     """What a worker with `layout` resolves from the shipped block ids, per group (CPU device)."""
     slot_module._expand_block_ids = _expand_poisoned
     try:
-        device_slots = DeviceSlots.from_block_ids(step, layout, CPU, cached_tokens)
+        device_slots = DeviceSlots.from_block_ids(step, kv_groups, CPU, cached_tokens)
     finally:
         slot_module._expand_block_ids = _REAL_EXPAND
     flat = device_slots.slots.tolist()
     return {g: flat[device_slots.offsets[g] : device_slots.offsets[g] + device_slots.lengths[g]] for g in device_slots.offsets}
 
 
-def _store_rows(step: StepBlockIds, layout: MultiGroupLayout, group: int, slots: list[int]) -> list[int]:
+def _store_rows(step: StepBlockIds, kv_groups: KVGroups, group: int, slots: list[int]) -> list[int]:
     """`slots` with the rows no chunk stores (`chunk_row_window`) set to -1."""
-    keep = rows_in_chunk_windows(layout.groups[group], len(slots), step.chunk_size)
+    keep = rows_in_chunk_windows(kv_groups.groups[group], len(slots), step.chunk_size)
     return [slot if kept else -1 for slot, kept in zip(slots, keep)]
 
 
@@ -246,34 +246,34 @@ def test_oracle_raw_slots_compressed_group_with_null_block_row_by_row():
 
 
 def test_step_block_ids_need_enough_blocks():
-    layout = _layout(KVGroupSpec(0, "Full", block_size=16), KVGroupSpec(1, "Full", block_size=16))
+    kv_groups = _kv_groups(KVGroupSpec(0, "Full", block_size=16), KVGroupSpec(1, "Full", block_size=16))
     tracker = GroupBlockTracker.for_new_request(([1, 2, 3], [1, 2]), 2)
     with pytest.raises(ValueError, match="group 1 .*33 tokens need 3 blocks of 16 tokens but only 2"):
-        step_block_ids(layout, tracker, 33, 16)
+        step_block_ids(kv_groups, tracker, 33, 16)
 
 
 def test_step_block_ids_ship_compact_numpy_ids_and_resolve_per_direction():
-    layout = _layout(
+    kv_groups = _kv_groups(
         KVGroupSpec(0, "C4AttnKV", 16, 4),
         KVGroupSpec(1, "C4AttnKVState", 4, is_state=True),
         KVGroupSpec(2, "SWA", 8, 1, sliding_window=4),
     )
     tracker = GroupBlockTracker.for_new_request(([1, 2, 9], [3, 4, 5, 6], [7, 8, 9, 10, 11]), 3)
-    step = step_block_ids(layout, tracker, num_tokens=32, chunk_size=16, vllm_cached_tokens=8)
-    assert step.transferred_groups(layout) == (0, 2)
+    step = step_block_ids(kv_groups, tracker, num_tokens=32, chunk_size=16, vllm_cached_tokens=8)
+    assert step.transferred_groups(kv_groups) == (0, 2)
     # Only the blocks 32 tokens occupy, of transferred groups, packed in one bytes object of int64s.
     assert isinstance(step.packed_block_ids, bytes) and len(step.packed_block_ids) == 6 * 8
     assert isinstance(step.block_ids, np.ndarray) and step.block_ids.dtype == np.int64
     assert step.block_ids.tolist() == [1, 2, 7, 8, 9, 10]
-    assert {g: ids.tolist() for g, ids in step.group_block_ids(layout).items()} == {0: [1, 2], 2: [7, 8, 9, 10]}
-    store, load = _resolved(step, layout), _resolved(step, layout, step.vllm_cached_tokens)
+    assert {g: ids.tolist() for g, ids in step.group_block_ids(kv_groups).items()} == {0: [1, 2], 2: [7, 8, 9, 10]}
+    store, load = _resolved(step, kv_groups), _resolved(step, kv_groups, step.vllm_cached_tokens)
     assert set(store) == {0, 2}
     assert store[0] == [4, 5, 6, 7, 8, 9, 10, 11]
     assert load[0] == [-1, -1, 6, 7, 8, 9, 10, 11]
     # Window of 4 tokens at the end of each 16-token chunk (tokens 12..15 and 28..31),
     # widened to the 8-token blocks holding them: tokens 8..15 and 24..31.
     assert store[2] == list(range(56, 88))
-    assert _store_rows(step, layout, 2, store[2]) == [-1] * 8 + list(range(64, 72)) + [-1] * 8 + list(range(80, 88))
+    assert _store_rows(step, kv_groups, 2, store[2]) == [-1] * 8 + list(range(64, 72)) + [-1] * 8 + list(range(80, 88))
     assert load[2] == [-1] * 8 + list(range(64, 88))
     # What ships is read-only (the tracker builds the next step's array on it) and the tracker's ids stay.
     with pytest.raises(ValueError, match="read-only"):
@@ -319,45 +319,45 @@ def test_step_block_ids_attachment_reads_the_documented_attribute():
 
 
 def test_device_slots_refuse_ids_made_for_other_groups_or_of_the_wrong_length():
-    layout = _layout(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 16, 4))
+    kv_groups = _kv_groups(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 16, 4))
     tracker = GroupBlockTracker.for_new_request(([1, 2], [3]), 2)
-    step = step_block_ids(layout, tracker, 16, 16)
+    step = step_block_ids(kv_groups, tracker, 16, 16)
     mismatch = "KV-cache group geometry .* differs between scheduler and worker"
     for other in (
-        _layout(KVGroupSpec(0, "Full", 8)),  # a group fewer
-        _layout(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 32, 4)),  # another block size
-        _layout(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 16, 4, sliding_window=16)),  # a window
-        _layout(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 16, 2)),  # another compress ratio
+        _kv_groups(KVGroupSpec(0, "Full", 8)),  # a group fewer
+        _kv_groups(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 32, 4)),  # another block size
+        _kv_groups(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 16, 4, sliding_window=16)),  # a window
+        _kv_groups(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 16, 2)),  # another compress ratio
     ):
         with pytest.raises(GeometryMismatchError, match=f"{step.geometry_digest:016x} .*{other.geometry_digest:016x}.*{mismatch}"):
             DeviceSlots.from_block_ids(step, other, CPU)
         with pytest.raises(GeometryMismatchError, match=mismatch):
             step.first_storable_token(other)
-    short = StepBlockIds(layout.geometry_digest, step.packed_block_ids[:-8], 16, 16)
+    short = StepBlockIds(kv_groups.geometry_digest, step.packed_block_ids[:-8], 16, 16)
     with pytest.raises(ValueError, match="carries 2 block ids; its 2 transferred groups need 3 for 16 tokens"):
-        DeviceSlots.from_block_ids(short, layout, CPU)
-    torn = StepBlockIds(layout.geometry_digest, step.packed_block_ids[:-4], 16, 16)  # not whole ids
+        DeviceSlots.from_block_ids(short, kv_groups, CPU)
+    torn = StepBlockIds(kv_groups.geometry_digest, step.packed_block_ids[:-4], 16, 16)  # not whole ids
     with pytest.raises(ValueError, match="carries 2.5 block ids; its 2 transferred groups need 3"):
-        DeviceSlots.from_block_ids(torn, layout, CPU)
+        DeviceSlots.from_block_ids(torn, kv_groups, CPU)
     with pytest.raises(ValueError, match="carries 2.5 block ids"):
-        torn.group_block_ids(layout)
+        torn.group_block_ids(kv_groups)
 
 
 def test_geometry_digest_is_fixed_by_the_group_fields_alone():
     groups = (KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "SWA", 8, sliding_window=16), KVGroupSpec(2, "C4", 16, 4))
-    layout = _layout(*groups)
+    kv_groups = _kv_groups(*groups)
     # The same groups in another process, another order or another layout object: the same digest.
-    assert _layout(*groups).geometry_digest == layout.geometry_digest == geometry_digest(reversed(layout.groups))
+    assert _kv_groups(*groups).geometry_digest == kv_groups.geometry_digest == geometry_digest(reversed(kv_groups.groups))
     script = (
-        "from lmcache_ascend.multigroup.specs import KVGroupSpec, layout_from_groups;"
+        "from lmcache_ascend.multigroup.specs import KVGroupSpec, kv_groups_from_specs;"
         "from lmcache_ascend.multigroup.state_skip import StateGroupPolicy;"
-        "print(layout_from_groups((KVGroupSpec(0, 'Full', 8), KVGroupSpec(1, 'SWA', 8, sliding_window=16),"
+        "print(kv_groups_from_specs((KVGroupSpec(0, 'Full', 8), KVGroupSpec(1, 'SWA', 8, sliding_window=16),"
         " KVGroupSpec(2, 'C4', 16, 4)), 4, StateGroupPolicy()).geometry_digest)"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     other_process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
-    assert int(other_process.stdout) == layout.geometry_digest
-    assert 0 <= layout.geometry_digest < 2**64
+    assert int(other_process.stdout) == kv_groups.geometry_digest
+    assert 0 <= kv_groups.geometry_digest < 2**64
     # Any field of any group changes it, the vLLM block size (not a group field) does not.
     changed = [
         (KVGroupSpec(0, "Full", 16), *groups[1:]),
@@ -366,9 +366,9 @@ def test_geometry_digest_is_fixed_by_the_group_fields_alone():
         (*groups[:2], KVGroupSpec(2, "C4", 16, 8)),
         (*groups[:2], KVGroupSpec(2, "C4", 16, 4, is_state=True)),
     ]
-    digests = {layout.geometry_digest} | {_layout(*other).geometry_digest for other in changed}
+    digests = {kv_groups.geometry_digest} | {_kv_groups(*other).geometry_digest for other in changed}
     assert len(digests) == len(changed) + 1
-    assert layout_from_groups(groups, 8, StateGroupPolicy()).geometry_digest == layout.geometry_digest
+    assert kv_groups_from_specs(groups, 8, StateGroupPolicy()).geometry_digest == kv_groups.geometry_digest
 
 
 @dataclass(frozen=True)
@@ -385,50 +385,50 @@ class _StepBlockIdsWithGroups:
 def test_pickled_step_block_ids_carry_a_digest_not_the_groups():
     """DeepSeek-V4's five CUDA groups: the groups' specs no longer travel with every request and step."""
     fixture = dsv4_cuda_kv_cache_config()
-    layout = layout_for_connector(fixture.kv_cache_config, fixture.vllm_block_size, None)
-    assert layout.num_groups == 5
-    tables = tuple(list(range(1000 * g + 1, 1000 * g + 1 + -(-1024 // b))) for g, b in enumerate(layout.block_sizes))
-    step = step_block_ids(layout, GroupBlockTracker.for_new_request(tables, 5), 1024, 256)
+    kv_groups = kv_groups_for_connector(fixture.kv_cache_config, fixture.vllm_block_size, None)
+    assert kv_groups.num_groups == 5
+    tables = tuple(list(range(1000 * g + 1, 1000 * g + 1 + -(-1024 // b))) for g, b in enumerate(kv_groups.block_sizes))
+    step = step_block_ids(kv_groups, GroupBlockTracker.for_new_request(tables, 5), 1024, 256)
     payload = pickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL)
     before = pickle.dumps(
-        _StepBlockIdsWithGroups(layout.groups, step.packed_block_ids, step.num_tokens, step.chunk_size),
+        _StepBlockIdsWithGroups(kv_groups.groups, step.packed_block_ids, step.num_tokens, step.chunk_size),
         protocol=pickle.HIGHEST_PROTOCOL,
     )
     assert len(before) - len(payload) > 300, (len(payload), len(before))  # the specs of five groups
     for name in (b"KVGroupSpec", b"FullAttentionSpec", b"SlidingWindowSpec", b"compress_ratio", b"sliding_window"):
         assert name not in payload and name in before
     restored = pickle.loads(payload)
-    assert restored == step and restored.geometry_digest == layout.geometry_digest
-    assert restored.group_block_counts(layout) == {0: 4, 1: 16, 2: 16, 3: 256, 4: 128}
+    assert restored == step and restored.geometry_digest == kv_groups.geometry_digest
+    assert restored.group_block_counts(kv_groups) == {0: 4, 1: 16, 2: 16, 3: 256, 4: 128}
 
 
 def test_device_slots_of_nothing_hold_one_skipped_slot():
-    layout = _layout(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "Full", 8))
-    step = step_block_ids(layout, GroupBlockTracker.for_new_request(([], []), 2), 0, 16)
-    slots = DeviceSlots.from_block_ids(step, layout, CPU)
+    kv_groups = _kv_groups(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "Full", 8))
+    step = step_block_ids(kv_groups, GroupBlockTracker.for_new_request(([], []), 2), 0, 16)
+    slots = DeviceSlots.from_block_ids(step, kv_groups, CPU)
     assert slots.slots.tolist() == [-1] and dict(slots.lengths) == {0: 0, 1: 0}
 
 
 def test_many_requests_resolve_in_one_upload_each_as_it_would_alone():
     """`DeviceSlots.for_requests`: one tensor for a step's requests; each request's slots (a view
     of it) equal what `from_block_ids` resolves for it alone, with its own cached prefix."""
-    layout = _layout(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 16, 4), KVGroupSpec(2, "SW", 8, 1, 8))
+    kv_groups = _kv_groups(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 16, 4), KVGroupSpec(2, "SW", 8, 1, 8))
     steps = {
-        ("a", True): (step_block_ids(layout, GroupBlockTracker.for_new_request(([1, 2, 3], [4, 10], [5, 6, 7]), 3), 20, 16), 0),
-        ("a", False): (step_block_ids(layout, GroupBlockTracker.for_new_request(([1, 2, 3], [4, 10], [5, 6, 7]), 3), 20, 16), 9),
-        ("empty", True): (step_block_ids(layout, GroupBlockTracker.for_new_request(([], [], []), 3), 0, 16), 0),
-        ("b", True): (step_block_ids(layout, GroupBlockTracker.for_new_request(([9, 0], [8], [0, 3]), 3), 16, 16), 0),
+        ("a", True): (step_block_ids(kv_groups, GroupBlockTracker.for_new_request(([1, 2, 3], [4, 10], [5, 6, 7]), 3), 20, 16), 0),
+        ("a", False): (step_block_ids(kv_groups, GroupBlockTracker.for_new_request(([1, 2, 3], [4, 10], [5, 6, 7]), 3), 20, 16), 9),
+        ("empty", True): (step_block_ids(kv_groups, GroupBlockTracker.for_new_request(([], [], []), 3), 0, 16), 0),
+        ("b", True): (step_block_ids(kv_groups, GroupBlockTracker.for_new_request(([9, 0], [8], [0, 3]), 3), 16, 16), 0),
     }
-    together = DeviceSlots.for_requests(steps, layout, CPU)
+    together = DeviceSlots.for_requests(steps, kv_groups, CPU)
     assert list(together) == list(steps)
     storages = {slots.slots.untyped_storage().data_ptr() for slots in together.values()}
     assert len(storages) == 1  # one upload
     for key, (step, cached) in steps.items():
-        alone = DeviceSlots.from_block_ids(step, layout, CPU, cached)
+        alone = DeviceSlots.from_block_ids(step, kv_groups, CPU, cached)
         assert together[key].slots.tolist() == alone.slots.tolist(), key
         assert (dict(together[key].offsets), dict(together[key].lengths)) == (dict(alone.offsets), dict(alone.lengths))
     assert together[("a", False)].slots.tolist() != together[("a", True)].slots.tolist()  # the load masks its prefix
-    assert DeviceSlots.for_requests({}, layout, CPU) == {}
+    assert DeviceSlots.for_requests({}, kv_groups, CPU) == {}
 
 
 @st.composite
@@ -456,11 +456,11 @@ def _request_case(draw):
     return tuple(groups), chunk_size, num_tokens, tables, vllm_cached
 
 
-def _hole_chunks_reference(step: StepBlockIds, layout: MultiGroupLayout, tables) -> tuple[int, ...]:
+def _hole_chunks_reference(step: StepBlockIds, kv_groups: KVGroups, tables) -> tuple[int, ...]:
     """Chunks with a row a store keeps (row-by-row window reference) on a null block."""
     holes = set()
-    for g in step.transferred_groups(layout):
-        group = layout.groups[g]
+    for g in step.transferred_groups(kv_groups):
+        group = kv_groups.groups[g]
         args = (group.block_size, group.compress_ratio)
         null_rows = reference_raw_slots(*args, tables[g], step.num_tokens)
         no_nulls = [block + 1000 for block in tables[g]]
@@ -475,25 +475,25 @@ def _hole_chunks_reference(step: StepBlockIds, layout: MultiGroupLayout, tables)
 @given(_request_case())
 def test_device_resolution_matches_row_by_row_reference_and_the_cpu_builder(case):
     groups, chunk_size, num_tokens, tables, vllm_cached = case
-    layout = layout_from_groups(groups, 1, StateGroupPolicy())
+    kv_groups = kv_groups_from_specs(groups, 1, StateGroupPolicy())
     tracker = GroupBlockTracker.for_new_request(tuple(tables), len(groups))
-    step = step_block_ids(layout, tracker, num_tokens, chunk_size, vllm_cached)
-    oracle = build_group_slot_mappings(layout, tracker, num_tokens, chunk_size, vllm_cached)
-    store, load = _resolved(step, layout), _resolved(step, layout, vllm_cached)
-    assert step.transferred_groups(layout) == oracle.transferred_groups == tuple(store) == tuple(load)
-    for g in step.transferred_groups(layout):
+    step = step_block_ids(kv_groups, tracker, num_tokens, chunk_size, vllm_cached)
+    oracle = build_group_slot_mappings(kv_groups, tracker, num_tokens, chunk_size, vllm_cached)
+    store, load = _resolved(step, kv_groups), _resolved(step, kv_groups, vllm_cached)
+    assert step.transferred_groups(kv_groups) == oracle.transferred_groups == tuple(store) == tuple(load)
+    for g in step.transferred_groups(kv_groups):
         group = groups[g]
         args = (group.block_size, group.compress_ratio)
         # Every element: device resolution == row-by-row reference == the old CPU builder.
         assert store[g] == reference_raw_slots(*args, tables[g], num_tokens) == oracle.slot_mappings[g].tolist()
         assert load[g] == reference_load_slots(*args, tables[g], num_tokens, vllm_cached)
         assert load[g] == oracle.load_slot_mapping(g).tolist()
-        assert _store_rows(step, layout, g, store[g]) == reference_store_slots(
+        assert _store_rows(step, kv_groups, g, store[g]) == reference_store_slots(
             *args, group.sliding_window, tables[g], num_tokens, chunk_size
         ) == oracle.store_slot_mapping(g).tolist()
-    assert step.store_hole_chunks(layout) == _hole_chunks_reference(step, layout, tables)
-    holes = step.store_hole_chunks(layout)
-    assert step.first_storable_token(layout) == (min(num_tokens, (holes[-1] + 1) * chunk_size) if holes else 0)
+    assert step.store_hole_chunks(kv_groups) == _hole_chunks_reference(step, kv_groups, tables)
+    holes = step.store_hole_chunks(kv_groups)
+    assert step.first_storable_token(kv_groups) == (min(num_tokens, (holes[-1] + 1) * chunk_size) if holes else 0)
 
 
 @settings(max_examples=150, deadline=None)
@@ -505,7 +505,7 @@ def test_device_resolution_matches_row_by_row_reference_and_the_cpu_builder(case
 )
 def test_shipped_ids_follow_appends_and_resets(rows_per_block, compress_ratio, steps, reset_at):
     block_size = rows_per_block * compress_ratio
-    layout = layout_from_groups((KVGroupSpec(0, "G", block_size, compress_ratio),), 1, StateGroupPolicy())
+    kv_groups = kv_groups_from_specs((KVGroupSpec(0, "G", block_size, compress_ratio),), 1, StateGroupPolicy())
     tracker = GroupBlockTracker.for_new_request(([],), 1)
     for index, new_ids in enumerate(steps):
         if index == reset_at:
@@ -513,33 +513,33 @@ def test_shipped_ids_follow_appends_and_resets(rows_per_block, compress_ratio, s
         tracker.append_new_blocks((new_ids,))
         ids = tracker.block_ids_by_group[0]
         for num_tokens in {0, len(ids) * block_size // 2, len(ids) * block_size}:
-            step = step_block_ids(layout, tracker, num_tokens, 1024)
-            assert step.block_ids.tolist() == ids[: layout.groups[0].num_blocks(num_tokens)]
-            assert _resolved(step, layout)[0] == reference_raw_slots(block_size, compress_ratio, ids, num_tokens)
+            step = step_block_ids(kv_groups, tracker, num_tokens, 1024)
+            assert step.block_ids.tolist() == ids[: kv_groups.groups[0].num_blocks(num_tokens)]
+            assert _resolved(step, kv_groups)[0] == reference_raw_slots(block_size, compress_ratio, ids, num_tokens)
 
 
 def test_store_hole_chunks_names_chunks_with_null_rows_that_must_be_stored():
-    layout = _layout(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "SWA", 8, sliding_window=8))
+    kv_groups = _kv_groups(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "SWA", 8, sliding_window=8))
     # Group 1 lost blocks 0 and 2 to the null block: block 0 (tokens 0..7) is
     # outside chunk 0's window (tokens 8..15), block 2 (16..23) is outside
     # chunk 1's window (24..31), so neither is a hole; group 0's null block 3
     # (tokens 24..31) is one, in chunk 1.
     tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 0], [0, 5, 0, 7]), 2)
-    assert step_block_ids(layout, tracker, num_tokens=32, chunk_size=16).store_hole_chunks(layout) == (1,)
+    assert step_block_ids(kv_groups, tracker, num_tokens=32, chunk_size=16).store_hole_chunks(kv_groups) == (1,)
     tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 4], [0, 0, 6, 7]), 2)
-    assert step_block_ids(layout, tracker, 32, 16).store_hole_chunks(layout) == (0,)
+    assert step_block_ids(kv_groups, tracker, 32, 16).store_hole_chunks(kv_groups) == (0,)
     tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 4], [0, 5, 0, 7]), 2)
-    assert step_block_ids(layout, tracker, 32, 16).store_hole_chunks(layout) == ()
+    assert step_block_ids(kv_groups, tracker, 32, 16).store_hole_chunks(kv_groups) == ()
 
 
 def test_first_storable_token_skips_past_the_last_hole_chunk():
-    layout = _layout(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "SWA", 8, sliding_window=8))
+    kv_groups = _kv_groups(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "SWA", 8, sliding_window=8))
     # Hole in chunk 1 (group 0's null block 3): nothing before token 32 may be stored.
     tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 0], [0, 5, 0, 7]), 2)
-    assert step_block_ids(layout, tracker, 32, 16).first_storable_token(layout) == 32
+    assert step_block_ids(kv_groups, tracker, 32, 16).first_storable_token(kv_groups) == 32
     # Hole in chunk 0 only: chunk 1 may still be stored.
     tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 4], [0, 0, 6, 7]), 2)
-    assert step_block_ids(layout, tracker, 32, 16).first_storable_token(layout) == 16
+    assert step_block_ids(kv_groups, tracker, 32, 16).first_storable_token(kv_groups) == 16
     # No hole: everything may be stored.
     tracker = GroupBlockTracker.for_new_request(([1, 2, 3, 4], [0, 5, 0, 7]), 2)
-    assert step_block_ids(layout, tracker, 32, 16).first_storable_token(layout) == 0
+    assert step_block_ids(kv_groups, tracker, 32, 16).first_storable_token(kv_groups) == 0

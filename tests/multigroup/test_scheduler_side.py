@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from lmcache_ascend.kv_layout.device_slots import DeviceSlots
-from lmcache_ascend.multigroup.attachments import CONNECTOR_LAYOUT, STEP_BLOCK_IDS
-from lmcache_ascend.multigroup.connector_state import MultiGroupConfigError, layout_for_connector
+from lmcache_ascend.kv_worker.device_slots import DeviceSlots
+from lmcache_ascend.multigroup.attachments import CONNECTOR_GROUPS, STEP_BLOCK_IDS
+from lmcache_ascend.multigroup.connector_state import MultiGroupConfigError, kv_groups_for_connector
 from lmcache_ascend.patches import State, registry
 from tests.fixtures.kv_cache_configs import (
     DSV4_ASCEND_STATE_GROUPS,
@@ -48,14 +48,14 @@ def _specs(fixture):
     return out
 
 
-def _layout_of(fixture):
-    """The layout a worker builds from the fixture's KV-cache config (the scheduler's, rebuilt)."""
-    return layout_for_connector(fixture.kv_cache_config, fixture.vllm_block_size, None)
+def _kv_groups_of(fixture):
+    """The groups a worker builds from the fixture's KV-cache config (the scheduler's, rebuilt)."""
+    return kv_groups_for_connector(fixture.kv_cache_config, fixture.vllm_block_size, None)
 
 
-def _resolve(step, layout, cached_tokens=0):
-    """Per group, the slots a worker with `layout` resolves from the shipped block ids (CPU device)."""
-    device_slots = DeviceSlots.from_block_ids(step, layout, torch.device("cpu"), cached_tokens)
+def _resolve(step, kv_groups, cached_tokens=0):
+    """Per group, the slots a worker with `kv_groups` resolves from the shipped block ids (CPU device)."""
+    device_slots = DeviceSlots.from_block_ids(step, kv_groups, torch.device("cpu"), cached_tokens)
     flat = device_slots.slots.tolist()
     return {g: flat[device_slots.offsets[g] : device_slots.offsets[g] + device_slots.lengths[g]] for g in device_slots.offsets}
 
@@ -68,17 +68,17 @@ def _assert_rows(meta, fixture, block_ids_by_group, chunk_size=256, vllm_cached=
     assert step.vllm_cached_tokens == vllm_cached
     assert isinstance(step.packed_block_ids, bytes)  # what is pickled to the workers
     assert isinstance(step.block_ids, np.ndarray) and step.block_ids.dtype == np.int64
-    layout = _layout_of(fixture)
-    assert step.geometry_digest == layout.geometry_digest
-    store, load = _resolve(step, layout), _resolve(step, layout, step.vllm_cached_tokens)
+    kv_groups = _kv_groups_of(fixture)
+    assert step.geometry_digest == kv_groups.geometry_digest
+    store, load = _resolve(step, kv_groups), _resolve(step, kv_groups, step.vllm_cached_tokens)
     for group, (block_size, ratio, window) in enumerate(_specs(fixture)):
         if group in STATE_GROUPS and fixture.name.startswith("dsv4-ascend"):
-            assert group not in store and group not in step.group_block_ids(layout)
+            assert group not in store and group not in step.group_block_ids(kv_groups)
             continue
         ids = block_ids_by_group[group]
-        assert step.group_block_ids(layout)[group].tolist() == ids[: layout.groups[group].num_blocks(num_tokens)]
+        assert step.group_block_ids(kv_groups)[group].tolist() == ids[: kv_groups.groups[group].num_blocks(num_tokens)]
         assert store[group] == reference_raw_slots(block_size, ratio, ids, num_tokens)
-        keep = rows_in_chunk_windows(layout.groups[group], len(store[group]), chunk_size)
+        keep = rows_in_chunk_windows(kv_groups.groups[group], len(store[group]), chunk_size)
         assert [slot if kept else -1 for slot, kept in zip(store[group], keep)] == reference_store_slots(
             block_size, ratio, window, ids, num_tokens, chunk_size
         )
@@ -117,7 +117,7 @@ def test_dsv4_request_life_tracks_every_group_row_by_row(patched):
     assert tracker.ascend_block_tracker.block_ids_by_group == [list(t) for t in tables_512]
     assert tracker.allocated_block_ids == tables_512[0]  # upstream's own field is untouched
     slots, store, _ = _assert_rows(req, fixture, tables_512)
-    assert slots.transferred_groups(_layout_of(fixture)) == (0, 1, 2, 3, 8)
+    assert slots.transferred_groups(_kv_groups_of(fixture)) == (0, 1, 2, 3, 8)
     # Upstream's own slot mapping: group 2's table (128-token blocks divide the chunk), owning its memory.
     assert req.slot_mapping.tolist() == reference_raw_slots(128, 1, tables_512[2], 512)
     assert req.slot_mapping.untyped_storage().nbytes() == 512 * 8
@@ -239,9 +239,9 @@ def test_state_groups_transferred_when_skipping_is_off(patched, monkeypatch):
     tables = _dsv4_tables(1, 256, one_state_block=False)
     (req,) = RequestDriver(impl, "r", list(range(1, 257))).start(256, tables).requests
     slots = STEP_BLOCK_IDS.get(req)
-    layout = CONNECTOR_LAYOUT.get(impl)
-    assert slots.transferred_groups(layout) == tuple(range(11))
-    assert _resolve(slots, layout)[4] == reference_raw_slots(128, 1, tables[4], 256)
+    kv_groups = CONNECTOR_GROUPS.get(impl)
+    assert slots.transferred_groups(kv_groups) == tuple(range(11))
+    assert _resolve(slots, kv_groups)[4] == reference_raw_slots(128, 1, tables[4], 256)
 
 
 def test_metadata_with_block_ids_survives_pickling_to_workers(patched):
@@ -256,8 +256,8 @@ def test_metadata_with_block_ids_survives_pickling_to_workers(patched):
     original, restored = STEP_BLOCK_IDS.get(meta.requests[0]), STEP_BLOCK_IDS.get(copy.requests[0])
     assert restored.geometry_digest == original.geometry_digest and restored.num_tokens == original.num_tokens
     assert restored.block_ids.tolist() == original.block_ids.tolist()
-    layout = _layout_of(fixture)
-    assert _resolve(restored, layout) == _resolve(original, layout)
+    kv_groups = _kv_groups_of(fixture)
+    assert _resolve(restored, kv_groups) == _resolve(original, kv_groups)
     # No tensor of the scheduler's beyond upstream's own slot mapping (512 entries, owning its
     # memory): the 16384-token C128 table no longer travels, nor any per-group slot tensor.
     assert len(payload) < 512 * 8 + 8 * 1024
@@ -486,7 +486,7 @@ def test_step_hands_upstream_the_table_block_size_and_restores_vllm_s(patched):
         (req,) = driver.start(512, tables).requests
     finally:
         ReqMeta.from_request_tracker = installed
-    table = CONNECTOR_LAYOUT.get(impl).upstream_table(256)
+    table = CONNECTOR_GROUPS.get(impl).upstream_table(256)
     assert (table.group_index, table.block_size, vllm_block_size) == (0, 256, 4)
     assert seen == [(256, 256)] and impl._block_size == 4
     assert req.slot_mapping.tolist() == reference_raw_slots(256, 1, tables[0], 512)

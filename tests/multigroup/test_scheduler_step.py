@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from lmcache_ascend.multigroup.adapter_scheduler import advance_trackers
 from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER
 from lmcache_ascend.multigroup.slicing import prefix_bound_in_vllm_blocks
-from lmcache_ascend.multigroup.specs import KVGroupSpec, layout_from_groups
+from lmcache_ascend.multigroup.specs import KVGroupSpec, kv_groups_from_specs
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 from lmcache_ascend.multigroup.tracker import GroupBlockTracker
 
 # Block sizes of a hybrid model whose vLLM block size is their GCD (4).
 BLOCK_SIZES = (16, 4, 8)
-LAYOUT = layout_from_groups(
+KV_GROUPS = kv_groups_from_specs(
     tuple(KVGroupSpec(g, f"G{g}", size) for g, size in enumerate(BLOCK_SIZES)), 4, StateGroupPolicy()
 )
 
@@ -38,7 +38,7 @@ class Tracker:
         self.num_saved_tokens = num_saved_tokens
 
 
-def full_path(connector, scheduler_output, layout) -> None:
+def full_path(connector, scheduler_output, kv_groups) -> None:
     """Every known request, in order: roll back, then replace or extend its tables."""
     cached = scheduler_output.scheduled_cached_reqs
     for index, req_id in enumerate(cached.req_ids):
@@ -52,11 +52,11 @@ def full_path(connector, scheduler_output, layout) -> None:
         if request.num_computed_tokens < len(tracker.token_ids):
             counts = groups.num_blocks_by_group()
             covered = prefix_bound_in_vllm_blocks(
-                {g: counts[g] for g in layout.transferred_group_indices},
-                {g: layout.groups[g].block_size for g in layout.transferred_group_indices},
-                layout.vllm_block_size,
+                {g: counts[g] for g in kv_groups.transferred_group_indices},
+                {g: kv_groups.groups[g].block_size for g in kv_groups.transferred_group_indices},
+                kv_groups.vllm_block_size,
             )
-            keep = min(request.num_computed_tokens, covered * layout.vllm_block_size)
+            keep = min(request.num_computed_tokens, covered * kv_groups.vllm_block_size)
             tracker.token_ids = list(request.all_token_ids[:keep])
             tracker.num_saved_tokens = min(tracker.num_saved_tokens, keep)
         new_block_ids = cached.new_block_ids[index]
@@ -120,7 +120,7 @@ def _state(connector):
 
 def _outcome(step, connector, scheduler_output):
     try:
-        step(connector, scheduler_output, LAYOUT)
+        step(connector, scheduler_output, KV_GROUPS)
     except ValueError as error:
         return ("refused", str(error))
     return ("done", _state(connector))
@@ -148,10 +148,10 @@ def test_a_step_that_brings_nothing_reads_no_attachment():
     )
     for nothing in (None, ([], [], [])):
         cached = types.SimpleNamespace(req_ids=["r"], resumed_req_ids=set(), new_block_ids=[nothing])
-        advance_trackers(connector, types.SimpleNamespace(scheduled_cached_reqs=cached), LAYOUT)
+        advance_trackers(connector, types.SimpleNamespace(scheduled_cached_reqs=cached), KV_GROUPS)
     cached = types.SimpleNamespace(req_ids=["r"], resumed_req_ids=set(), new_block_ids=[([], [5], [])])
     with pytest.raises(AssertionError, match="attachment was read"):
-        advance_trackers(connector, types.SimpleNamespace(scheduled_cached_reqs=cached), LAYOUT)
+        advance_trackers(connector, types.SimpleNamespace(scheduled_cached_reqs=cached), KV_GROUPS)
 
 
 def test_older_vllm_forms_of_the_running_requests():
@@ -164,10 +164,10 @@ def test_older_vllm_forms_of_the_running_requests():
     # Resumed requests as one flag per request (resumed_from_preemption) instead of a set of ids.
     connector, tracker = connector_with("a", ([1], [2], [3]))
     cached = types.SimpleNamespace(req_ids=["a"], resumed_from_preemption=[True], new_block_ids=[([7], [8], [9])])
-    advance_trackers(connector, types.SimpleNamespace(scheduled_cached_reqs=cached), LAYOUT)
+    advance_trackers(connector, types.SimpleNamespace(scheduled_cached_reqs=cached), KV_GROUPS)
     assert BLOCK_TRACKER.get(tracker).block_ids_by_group == [[7], [8], [9]]
     # vLLM < 0.9.2: one record per running request.
     connector, tracker = connector_with("b", ([1], [2], [3]))
     record = types.SimpleNamespace(req_id="b", new_block_ids=([4], [], [5]), resumed_from_preemption=False)
-    advance_trackers(connector, types.SimpleNamespace(scheduled_cached_reqs=[record]), LAYOUT)
+    advance_trackers(connector, types.SimpleNamespace(scheduled_cached_reqs=[record]), KV_GROUPS)
     assert BLOCK_TRACKER.get(tracker).block_ids_by_group == [[1, 4], [2], [3, 5]]

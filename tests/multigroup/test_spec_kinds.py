@@ -33,7 +33,7 @@ from lmcache_ascend.multigroup.spec_kinds import (
     UnknownSpecError,
     classify,
 )
-from lmcache_ascend.multigroup.specs import layout_from_kv_cache_config
+from lmcache_ascend.multigroup.specs import kv_groups_from_config
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 from tests.fixtures.sdists import sdists_dir
 
@@ -108,15 +108,15 @@ def _full(block_size: int = 128) -> FullAttentionSpec:
 
 
 def test_mamba_groups_are_never_moved_and_block_reuse():
-    layout = layout_from_kv_cache_config(_config(_mamba(), _full()), 128, StateGroupPolicy())
-    mamba, full = layout.groups
+    kv_groups = kv_groups_from_config(_config(_mamba(), _full()), 128, StateGroupPolicy())
+    mamba, full = kv_groups.groups
     assert (mamba.transferred, mamba.no_reuse is not None, full.transferred, full.no_reuse) == (False, True, True, None)
-    assert layout.no_reuse_groups == (mamba,)
+    assert kv_groups.no_reuse_groups == (mamba,)
     # Declaring Mamba a state group, or turning state skipping off, changes nothing.
     for policy in (StateGroupPolicy(True, frozenset({"MambaSpec"})), StateGroupPolicy(False)):
-        again = layout_from_kv_cache_config(_config(_mamba(), _full()), 128, policy)
+        again = kv_groups_from_config(_config(_mamba(), _full()), 128, policy)
         assert again.transferred == (False, True)
-    pure = layout_from_kv_cache_config(_config(_mamba()), 2048, StateGroupPolicy())
+    pure = kv_groups_from_config(_config(_mamba()), 2048, StateGroupPolicy())
     assert pure.transferred == (False,)
     why = reuse_blocker(pure, None)
     assert "group 0 (MambaSpec: a state-space layer keeps one recurrent state" in why
@@ -125,8 +125,8 @@ def test_mamba_groups_are_never_moved_and_block_reuse():
 def test_attention_models_may_reuse():
     for specs in ((_full(),), (SlidingWindowSpec(block_size=128, num_kv_heads=2, head_size=32, dtype=torch.float32,
                                                  sliding_window=64), _full())):
-        layout = layout_from_kv_cache_config(_config(*specs), 128, StateGroupPolicy())
-        assert reuse_blocker(layout, None) is None
+        kv_groups = kv_groups_from_config(_config(*specs), 128, StateGroupPolicy())
+        assert reuse_blocker(kv_groups, None) is None
 
 
 def test_unknown_spec_type_refused_naming_group_and_type():
@@ -135,7 +135,7 @@ def test_unknown_spec_type_refused_naming_group_and_type():
     spec = object.__new__(unknown)
     object.__setattr__(spec, "block_size", 16)
     with pytest.raises(ValueError, match="KV-cache group 1: KV-cache spec type 'BrandNewSpec'"):
-        layout_from_kv_cache_config(_config(_full(), spec), 16, StateGroupPolicy())
+        kv_groups_from_config(_config(_full(), spec), 16, StateGroupPolicy())
 
 
 def test_vllm_reuse_off_travels_on_the_transfer_config():
@@ -144,14 +144,14 @@ def test_vllm_reuse_off_travels_on_the_transfer_config():
     class Config:
         kv_transfer_config = KVTransferConfig(kv_connector="LMCacheConnectorV1", kv_role="kv_both")
 
-    layout = layout_from_kv_cache_config(
+    kv_groups = kv_groups_from_config(
         _config(MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.float32)), 16,
         StateGroupPolicy(),
     )
-    assert reuse_blocker(layout, Config) is None
+    assert reuse_blocker(kv_groups, Config) is None
     assert record_vllm_reuse_off(Config, "MLA over a cached prefix is not supported")
     assert Config.kv_transfer_config.kv_connector_extra_config[VLLM_REUSE_OFF_KEY]
-    assert "vLLM turned its own prefix caching off for this model (MLA over" in reuse_blocker(layout, Config)
+    assert "vLLM turned its own prefix caching off for this model (MLA over" in reuse_blocker(kv_groups, Config)
 
     class NoConnector:
         kv_transfer_config = None

@@ -29,7 +29,7 @@ from vllm.v1.request import Request
 
 
 @dataclass(frozen=True)
-class HybridLayout:
+class HybridModel:
     """A DeepSeek-V4-like hybrid: MLA (full) group, sliding-window group, compressed group.
 
     The compressed group is modelled in prefix-cache terms: one of its blocks
@@ -56,20 +56,20 @@ class HybridLayout:
         return math.gcd(*self.group_block_sizes)
 
 
-def hybrid_config(layout: HybridLayout) -> KVCacheConfig:
-    mla = MLAAttentionSpec(block_size=layout.mla_block_size, num_kv_heads=1, head_size=64, dtype=torch.float16)
+def hybrid_config(hybrid: HybridModel) -> KVCacheConfig:
+    mla = MLAAttentionSpec(block_size=hybrid.mla_block_size, num_kv_heads=1, head_size=64, dtype=torch.float16)
     swa = SlidingWindowSpec(
-        block_size=layout.sliding_window_block_size,
+        block_size=hybrid.sliding_window_block_size,
         num_kv_heads=1,
         head_size=64,
         dtype=torch.float16,
-        sliding_window=layout.sliding_window,
+        sliding_window=hybrid.sliding_window,
     )
     compressed = FullAttentionSpec(
-        block_size=layout.compressed_block_tokens, num_kv_heads=1, head_size=64, dtype=torch.float16
+        block_size=hybrid.compressed_block_tokens, num_kv_heads=1, head_size=64, dtype=torch.float16
     )
     return KVCacheConfig(
-        num_blocks=layout.num_blocks,
+        num_blocks=hybrid.num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[
             KVCacheGroupSpec(["mla.0"], mla),

@@ -20,7 +20,7 @@ from lmcache_ascend.patches.registry import Registry
 from tests.prefix_cache.harness import (
     CORE_BACKPORT_PATCHES,
     SCHEDULER_BACKPORT_PATCH,
-    HybridLayout,
+    HybridModel,
     computed_blocks,
     free_queue_ids,
     make_manager,
@@ -66,7 +66,7 @@ def test_states_per_stack(backports):
 
 # A hybrid model whose sliding-window checkpoints are sparse: full attention
 # with 64-token blocks, a 16-token window in 16-token blocks; hits align to 64.
-LAYOUT = HybridLayout(
+HYBRID = HybridModel(
     mla_block_size=64, sliding_window_block_size=16, sliding_window=16, compressed_block_tokens=64, num_blocks=80
 )
 
@@ -74,15 +74,15 @@ LAYOUT = HybridLayout(
 def _hybrid_manager(num_blocks: int = 64, retention_interval: int | None = None):
     from tests.prefix_cache.harness import hybrid_config
 
-    layout = HybridLayout(
-        mla_block_size=LAYOUT.mla_block_size,
-        sliding_window_block_size=LAYOUT.sliding_window_block_size,
-        sliding_window=LAYOUT.sliding_window,
-        compressed_block_tokens=LAYOUT.compressed_block_tokens,
+    hybrid = HybridModel(
+        mla_block_size=HYBRID.mla_block_size,
+        sliding_window_block_size=HYBRID.sliding_window_block_size,
+        sliding_window=HYBRID.sliding_window,
+        compressed_block_tokens=HYBRID.compressed_block_tokens,
         num_blocks=num_blocks,
     )
     return make_manager(
-        hybrid_config(layout), layout.scheduler_block_size, layout.hash_block_size, retention_interval=retention_interval
+        hybrid_config(hybrid), hybrid.scheduler_block_size, hybrid.hash_block_size, retention_interval=retention_interval
     )
 
 
@@ -108,7 +108,7 @@ def test_scheduler_block_size_threaded_to_every_manager(backports):
 def test_dense_sliding_window_checkpoints(backports):
     manager = _hybrid_manager()
     prompt = list(range(1, 265))  # 264 tokens: 4 aligned segments + a tail
-    request = make_request("dense", prompt, LAYOUT.hash_block_size)
+    request = make_request("dense", prompt, HYBRID.hash_block_size)
     _prefill(manager, request)
     assert _cached_positions(manager, "dense", group=0) == [0, 1, 2, 3]
     # Window 16 = one block per hit; only the last block of each 64-token segment can serve one.
@@ -117,7 +117,7 @@ def test_dense_sliding_window_checkpoints(backports):
 
 def test_dense_checkpoints_legacy_on_unpatched_stack_a(unpatched):
     manager = _hybrid_manager()
-    request = make_request("legacy", list(range(1, 265)), LAYOUT.hash_block_size)
+    request = make_request("legacy", list(range(1, 265)), HYBRID.hash_block_size)
     _prefill(manager, request)
     expected = [3, 7, 11, 15] if VLLM_HAS_RETENTION else list(range(16))
     assert _cached_positions(manager, "legacy", group=1) == expected
@@ -125,7 +125,7 @@ def test_dense_checkpoints_legacy_on_unpatched_stack_a(unpatched):
 
 def test_retention_interval_checkpoints(backports):
     manager = _hybrid_manager(retention_interval=128)
-    request = make_request("sparse", list(range(1, 201)), LAYOUT.hash_block_size)  # 200 tokens
+    request = make_request("sparse", list(range(1, 201)), HYBRID.hash_block_size)  # 200 tokens
     _prefill(manager, request)
     # Every 128 tokens (block 7) plus the replay boundary 192 (block 11).
     assert _cached_positions(manager, "sparse", group=1) == [7, 11]
@@ -186,10 +186,10 @@ def test_skipped_blocks_split_scratch_first(backports):
 
 def _replay_hit_after_burst(manager) -> tuple[int, int]:
     prompt = [7 + (i * 31) % 997 for i in range(264)]
-    first = make_request("first", prompt, LAYOUT.hash_block_size)
+    first = make_request("first", prompt, HYBRID.hash_block_size)
     _prefill(manager, first)
     manager.free(first)
-    replay = make_request("replay", prompt, LAYOUT.hash_block_size)
+    replay = make_request("replay", prompt, HYBRID.hash_block_size)
     _, hit_before = computed_blocks(manager, replay)
     # A burst of scratch allocations as large as the free queue minus what
     # upstream keeps behind the scratch: 63 free blocks; the first request left
@@ -200,7 +200,7 @@ def _replay_hit_after_burst(manager) -> tuple[int, int]:
     assert manager.block_pool.get_num_free_blocks() == 63
     burst = 50
     manager.block_pool.get_new_blocks(burst)
-    _, hit_after = computed_blocks(manager, make_request("replay2", prompt, LAYOUT.hash_block_size))
+    _, hit_after = computed_blocks(manager, make_request("replay2", prompt, HYBRID.hash_block_size))
     return hit_before, hit_after
 
 
@@ -253,7 +253,7 @@ def test_guard_on_pyc_only_target_falls_back_to_versions(tmp_path, monkeypatch):
 def test_retention_interval_zero_keeps_only_the_replay_boundary(backports):
     """0 is upstream's "latest boundary only": the backport gives it the same meaning."""
     manager = _hybrid_manager(retention_interval=0)
-    request = make_request("latest", list(range(1, 201)), LAYOUT.hash_block_size)  # 200 tokens
+    request = make_request("latest", list(range(1, 201)), HYBRID.hash_block_size)  # 200 tokens
     _prefill(manager, request)
     assert _cached_positions(manager, "latest", group=1) == [11]  # the replay boundary 192 only
 

@@ -9,7 +9,7 @@ scheduler output (new blocks, a resumed request's fresh table, a tracker rolled 
 failed load keeping the prefix all groups cover: `lmcache_ascend.multigroup.adapter_scheduler`);
 ``RequestTracker.update`` is not wrapped: per request, a decode step adds one turn of that loop
 and the wrapped ``ReqMeta.from_request_tracker`` call, which hands upstream one group's table
-(`MultiGroupLayout.upstream_table`, worked out once per connector with what else every step
+(`KVGroups.upstream_table`, worked out once per connector with what else every step
 reads: `_StepReads`) and returns upstream's answer as is when it is None. The block ids are built
 only for metadata that upstream's specs make the workers store or load; for the step, upstream's
 loop is handed the table's block size (the connector's ``_block_size``, restored after the step).
@@ -24,7 +24,7 @@ import sys
 import types
 
 from lmcache_ascend.compat.signatures import call_argument, parameter
-from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, CONNECTOR_LAYOUT, STEP_BLOCK_IDS, STEP_READS
+from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, CONNECTOR_GROUPS, STEP_BLOCK_IDS, STEP_READS
 from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 # What the per-request hook reads while a multi-group connector's build_connector_meta runs
@@ -35,7 +35,7 @@ _ACTIVE_STEP: contextvars.ContextVar = contextvars.ContextVar("lmcache_ascend_ac
 # declaration; kept here after that, since an import statement costs microseconds per step.
 _logic: types.SimpleNamespace | None = None
 
-_UNDECIDED = object()  # a connector whose layout is not decided yet (CONNECTOR_LAYOUT unset)
+_UNDECIDED = object()  # a connector whose layout is not decided yet (CONNECTOR_GROUPS unset)
 _BLOCK_TRACKER = BLOCK_TRACKER.name  # read from the tracker's own dict per request (`Attachment.get`, inlined)
 
 
@@ -44,7 +44,7 @@ def _load_logic() -> types.SimpleNamespace:
     from lmcache_ascend.multigroup import adapter_scheduler, slots, tracker
 
     _logic = types.SimpleNamespace(
-        connector_layout=adapter_scheduler.connector_layout,
+        connector_kv_groups=adapter_scheduler.connector_kv_groups,
         advance_trackers=adapter_scheduler.advance_trackers,
         new_block_tracker=tracker.GroupBlockTracker.for_new_request,
         step_block_ids=slots.step_block_ids,
@@ -54,19 +54,19 @@ def _load_logic() -> types.SimpleNamespace:
 
 class _StepReads:
     """What every step of one multi-group connector reads, worked out at its first step (its
-    layout is fixed at its start): the layout, and the group whose block table upstream's one
-    slot mapping is built from for the connector's chunk size (`MultiGroupLayout.upstream_table`),
+    groups are fixed at its start): the groups, and the group whose block table upstream's one
+    slot mapping is built from for the connector's chunk size (`KVGroups.upstream_table`),
     with its block size; ``vllm_block_size`` is the connector's own (vLLM's) block size.
     """
 
-    __slots__ = ("connector", "layout", "chunk_size", "table_group", "table_block_size", "vllm_block_size")
+    __slots__ = ("connector", "kv_groups", "chunk_size", "table_group", "table_block_size", "vllm_block_size")
 
-    def __init__(self, connector, layout) -> None:
+    def __init__(self, connector, kv_groups) -> None:
         self.connector = connector
-        self.layout = layout
+        self.kv_groups = kv_groups
         self.chunk_size = connector._lmcache_chunk_size
         self.vllm_block_size = connector._block_size
-        table = layout.upstream_table(self.chunk_size)
+        table = kv_groups.upstream_table(self.chunk_size)
         self.table_group, self.table_block_size = table.group_index, table.block_size
 
 
@@ -98,7 +98,7 @@ _scheduler_output = None  # build_connector_meta's parameter (compat.signatures.
 def init_connector_state_wrapper(wrapped, instance, args, kwargs):
     logic = _logic or _load_logic()
     wrapped(*args, **kwargs)
-    logic.connector_layout(instance)  # fail at connector start, naming the setting
+    logic.connector_kv_groups(instance)  # fail at connector start, naming the setting
 
 
 def build_connector_meta_wrapper(wrapped, instance, args, kwargs):
@@ -114,7 +114,7 @@ def build_connector_meta_wrapper(wrapped, instance, args, kwargs):
         output = _scheduler_output = parameter(wrapped, "scheduler_output")
     # Every group's blocks of the step's running requests, before upstream builds their ReqMeta.
     scheduler_output = args[0] if args and output.position == 0 else output.read(args, kwargs)
-    (_logic or _load_logic()).advance_trackers(instance, scheduler_output, reads.layout)
+    (_logic or _load_logic()).advance_trackers(instance, scheduler_output, reads.kv_groups)
     # Upstream's loop hands every ReqMeta.from_request_tracker call ``self._block_size``: for the
     # step, the block size of the table that call is given (the hook swaps the table per request).
     # Upstream reads it nowhere else in the step for a request that has per-group trackers (its
@@ -134,10 +134,10 @@ _SINGLE_GROUP = object()
 
 
 def _step_reads(connector):
-    layout = CONNECTOR_LAYOUT.get(connector, _UNDECIDED)
-    if layout is _UNDECIDED:
-        layout = (_logic or _load_logic()).connector_layout(connector)
-    reads = _SINGLE_GROUP if layout is None else _StepReads(connector, layout)
+    kv_groups = CONNECTOR_GROUPS.get(connector, _UNDECIDED)
+    if kv_groups is _UNDECIDED:
+        kv_groups = (_logic or _load_logic()).connector_kv_groups(connector)
+    reads = _SINGLE_GROUP if kv_groups is None else _StepReads(connector, kv_groups)
     STEP_READS.set(connector, reads)
     return reads
 
@@ -148,7 +148,7 @@ def from_new_request_wrapper(wrapped, instance, args, kwargs):
     if reads is not None:
         new_request = call_argument(wrapped, args, kwargs, "new_request")
         BLOCK_TRACKER.set(
-            tracker, (_logic or _load_logic()).new_block_tracker(new_request.block_ids, reads.layout.num_groups)
+            tracker, (_logic or _load_logic()).new_block_tracker(new_request.block_ids, reads.kv_groups.num_groups)
         )
     return tracker
 
@@ -175,7 +175,7 @@ def from_request_tracker_wrapper(wrapped, instance, args, kwargs):
     elif chunk_size == reads.chunk_size:
         table_group, block_size = reads.table_group, reads.table_block_size
     else:
-        table = reads.layout.upstream_table(chunk_size)
+        table = reads.kv_groups.upstream_table(chunk_size)
         table_group, block_size = table.group_index, table.block_size
     if passed_block_size != block_size:  # (upstream's loop passes the step's already: see the step wrapper)
         args, kwargs = call.block_size.replaced(args, kwargs, block_size)
@@ -208,7 +208,7 @@ def from_request_tracker_wrapper(wrapped, instance, args, kwargs):
         return req_meta
     step_block_ids = (_logic or _load_logic()).step_block_ids
     vllm_cached = load_spec.vllm_cached_tokens if loads else 0
-    STEP_BLOCK_IDS.set(req_meta, step_block_ids(reads.layout, groups, len(req_meta.token_ids), chunk_size, vllm_cached))
+    STEP_BLOCK_IDS.set(req_meta, step_block_ids(reads.kv_groups, groups, len(req_meta.token_ids), chunk_size, vllm_cached))
     return req_meta
 
 

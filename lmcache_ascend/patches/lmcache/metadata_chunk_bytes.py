@@ -15,13 +15,13 @@ from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 
 def get_shapes_wrapper(wrapped, instance, args, kwargs):
-    layout = CHUNK_PLANNER.get(instance)
-    if layout is None:
+    planner = CHUNK_PLANNER.get(instance)
+    if planner is None:
         return wrapped(*args, **kwargs)
     import torch
 
     num_tokens = call_arguments(wrapped, args, kwargs).arguments["num_tokens"]
-    return [torch.Size(layout.memory_shape(layout.chunk_size if num_tokens is None else num_tokens))]
+    return [torch.Size(planner.memory_shape(planner.chunk_size if num_tokens is None else num_tokens))]
 
 
 def get_dtypes_wrapper(wrapped, instance, args, kwargs):

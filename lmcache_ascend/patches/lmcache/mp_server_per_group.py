@@ -45,7 +45,7 @@ from lmcache_ascend.multigroup.mp_server import (
     HINT_GROUP_BLOCK_SIZES,
     HINT_LAYER_GROUPS,
     ServerGroupPlan,
-    block_ids_layout,
+    block_ids_format,
     check_request_format,
     chunk_block_ids,
     plan_from_hints,
@@ -176,7 +176,7 @@ def _route(wrapped, instance, args, kwargs, per_group):
     instance_id, block_ids = arguments["instance_id"], arguments["gpu_block_ids"]
     found = _plan_of(instance, instance_id)
     try:
-        sent = block_ids_layout(block_ids)
+        sent = block_ids_format(block_ids)
         if found is None and sent == FLAT:
             return wrapped(*args, **kwargs)
         registered = PER_GROUP if found else FLAT

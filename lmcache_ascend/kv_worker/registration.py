@@ -15,10 +15,10 @@ from typing import Mapping, Sequence
 
 import torch
 
-from lmcache_ascend.kv_layout.backend_layout import BackendLayout
-from lmcache_ascend.kv_layout.chunk_plan import ChunkPlanner
-from lmcache_ascend.kv_layout.formats import KVFormat, LayerLayout, LayoutError, detect_layer_layout
-from lmcache_ascend.kv_layout.groups import build_layer_groups
+from lmcache_ascend.kv_worker.backend_dims import BackendDims
+from lmcache_ascend.kv_worker.chunk_plan import ChunkPlanner
+from lmcache_ascend.kv_worker.formats import KVFormat, LayerPlanes, KVCacheShapeError, detect_layer_planes
+from lmcache_ascend.kv_worker.groups import build_layer_groups
 from lmcache_ascend.multigroup.specs import KVGroupSpec
 
 __all__ = [
@@ -57,13 +57,13 @@ def plane_groups_from_layer_names(
     for name, cache in kv_caches.items():
         groups = listed.get(name) or groups_by_address.get(first_address(cache))
         if not groups:
-            raise LayoutError(
+            raise KVCacheShapeError(
                 f"layer {name!r} has a registered KV cache but no scheduler KV-cache group lists it "
                 "(nor does it share the cache of a listed layer)"
             )
         count = len(cache) if isinstance(cache, (tuple, list)) else 1
         if len(groups) > 1 and len(groups) != count:
-            raise LayoutError(
+            raise KVCacheShapeError(
                 f"layer {name!r} is listed by scheduler groups {groups} but registers {count} planes; "
                 "a layer in k groups needs k planes"
             )
@@ -98,31 +98,31 @@ def plan_kv_caches(
     chunk_size: int,
     *,
     bundle_multi_spec: bool = True,
-    backend_layouts: Mapping[str, BackendLayout] | None = None,
+    backend_dims: Mapping[str, BackendDims] | None = None,
     num_blocks: int | None = None,
-) -> tuple[tuple[LayerLayout, ...], ChunkPlanner]:
+) -> tuple[tuple[LayerPlanes, ...], ChunkPlanner]:
     """Detect, group and plan; every layout error surfaces here.
 
-    `backend_layouts` describes each layer registered as a single tensor (its
+    `backend_dims` describes each layer registered as a single tensor (its
     attention backend's layout); layers registered as tuples of planes follow
     vllm-ascend's documented form and need none. `num_blocks` (vLLM's
     `KVCacheConfig.num_blocks`, where the groups' geometry is vLLM's) makes every
     moved plane prove it pages its group's blocks (`check_page_geometry`).
     """
     if not kv_caches:
-        raise LayoutError("no KV caches were registered")
+        raise KVCacheShapeError("no KV caches were registered")
     kv_caches = transferred_kv_caches(kv_caches, plane_groups, geometry_by_group)
     layers = []
     for name, cache in kv_caches.items():
         groups = plane_groups.get(name)
         if groups is None:
-            raise LayoutError(f"layer {name!r}: no scheduler group given for its planes")
+            raise KVCacheShapeError(f"layer {name!r}: no scheduler group given for its planes")
         layers.append(
-            detect_layer_layout(
+            detect_layer_planes(
                 name,
                 cache,
                 groups,
-                backend_layout=(backend_layouts or {}).get(name),
+                backend_dims=(backend_dims or {}).get(name),
             )
         )
     if num_blocks is not None:
@@ -132,7 +132,7 @@ def plan_kv_caches(
 
 
 def check_page_geometry(
-    layers: Sequence[LayerLayout], geometry_by_group: Mapping[int, KVGroupSpec], num_blocks: int
+    layers: Sequence[LayerPlanes], geometry_by_group: Mapping[int, KVGroupSpec], num_blocks: int
 ) -> None:
     """Every moved plane's pages are its group's blocks: as many rows per block as the group's
     block holds (block_size // compress_ratio) and at least vLLM's `num_blocks` of them.
@@ -148,7 +148,7 @@ def check_page_geometry(
                 continue
             rows_per_block = group.block_size // group.compress_ratio
             if plane.block_size != rows_per_block or plane.num_blocks < num_blocks:
-                raise LayoutError(
+                raise KVCacheShapeError(
                     f"layer {layer.layer_name!r} plane {plane.plane_index} ({layer.format.name}, {plane.dtype}, "
                     f"{plane.num_blocks} blocks of {plane.block_size} rows of {plane.row_bytes} bytes) does not page "
                     f"KV-cache group {group.group_index} ({group.spec_class_name}: {num_blocks} blocks of "
@@ -160,7 +160,7 @@ def check_page_geometry(
 def needs_multigroup_connector(
     kv_caches: Mapping[str, object],
     plane_groups: Mapping[str, Sequence[int]],
-    backend_layouts: Mapping[str, BackendLayout] | None = None,
+    backend_dims: Mapping[str, BackendDims] | None = None,
 ) -> bool:
     """True unless LMCache's own connector serves the caches: one scheduler group,
     merged / separate / single-tensor MLA layers of one dtype and shape, on CUDA."""
@@ -169,11 +169,11 @@ def needs_multigroup_connector(
         return True
     shapes = set()
     for name, cache in kv_caches.items():
-        layer = detect_layer_layout(
+        layer = detect_layer_planes(
             name,
             cache,
             plane_groups.get(name, (0,)),
-            backend_layout=(backend_layouts or {}).get(name),
+            backend_dims=(backend_dims or {}).get(name),
         )
         tensors = [cache] if isinstance(cache, torch.Tensor) else list(cache)
         single_latent = layer.format is KVFormat.MLA and len(tensors) == 1

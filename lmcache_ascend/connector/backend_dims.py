@@ -1,10 +1,10 @@
 """Ask the installed vLLM what each registered KV-cache tensor is (worker side).
 
-Glue for `lmcache_ascend.kv_layout.backend_layout`: per layer registered as a
+Glue for `lmcache_ascend.kv_worker.backend_dims`: per layer registered as a
 single tensor, find its attention backend (`layer.get_attn_backend()` of the
 layers `vllm.config.get_layers_from_vllm_config` returns, as vLLM's own
 `kv_connector.utils.get_current_attn_backends` does) and build its
-`BackendLayout` from the backend's own description:
+`BackendDims` from the backend's own description:
 
 - vLLM <= 0.23 (stacks A, B; vllm-ascend): `get_kv_cache_shape` called with the
   distinct sizes of a `ShapeProbe` tells the role of each dim, and
@@ -28,10 +28,10 @@ from typing import Any, Mapping
 
 import torch
 
-from lmcache_ascend.kv_layout.backend_layout import BackendLayout, ShapeProbe, cell_layout, layout_from_probe
-from lmcache_ascend.kv_layout.errors import LayoutError
+from lmcache_ascend.kv_worker.backend_dims import BackendDims, ShapeProbe, cell_dims, dims_from_probe
+from lmcache_ascend.kv_worker.errors import KVCacheShapeError
 
-__all__ = ["backend_layout_of", "describe_kv_caches"]
+__all__ = ["backend_dims_of", "describe_kv_caches"]
 
 
 def _attention_layers(vllm_config: Any, names: list[str]) -> dict[str, Any]:
@@ -64,14 +64,14 @@ def _refuse_aiter_shuffle(backend: type) -> None:
     from vllm._aiter_ops import rocm_aiter_ops
 
     if rocm_aiter_ops.is_shuffle_kv_cache_enabled():
-        raise LayoutError(
+        raise KVCacheShapeError(
             f"backend {backend.get_name()!r} ({backend.__module__}) is refused: the AITER shuffle KV-cache layout "
             "stores each block's K and V as shuffled head_size x block_size tiles, so a token's bytes are not its "
             "cells; turn VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT off"
         )
 
 
-def backend_layout_of(backend: type, vllm_config: Any = None, kv_cache_spec: Any = None) -> BackendLayout:
+def backend_dims_of(backend: type, vllm_config: Any = None, kv_cache_spec: Any = None) -> BackendDims:
     """The layout `backend` (an AttentionBackend class) documents for its registered tensors."""
     name = backend.get_name()
     _refuse_aiter_shuffle(backend)
@@ -80,11 +80,11 @@ def backend_layout_of(backend: type, vllm_config: Any = None, kv_cache_spec: Any
         resolved = cache_config.get_resolved_kv_cache_layout()
         supported = backend.supported_kv_cache_layouts()
         if supported is not None and resolved not in supported:
-            raise LayoutError(
+            raise KVCacheShapeError(
                 f"backend {name!r}: the resolved KV-cache layout {resolved.name} is not among the ones it "
                 f"supports {[layout.name for layout in supported]}"
             )
-        return cell_layout(
+        return cell_dims(
             name,
             packs_kv=bool(getattr(kv_cache_spec, "head_size_v", 0)),
             head_slots=getattr(kv_cache_spec, "num_head_slots", None),
@@ -99,26 +99,26 @@ def backend_layout_of(backend: type, vllm_config: Any = None, kv_cache_spec: Any
     # FLASH_ATTN_DIFFKV declares its V head size as a class attribute (set_head_size_v).
     head_size_v = getattr(backend, "head_size_v", None)
     head_size_v = head_size_v if isinstance(head_size_v, int) else None
-    return layout_from_probe(name, tuple(shape), probe, _stride_order(backend, vllm_config), head_size_v)
+    return dims_from_probe(name, tuple(shape), probe, _stride_order(backend, vllm_config), head_size_v)
 
 
-def describe_kv_caches(vllm_config: Any, kv_caches: Mapping[str, object]) -> dict[str, BackendLayout]:
-    """`BackendLayout` of every layer registered as one tensor (tuples follow vllm-ascend's form)."""
+def describe_kv_caches(vllm_config: Any, kv_caches: Mapping[str, object]) -> dict[str, BackendDims]:
+    """`BackendDims` of every layer registered as one tensor (tuples follow vllm-ascend's form)."""
     names = [name for name, cache in kv_caches.items() if isinstance(cache, torch.Tensor)]
     if not names:
         return {}
     if vllm_config is None:
-        raise LayoutError(
+        raise KVCacheShapeError(
             f"layers {names[:4]} registered single KV tensors but no vLLM config is at hand to ask their "
             "attention backends for the layout"
         )
     layers = _attention_layers(vllm_config, names)
-    layouts = {}
+    dims_by_layer = {}
     for name in names:
         layer = layers.get(name)
         if layer is None:
             tensor = kv_caches[name]
-            raise LayoutError(
+            raise KVCacheShapeError(
                 f"layer {name!r} (shape {tuple(tensor.shape)}, dtype {tensor.dtype}): vLLM lists no attention "
                 "layer of that name, so its backend's layout is unknown"
             )
@@ -126,8 +126,8 @@ def describe_kv_caches(vllm_config: Any, kv_caches: Mapping[str, object]) -> dic
         if hasattr(getattr(vllm_config, "cache_config", None), "get_resolved_kv_cache_layout"):
             spec = layer.get_kv_cache_spec(vllm_config)  # as the backend's customize_spec left it
         try:
-            layouts[name] = backend_layout_of(layer.get_attn_backend(), vllm_config, spec)
-        except LayoutError as error:
+            dims_by_layer[name] = backend_dims_of(layer.get_attn_backend(), vllm_config, spec)
+        except KVCacheShapeError as error:
             tensor = kv_caches[name]
-            raise LayoutError(f"layer {name!r} (shape {tuple(tensor.shape)}, dtype {tensor.dtype}): {error}") from None
-    return layouts
+            raise KVCacheShapeError(f"layer {name!r} (shape {tuple(tensor.shape)}, dtype {tensor.dtype}): {error}") from None
+    return dims_by_layer

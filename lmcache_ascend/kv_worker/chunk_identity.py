@@ -73,7 +73,7 @@ def _encoded(value: Any) -> bytes:
 
 
 def plan_description(planner: Any) -> dict:
-    """The byte-relevant description of a `kv_layout.ChunkPlanner` (what two engines must share to share chunks)."""
+    """The byte-relevant description of a `kv_worker.ChunkPlanner` (what two engines must share to share chunks)."""
     groups = {
         index: {
             "spec": spec.spec_class_name,
@@ -107,11 +107,11 @@ def plan_description(planner: Any) -> dict:
         {
             "layer_group": region.layer_group,
             "byte_offset": region.byte_offset,
-            "row_bytes": list(region.layout.row_bytes),
-            "rows": list(region.layout.region_rows),
-            "plane_offsets": list(region.layout.plane_offsets),
-            "layer_stride": region.layout.layer_stride,
-            "layers": region.layout.layer_count,
+            "row_bytes": list(region.regions.row_bytes),
+            "rows": list(region.regions.region_rows),
+            "plane_offsets": list(region.regions.plane_offsets),
+            "layer_stride": region.regions.layer_stride,
+            "layers": region.regions.layer_count,
         }
         for region in full.regions
     ]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_ascend.kv_layout.chunk_identity import (
+from lmcache_ascend.kv_worker.chunk_identity import (
     DIGEST_HEX_CHARS,
     KEY_SEPARATOR,
     chunk_identity_digest,
@@ -19,9 +19,9 @@ from lmcache_ascend.kv_layout.chunk_identity import (
     model_identity,
     plan_description,
 )
-from lmcache_ascend.kv_layout.chunk_plan import ChunkPlanner
-from lmcache_ascend.kv_layout.formats import KVFormat
-from lmcache_ascend.kv_layout.groups import LayerGroup, PlaneIdentity
+from lmcache_ascend.kv_worker.chunk_plan import ChunkPlanner
+from lmcache_ascend.kv_worker.formats import KVFormat
+from lmcache_ascend.kv_worker.groups import LayerGroup, PlaneIdentity
 from lmcache_ascend.multigroup.specs import KVGroupSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def _planner(*, chunk_size=256, row_bytes=(256, 256), dtype="float32", window=12
             planes=(PlaneIdentity(index, row_bytes[index], block_size, getattr(torch, dtype)),),
             member_names=layers[index],
             paged_rows=(),
-            plane_layouts=(),
+            plane_geometries=(),
         )
         for index in ((0,) if skip_second else (0, 1))
     ]
@@ -80,10 +80,10 @@ def test_each_layout_change_changes_the_digest(change):
 def test_the_digest_is_the_same_in_another_process():
     description = plan_description(_planner())
     code = (
-        "import json, sys; from lmcache_ascend.kv_layout.chunk_identity import chunk_identity_digest; "
+        "import json, sys; from lmcache_ascend.kv_worker.chunk_identity import chunk_identity_digest; "
         "print(chunk_identity_digest(json.loads(sys.argv[1]), {'revision': None, 'config': {}, 'weights': None}))"
     )
-    from lmcache_ascend.kv_layout.chunk_identity import _canonical
+    from lmcache_ascend.kv_worker.chunk_identity import _canonical
 
     for seed in ("0", "12345"):  # Python's salted hash() must play no part
         out = subprocess.run(

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from lmcache_ascend.kernels import DEFAULT_REGION_ALIGNMENT as REGION_ALIGNMENT
-from lmcache_ascend.kv_layout import ChunkPlanner, LayoutError, build_layer_groups, detect_layer_layout
+from lmcache_ascend.kv_worker import ChunkPlanner, KVCacheShapeError, build_layer_groups, detect_layer_planes
 from lmcache_ascend.multigroup.specs import KVGroupSpec, RowWindow
 from lmcache_ascend.multigroup.specs import chunk_row_window as row_window
-from lmcache_ascend.kv_layout.registration import needs_multigroup_connector, plane_groups_from_layer_names
-from tests.fixtures.kv_caches import LATENT_LAYOUT, TOKEN_MAJOR_KV_LAYOUT
-from tests.kv_layout._geometry import geometry as group_geometry
+from lmcache_ascend.kv_worker.registration import needs_multigroup_connector, plane_groups_from_layer_names
+from tests.fixtures.kv_caches import LATENT_DIMS, TOKEN_MAJOR_KV_DIMS
+from tests.kv_worker._geometry import geometry as group_geometry
 
 GEOMETRY = {
     0: group_geometry(0),
@@ -25,7 +25,7 @@ GEOMETRY = {
 def _layers(specs):
     # Single tensors here are one latent row per token (MLA's documented layout).
     return [
-        detect_layer_layout(name, cache, groups, backend_layout=LATENT_LAYOUT if isinstance(cache, torch.Tensor) else None)
+        detect_layer_planes(name, cache, groups, backend_dims=LATENT_DIMS if isinstance(cache, torch.Tensor) else None)
         for name, cache, groups in specs
     ]
 
@@ -76,7 +76,7 @@ def test_planes_of_skipped_groups_are_dropped_and_empty_layers_vanish():
 
 
 def test_unknown_scheduler_group_is_an_error():
-    with pytest.raises(LayoutError, match="maps to scheduler group 7, which is not among the registered groups"):
+    with pytest.raises(KVCacheShapeError, match="maps to scheduler group 7, which is not among the registered groups"):
         build_layer_groups(_layers([("l", torch.zeros(4, 8, 16), [7])]), GEOMETRY)
 
 
@@ -116,53 +116,53 @@ def test_chunk_plan_regions_are_aligned_packed_and_sized_per_group():
         ("c4", (torch.zeros(4, 8, 16), torch.zeros(4, 8, 1, dtype=torch.float16)), [1]),
         ("swa", torch.zeros(4, 8, 5, dtype=torch.int8), [3]),
     ]
-    layout = ChunkPlanner(build_layer_groups(_layers(specs), GEOMETRY), GEOMETRY, chunk_size=64)
-    plan = layout.full_plan
+    planner = ChunkPlanner(build_layer_groups(_layers(specs), GEOMETRY), GEOMETRY, chunk_size=64)
+    plan = planner.full_plan
     assert [r.plane_rows for r in plan.regions] == [(64,), (16, 16), (16,)]
     cursor = 0
     for region in plan.regions:
         assert region.byte_offset == cursor and region.byte_offset % REGION_ALIGNMENT == 0
         for plane, rows in enumerate(region.plane_rows):
             assert region.plane_byte_offset(0, plane) % REGION_ALIGNMENT == 0
-            assert region.layout.plane_region_bytes[plane] >= rows * region.layout.row_bytes[plane]
-            assert region.layout.plane_region_bytes[plane] - rows * region.layout.row_bytes[plane] < REGION_ALIGNMENT
+            assert region.regions.plane_region_bytes[plane] >= rows * region.regions.row_bytes[plane]
+            assert region.regions.plane_region_bytes[plane] - rows * region.regions.row_bytes[plane] < REGION_ALIGNMENT
         cursor += region.byte_size
     assert plan.total_bytes == cursor == 192 + (16 * 64 + 32) + 96
     # A short last chunk gets its own plan (computed once, then cached).
-    short = layout.plan(10)
+    short = planner.plan(10)
     assert [r.plane_rows for r in short.regions] == [(10,), (3, 3), (10,)]
-    assert layout.plan(10) is short and layout.plan(64) is plan
-    shape = layout.memory_shape(10)
+    assert planner.plan(10) is short and planner.plan(64) is plan
+    shape = planner.memory_shape(10)
     assert shape[:3] == (1, 1, 10) and 0 <= shape[3] * 10 - short.total_bytes < 10
 
 
 def test_chunk_plan_errors():
     groups = build_layer_groups(_layers([("c4", torch.zeros(4, 8, 16), [1])]), GEOMETRY)
-    with pytest.raises(LayoutError, match="chunk_size=6 is not a multiple of compress_ratio=4"):
+    with pytest.raises(KVCacheShapeError, match="chunk_size=6 is not a multiple of compress_ratio=4"):
         ChunkPlanner(groups, GEOMETRY, chunk_size=6)
-    with pytest.raises(LayoutError, match="no layer group to plan"):
+    with pytest.raises(KVCacheShapeError, match="no layer group to plan"):
         ChunkPlanner((), GEOMETRY, chunk_size=8)
-    layout = ChunkPlanner(groups, GEOMETRY, chunk_size=8)
-    with pytest.raises(LayoutError, match="chunk length 9 must be in 1..chunk_size=8"):
-        layout.plan(9)
+    planner = ChunkPlanner(groups, GEOMETRY, chunk_size=8)
+    with pytest.raises(KVCacheShapeError, match="chunk length 9 must be in 1..chunk_size=8"):
+        planner.plan(9)
 
 
 def test_plane_groups_from_layer_names():
     caches = {"a": torch.zeros(2, 2, 2), "b": (torch.zeros(2, 2, 2), torch.zeros(2, 2, 2))}
     assert plane_groups_from_layer_names([["a", "b"], ["b"]], caches) == {"a": (0,), "b": (0, 1)}
-    with pytest.raises(LayoutError, match="no scheduler KV-cache group lists it"):
+    with pytest.raises(KVCacheShapeError, match="no scheduler KV-cache group lists it"):
         plane_groups_from_layer_names([["a"]], caches)
     shared = {"a": caches["a"], "a_shared": caches["a"]}  # vLLM KV sharing: unlisted, same tensor
     assert plane_groups_from_layer_names([["a"]], shared) == {"a": (0,), "a_shared": (0,)}
-    with pytest.raises(LayoutError, match="listed by scheduler groups \\[0, 1\\] but registers 1 planes"):
+    with pytest.raises(KVCacheShapeError, match="listed by scheduler groups \\[0, 1\\] but registers 1 planes"):
         plane_groups_from_layer_names([["a"], ["a", "b"]], caches)
 
 
 def test_which_caches_need_the_multigroup_connector():
     merged = {"l0": torch.zeros(2, 4, 8, 1, 8), "l1": torch.zeros(2, 4, 8, 1, 8)}
     one_group = {"l0": (0,), "l1": (0,)}
-    layouts = {name: TOKEN_MAJOR_KV_LAYOUT for name in merged}
-    assert needs_multigroup_connector(merged, one_group, layouts)  # CPU: LMCache has no connector here
-    assert needs_multigroup_connector(merged, {"l0": (0,), "l1": (1,)}, layouts)
+    dims_by_layer = {name: TOKEN_MAJOR_KV_DIMS for name in merged}
+    assert needs_multigroup_connector(merged, one_group, dims_by_layer)  # CPU: LMCache has no connector here
+    assert needs_multigroup_connector(merged, {"l0": (0,), "l1": (1,)}, dims_by_layer)
     dsa = {"l0": (torch.zeros(4, 8, 16), torch.zeros(4, 8, 4), torch.zeros(4, 8, 2))}
     assert needs_multigroup_connector(dsa, {"l0": (0,)})

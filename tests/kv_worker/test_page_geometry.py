@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmcache_ascend.kv_layout import LayoutError, plan_kv_caches
-from tests.kv_layout._geometry import geometry
+from lmcache_ascend.kv_worker import KVCacheShapeError, plan_kv_caches
+from tests.kv_worker._geometry import geometry
 
 GEOMETRY = {0: geometry(0, block_rows=4), 1: geometry(1, compress_ratio=4, block_rows=2)}
 PLANE_GROUPS = {"full": (0,), "c4": (1,)}
@@ -34,7 +34,7 @@ def test_pages_that_are_the_groups_blocks_register():
 
 
 def test_rows_per_block_that_differ_from_the_group_are_refused():
-    with pytest.raises(LayoutError) as raised:
+    with pytest.raises(KVCacheShapeError) as raised:
         plan_kv_caches(_caches(full_rows_per_block=1), PLANE_GROUPS, GEOMETRY, 16, num_blocks=6)
     message = str(raised.value)
     assert "layer 'full' plane 0" in message and "blocks of 1 rows of 32 bytes" in message
@@ -44,7 +44,7 @@ def test_rows_per_block_that_differ_from_the_group_are_refused():
 
 
 def test_fewer_blocks_than_vllm_allocated_are_refused():
-    with pytest.raises(LayoutError, match=r"layer 'c4' plane 0 .*5 blocks of 2 rows.*group 1 .*6 blocks of 8 tokens"):
+    with pytest.raises(KVCacheShapeError, match=r"layer 'c4' plane 0 .*5 blocks of 2 rows.*group 1 .*6 blocks of 8 tokens"):
         plan_kv_caches(_caches(c4_blocks=5), PLANE_GROUPS, GEOMETRY, 16, num_blocks=6)
 
 

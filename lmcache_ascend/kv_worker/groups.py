@@ -23,7 +23,7 @@ from typing import Iterable, Mapping
 
 import torch
 
-from lmcache_ascend.kv_layout.formats import KVFormat, LayerLayout, LayoutError, PlaneLayout
+from lmcache_ascend.kv_worker.formats import KVFormat, LayerPlanes, KVCacheShapeError, PlaneGeometry
 from lmcache_ascend.multigroup.specs import KVGroupSpec
 
 __all__ = [
@@ -41,10 +41,10 @@ class PlaneIdentity:
     row_bytes: int
     block_size: int
     dtype: torch.dtype
-    kernel_block_rows: int = 1  # how the kernels address its blocks (see PlaneLayout)
+    kernel_block_rows: int = 1  # how the kernels address its blocks (see PlaneGeometry)
 
     @classmethod
-    def of(cls, plane: PlaneLayout) -> "PlaneIdentity":
+    def of(cls, plane: PlaneGeometry) -> "PlaneIdentity":
         return cls(plane.scheduler_group, plane.row_bytes, plane.block_size, plane.dtype, plane.kernel_block_rows)
 
 
@@ -60,7 +60,7 @@ class LayerGroup:
     # Per member, the uint8 [num_rows / kernel_block_rows, kernel_block_rows, row_bytes] view of each plane.
     paged_rows: tuple[tuple[torch.Tensor, ...], ...] = field(compare=False, repr=False)
     # Per member, the geometry of each plane (num_blocks may differ between members).
-    plane_layouts: tuple[tuple[PlaneLayout, ...], ...] = field(compare=False, repr=False)
+    plane_geometries: tuple[tuple[PlaneGeometry, ...], ...] = field(compare=False, repr=False)
 
     @property
     def num_layers(self) -> int:
@@ -76,13 +76,13 @@ class LayerGroup:
 
 
 def build_layer_groups(
-    layers: Iterable[LayerLayout],
+    layers: Iterable[LayerPlanes],
     geometry_by_group: Mapping[int, KVGroupSpec],
     *,
     bundle_multi_spec: bool = True,
 ) -> tuple[LayerGroup, ...]:
     """Layer groups in first-appearance order of their first member."""
-    buckets: dict[tuple, list[tuple[str, tuple[torch.Tensor, ...], tuple[PlaneLayout, ...]]]] = {}
+    buckets: dict[tuple, list[tuple[str, tuple[torch.Tensor, ...], tuple[PlaneGeometry, ...]]]] = {}
     formats: dict[tuple, KVFormat] = {}
     seen: dict[tuple, str] = {}
     for layer in layers:
@@ -90,7 +90,7 @@ def build_layer_groups(
         for plane, rows in zip(layer.planes, layer.paged_rows):
             geometry = geometry_by_group.get(plane.scheduler_group)
             if geometry is None:
-                raise LayoutError(
+                raise KVCacheShapeError(
                     f"layer {layer.layer_name!r}: plane {plane.plane_index} maps to scheduler group "
                     f"{plane.scheduler_group}, which is not among the registered groups "
                     f"{sorted(geometry_by_group)}"
@@ -147,7 +147,7 @@ def build_layer_groups(
                 planes=key[1],
                 member_names=tuple(name for name, _, _ in members),
                 paged_rows=tuple(rows for _, rows, _ in members),
-                plane_layouts=tuple(planes for _, _, planes in members),
+                plane_geometries=tuple(planes for _, _, planes in members),
             )
         )
     return tuple(groups)

@@ -16,7 +16,7 @@ import torch
 
 from lmcache_ascend.bounded_cache import BoundedCache
 from lmcache_ascend.kernels import ChunkBuffers, align_up, chunk_buffers, pool_chunk_buffers
-from lmcache_ascend.kv_layout.formats import LayoutError
+from lmcache_ascend.kv_worker.formats import KVCacheShapeError
 
 __all__ = ["FIRST_WAVE_CHUNKS", "STAGING_BYTES", "staging_waves"]
 
@@ -39,7 +39,7 @@ FIRST_WAVE_CHUNKS = 4
 def staging_waves(chunks: int, capacity: int, first: int = FIRST_WAVE_CHUNKS) -> list[tuple[int, int]]:
     """[begin, end) chunk ranges of the staging waves: `first` chunks, then doubling, at most `capacity` each."""
     if capacity < 1 or first < 1:
-        raise LayoutError(f"capacity={capacity} and first={first} must be >= 1")
+        raise KVCacheShapeError(f"capacity={capacity} and first={first} must be >= 1")
     waves = []
     begin, size = 0, min(first, capacity)
     while begin < chunks:
@@ -77,7 +77,7 @@ class _StagedWaves:
         host = chunk_buffers(self.chunks[:through] if through < len(self.chunks) else self.chunks, mapped=False)
         if host.min_bytes < self.total:
             index = int(np.argmin(host.sizes))
-            raise LayoutError(f"chunk {index} holds {host.min_bytes} bytes; a full chunk needs {self.total}")
+            raise KVCacheShapeError(f"chunk {index} holds {host.min_bytes} bytes; a full chunk needs {self.total}")
         self.checked, self.addresses = through, host.addresses.tolist()
         self.joined = _joined_neighbours(self.addresses, host.sizes.tolist(), self.total, self.stride, self.store)
 

@@ -18,15 +18,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.kv_layout._geometry import geometry as group_geometry
-from lmcache_ascend.kv_layout import (
+from tests.kv_worker._geometry import geometry as group_geometry
+from lmcache_ascend.kv_worker import (
     ChunkPlanner,
     ChunkMover,
     build_layer_groups,
-    detect_layer_layout,
+    detect_layer_planes,
 )
-from lmcache_ascend.kv_layout.registration import plan_kv_caches
-from tests.fixtures.kv_caches import TOKEN_MAJOR_KV_LAYOUT
+from lmcache_ascend.kv_worker.registration import plan_kv_caches
+from tests.fixtures.kv_caches import TOKEN_MAJOR_KV_DIMS
 
 POISON = 0xA5
 DTYPES = (torch.int8, torch.uint8, torch.float8_e4m3fn, torch.float16, torch.bfloat16, torch.float32)
@@ -136,9 +136,9 @@ def _build(model: ModelSpec, fill: str, generator: torch.Generator):
     return caches, plane_groups, owners
 
 
-def _backend_layouts(caches) -> dict:
+def _backend_dims(caches) -> dict:
     # The only single tensors _build registers are merged [2, blocks, block_size, 1, width].
-    return {name: TOKEN_MAJOR_KV_LAYOUT for name, cache in caches.items() if isinstance(cache, torch.Tensor)}
+    return {name: TOKEN_MAJOR_KV_DIMS for name, cache in caches.items() if isinstance(cache, torch.Tensor)}
 
 
 def _slot_mappings(model: ModelSpec, generator: torch.Generator) -> dict[int, torch.Tensor]:
@@ -173,14 +173,14 @@ def test_store_then_load_is_byte_exact_and_touches_nothing_else(model):
     source, plane_groups, source_owners = _build(model, "random", generator)
     target, _, target_owners = _build(model, "poison", generator)
     slots = _slot_mappings(model, generator)
-    layouts = _backend_layouts(source)
-    _, source_layout = plan_kv_caches(source, plane_groups, model.geometry, model.chunk_size, backend_layouts=layouts)
-    _, target_layout = plan_kv_caches(target, plane_groups, model.geometry, model.chunk_size, backend_layouts=layouts)
-    store, load = ChunkMover(source_layout, backend="torch"), ChunkMover(target_layout, backend="torch")
+    dims_by_layer = _backend_dims(source)
+    _, source_planner = plan_kv_caches(source, plane_groups, model.geometry, model.chunk_size, backend_dims=dims_by_layer)
+    _, target_planner = plan_kv_caches(target, plane_groups, model.geometry, model.chunk_size, backend_dims=dims_by_layer)
+    store, load = ChunkMover(source_planner, backend="torch"), ChunkMover(target_planner, backend="torch")
 
     for start in range(0, model.num_tokens, model.chunk_size):
         end = min(start + model.chunk_size, model.num_tokens)
-        chunk = torch.full((source_layout.plan(end - start).total_bytes,), POISON, dtype=torch.uint8)
+        chunk = torch.full((source_planner.plan(end - start).total_bytes,), POISON, dtype=torch.uint8)
         store.move(chunk, start, end, slots, store=True)
         load.move(chunk, start, end, load.upload(slots, model.vllm_cached_tokens), store=False)
 
@@ -213,14 +213,14 @@ def test_bundled_and_exploded_move_the_same_bytes_with_fewer_launches():
     slots = {0: torch.arange(16, dtype=torch.int64), 1: torch.arange(4, dtype=torch.int64)}
     launches, chunks = {}, {}
     for bundle in (True, False):
-        layers = [detect_layer_layout(name, cache, plane_groups[name]) for name, cache in source.items()]
-        layout = ChunkPlanner(build_layer_groups(layers, geometry, bundle_multi_spec=bundle), geometry, 16)
-        chunk = torch.zeros(layout.full_plan.total_bytes, dtype=torch.uint8)
-        launches[bundle] = ChunkMover(layout, backend="torch").move(chunk, 0, 16, slots, store=True)
-        chunks[bundle] = (layout, chunk)
+        layers = [detect_layer_planes(name, cache, plane_groups[name]) for name, cache in source.items()]
+        planner = ChunkPlanner(build_layer_groups(layers, geometry, bundle_multi_spec=bundle), geometry, 16)
+        chunk = torch.zeros(planner.full_plan.total_bytes, dtype=torch.uint8)
+        launches[bundle] = ChunkMover(planner, backend="torch").move(chunk, 0, 16, slots, store=True)
+        chunks[bundle] = (planner, chunk)
     assert launches == {True: 1, False: 3}
     # Same bytes, laid out per group: compare each plane region of layer 0.
-    for bundle, (layout, chunk) in chunks.items():
-        plan = layout.full_plan
+    for bundle, (planner, chunk) in chunks.items():
+        plan = planner.full_plan
         first_plane = plan.regions[0].plane_byte_offset(0, 0)
         assert torch.equal(chunk[first_plane : first_plane + 16 * 16], source["l0"][0].view(torch.uint8).reshape(-1)[: 16 * 16])

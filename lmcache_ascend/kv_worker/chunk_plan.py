@@ -14,7 +14,7 @@ Rows per plane depend on the plane's scheduler group:
   rows (`lmcache_ascend.multigroup.specs.chunk_row_window`), not the whole chunk.
 
 Offsets are computed once per chunk length (full chunks share one plan), with
-the kernels' own `chunk_layout`, so planner and kernels cannot disagree.
+the kernels' own `chunk_regions`, so planner and kernels cannot disagree.
 
 Pure logic: torch only, no vLLM / LMCache.
 """
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from lmcache_ascend.kernels.spec import DEFAULT_REGION_ALIGNMENT
-from lmcache_ascend.kernels.spec import ChunkLayout
-from lmcache_ascend.kernels.spec import chunk_layout as kernel_chunk_layout
-from lmcache_ascend.kv_layout.formats import LayoutError
-from lmcache_ascend.kv_layout.groups import LayerGroup
+from lmcache_ascend.kernels.spec import ChunkRegions
+from lmcache_ascend.kernels.spec import chunk_regions as kernel_chunk_regions
+from lmcache_ascend.kv_worker.formats import KVCacheShapeError
+from lmcache_ascend.kv_worker.groups import LayerGroup
 from lmcache_ascend.multigroup.specs import KVGroupSpec, chunk_row_window, geometry_digest
 
 __all__ = [
@@ -59,18 +59,18 @@ class GroupRegion:
 
     layer_group: int
     byte_offset: int
-    layout: ChunkLayout
+    regions: ChunkRegions
 
     @property
     def byte_size(self) -> int:
-        return self.layout.total_bytes
+        return self.regions.total_bytes
 
     @property
     def plane_rows(self) -> tuple[int, ...]:
-        return self.layout.region_rows
+        return self.regions.region_rows
 
     def plane_byte_offset(self, layer: int, plane: int) -> int:
-        return self.byte_offset + self.layout.region_offset(layer, plane)
+        return self.byte_offset + self.regions.region_offset(layer, plane)
 
 
 @dataclass(frozen=True)
@@ -90,14 +90,14 @@ class ChunkPlanner:
         chunk_size: int,
     ):
         if chunk_size <= 0:
-            raise LayoutError(f"chunk_size={chunk_size} must be a positive int")
+            raise KVCacheShapeError(f"chunk_size={chunk_size} must be a positive int")
         if not layer_groups:
-            raise LayoutError("no layer group to plan: every registered plane was skipped or none was registered")
+            raise KVCacheShapeError("no layer group to plan: every registered plane was skipped or none was registered")
         for group in layer_groups:
             for scheduler_group in group.scheduler_groups:
                 geometry = geometry_by_group[scheduler_group]
                 if chunk_size % geometry.compress_ratio:
-                    raise LayoutError(
+                    raise KVCacheShapeError(
                         f"chunk_size={chunk_size} is not a multiple of compress_ratio="
                         f"{geometry.compress_ratio} of scheduler group {scheduler_group}; chunks would split rows"
                     )
@@ -115,7 +115,7 @@ class ChunkPlanner:
 
     def plan(self, num_tokens: int) -> ChunkBufferPlan:
         if not 0 < num_tokens <= self.chunk_size:
-            raise LayoutError(f"chunk length {num_tokens} must be in 1..chunk_size={self.chunk_size}")
+            raise KVCacheShapeError(f"chunk length {num_tokens} must be in 1..chunk_size={self.chunk_size}")
         cached = self._plans.get(num_tokens)
         if cached is not None:
             return cached
@@ -126,11 +126,11 @@ class ChunkPlanner:
                 rows_per_chunk(self.geometry_by_group[identity.scheduler_group], num_tokens)
                 for identity in group.planes
             ]
-            layout = kernel_chunk_layout(
+            packed = kernel_chunk_regions(
                 [identity.row_bytes for identity in group.planes], rows, group.num_layers, DEFAULT_REGION_ALIGNMENT
             )
-            regions.append(GroupRegion(group.index, offset, layout))
-            offset += layout.total_bytes
+            regions.append(GroupRegion(group.index, offset, packed))
+            offset += packed.total_bytes
         plan = ChunkBufferPlan(num_tokens, tuple(regions), offset)
         self._plans[num_tokens] = plan
         return plan
@@ -147,7 +147,7 @@ class ChunkPlanner:
 
     @property
     def groups(self) -> Mapping[int, KVGroupSpec]:
-        """The scheduler groups' geometry by group index, as `MultiGroupLayout.groups` is indexed."""
+        """The scheduler groups' geometry by group index, as `KVGroups.groups` is indexed."""
         return self.geometry_by_group
 
     def scheduler_groups_in_use(self) -> tuple[int, ...]:

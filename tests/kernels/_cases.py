@@ -1,6 +1,6 @@
 """Generated KV layouts for the transfer-kernel tests (hypothesis strategies + checks).
 
-A `LayoutCase` is plain data (formats, dtypes, block sizes, compress ratios, slot
+A `TransferCase` is plain data (formats, dtypes, block sizes, compress ratios, slot
 lists with -1 and holes); `build` turns it into poisoned tensors. The expected
 bytes are computed here by straight address arithmetic over each tensor's whole
 storage, independently of the kernels' own byte views.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from lmcache_ascend.kernels import PagedGroup, PagedPlane, PlaneSlots, chunk_layout
+from lmcache_ascend.kernels import PagedGroup, PagedPlane, PlaneSlots, chunk_regions
 
 DTYPES = (
     torch.int8,
@@ -44,7 +44,7 @@ class PlaneCase:
 
 
 @dataclass(frozen=True)
-class LayoutCase:
+class TransferCase:
     format: str
     layer_count: int
     planes: tuple[PlaneCase, ...]
@@ -54,11 +54,11 @@ class LayoutCase:
 
 
 @dataclass
-class BuiltLayout:
+class BuiltCase:
     group: PagedGroup
     slots: tuple[PlaneSlots, ...]
     storages: list[torch.Tensor]  # every distinct backing byte tensor (whole storages)
-    layout: object
+    regions: object
     chunk_bytes: int
 
 
@@ -85,7 +85,7 @@ def plane_slot_lists(draw, num_rows: int, count: int, unique: bool = True):
 
 
 @st.composite
-def layout_cases(draw, max_tokens: int = 24, max_layers: int = 3) -> LayoutCase:
+def transfer_cases(draw, max_tokens: int = 24, max_layers: int = 3) -> TransferCase:
     fmt = draw(st.sampled_from(FORMATS))
     layer_count = draw(st.integers(1, max_layers))
     tokens = draw(st.integers(1, max_tokens))
@@ -129,7 +129,7 @@ def layout_cases(draw, max_tokens: int = 24, max_layers: int = 3) -> LayoutCase:
         slots = draw(plane_slot_lists(num_rows, lead + count + tail))
         region_rows = count + draw(st.sampled_from((0, 0, 0, 1, 3)))
         planes.append(PlaneCase(dtype, width, block_size, num_blocks, tuple(slots), lead, count, region_rows))
-    return LayoutCase(
+    return TransferCase(
         format=fmt,
         layer_count=layer_count,
         planes=tuple(planes),
@@ -148,7 +148,7 @@ def _whole_storage_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage, 0, (storage.nbytes(),), (1,))
 
 
-def build(case: LayoutCase, device: str = "cpu", seed_offset: int = 0) -> BuiltLayout:
+def build(case: TransferCase, device: str = "cpu", seed_offset: int = 0) -> BuiltCase:
     """Tensors for `case`, every byte random (poison): caches, blobs and all."""
     generator = torch.Generator().manual_seed(case.seed + seed_offset)
     per_layer: list[list[torch.Tensor]] = []
@@ -211,8 +211,8 @@ def build(case: LayoutCase, device: str = "cpu", seed_offset: int = 0) -> BuiltL
         PlaneSlots(torch.tensor(p.slots, dtype=torch.int64, device=device), p.start, p.count, p.region_rows)
         for p in case.planes
     )
-    layout = chunk_layout([p.row_bytes for p in planes], [p.region_rows for p in case.planes], case.layer_count, case.alignment)
-    return BuiltLayout(group, slots, storages, layout, case.chunk_offset + layout.total_bytes + 8)
+    regions = chunk_regions([p.row_bytes for p in planes], [p.region_rows for p in case.planes], case.layer_count, case.alignment)
+    return BuiltCase(group, slots, storages, regions, case.chunk_offset + regions.total_bytes + 8)
 
 
 def poisoned_chunk(size: int, seed: int, device: str = "cpu") -> torch.Tensor:
@@ -220,7 +220,7 @@ def poisoned_chunk(size: int, seed: int, device: str = "cpu") -> torch.Tensor:
     return torch.randint(0, 256, (size,), dtype=torch.uint8, generator=generator).to(device)
 
 
-def _row_address(built: BuiltLayout, layer: int, plane: int, slot: int) -> tuple[torch.Tensor, int]:
+def _row_address(built: BuiltCase, layer: int, plane: int, slot: int) -> tuple[torch.Tensor, int]:
     """(whole-storage bytes, byte offset) of paged row `slot`, by address arithmetic."""
     tensor = built.group.planes[plane].caches[layer]
     element = tensor.element_size()
@@ -231,7 +231,7 @@ def _row_address(built: BuiltLayout, layer: int, plane: int, slot: int) -> tuple
     return storage, tensor.storage_offset() * element + block * tensor.stride(0) * element + row * row_bytes
 
 
-def valid_rows(built: BuiltLayout, case: LayoutCase, plane: int) -> list[tuple[int, int]]:
+def valid_rows(built: BuiltCase, case: TransferCase, plane: int) -> list[tuple[int, int]]:
     """(chunk row t, slot) for every slot that must move."""
     pc = case.planes[plane]
     rows = []
@@ -243,12 +243,12 @@ def valid_rows(built: BuiltLayout, case: LayoutCase, plane: int) -> list[tuple[i
     return rows
 
 
-def expected_chunk_after_store(built: BuiltLayout, case: LayoutCase, chunk_before: torch.Tensor) -> torch.Tensor:
+def expected_chunk_after_store(built: BuiltCase, case: TransferCase, chunk_before: torch.Tensor) -> torch.Tensor:
     expected = chunk_before.clone()
     for layer in range(case.layer_count):
         for plane in range(len(case.planes)):
             row_bytes = built.group.planes[plane].row_bytes
-            region = case.chunk_offset + built.layout.region_offset(layer, plane)
+            region = case.chunk_offset + built.regions.region_offset(layer, plane)
             for t, slot in valid_rows(built, case, plane):
                 storage, offset = _row_address(built, layer, plane, slot)
                 expected[region + t * row_bytes : region + (t + 1) * row_bytes] = storage[offset : offset + row_bytes]
@@ -256,14 +256,14 @@ def expected_chunk_after_store(built: BuiltLayout, case: LayoutCase, chunk_befor
 
 
 def expected_storages_after_load(
-    built: BuiltLayout, case: LayoutCase, chunk: torch.Tensor
+    built: BuiltCase, case: TransferCase, chunk: torch.Tensor
 ) -> list[torch.Tensor]:
     """The target's whole storages after a load of `chunk`: poison except the valid rows."""
     expected = {s.data_ptr(): s.clone() for s in built.storages}
     for layer in range(case.layer_count):
         for plane in range(len(case.planes)):
             row_bytes = built.group.planes[plane].row_bytes
-            region = case.chunk_offset + built.layout.region_offset(layer, plane)
+            region = case.chunk_offset + built.regions.region_offset(layer, plane)
             for t, slot in valid_rows(built, case, plane):
                 storage, offset = _row_address(built, layer, plane, slot)
                 expected[storage.data_ptr()][offset : offset + row_bytes] = chunk[
@@ -272,7 +272,7 @@ def expected_storages_after_load(
     return [expected[s.data_ptr()] for s in built.storages]
 
 
-def describe(case: LayoutCase) -> str:
+def describe(case: TransferCase) -> str:
     planes = ", ".join(
         f"{str(p.dtype).removeprefix('torch.')}x{p.row_elements} bs={p.block_size} nb={p.num_blocks} "
         f"count={p.count}" for p in case.planes
@@ -281,13 +281,13 @@ def describe(case: LayoutCase) -> str:
 
 
 __all__ = [
-    "BuiltLayout",
-    "LayoutCase",
+    "BuiltCase",
+    "TransferCase",
     "build",
     "describe",
     "expected_chunk_after_store",
     "expected_storages_after_load",
-    "layout_cases",
+    "transfer_cases",
     "poisoned_chunk",
 ]
 

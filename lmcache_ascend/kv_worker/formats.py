@@ -3,7 +3,7 @@
 A layer's KV cache arrives as one tensor or as a tuple of tensors ("planes").
 Whatever the format, the transfer path only needs, per plane, a byte view whose
 row ``s`` is the paged row of slot ``s``.  A single tensor is read with its
-attention backend's `BackendLayout` (never from its number of dims); a tuple is
+attention backend's `BackendDims` (never from its number of dims); a tuple is
 vllm-ascend's documented form, every plane ``[num_blocks, block_size, ...]``.
 Layout errors surface at registration with the layer name and the offending
 shape instead of as a wrong copy later.
@@ -24,15 +24,15 @@ from typing import Sequence
 
 import torch
 
-from lmcache_ascend.kv_layout.backend_layout import BackendLayout, DimRole, described_planes
-from lmcache_ascend.kv_layout.errors import LayoutError
+from lmcache_ascend.kv_worker.backend_dims import BackendDims, DimRole, described_planes
+from lmcache_ascend.kv_worker.errors import KVCacheShapeError
 
 __all__ = [
     "KVFormat",
-    "LayerLayout",
-    "LayoutError",
-    "PlaneLayout",
-    "detect_layer_layout",
+    "LayerPlanes",
+    "KVCacheShapeError",
+    "PlaneGeometry",
+    "detect_layer_planes",
 ]
 
 
@@ -43,13 +43,13 @@ class KVFormat(enum.Enum):
     DSA = "dsa"  # three planes of one paging geometry (latent, rope, indexer K)
     DSA_C8 = "dsa-c8"  # four planes of mixed dtypes (int8 caches plus their scales)
     MULTI_PLANE = "multi-plane"  # planes with different geometry / dtype / scheduler group
-    # Described by the attention backend (`BackendLayout`):
+    # Described by the attention backend (`BackendDims`):
     HEAD_MAJOR = "head-major"  # per block, per head, the token rows: a plane per head (and K / V)
     TOKEN_ROWS = "token-rows"  # one row per token holding K and V of every head
 
 
 @dataclass(frozen=True)
-class PlaneLayout:
+class PlaneGeometry:
     """Paging geometry of one plane: the bytes moved per slot and where they live."""
 
     layer_name: str
@@ -76,10 +76,10 @@ class PlaneLayout:
 
 
 @dataclass(frozen=True)
-class LayerLayout:
+class LayerPlanes:
     layer_name: str
     format: KVFormat
-    planes: tuple[PlaneLayout, ...]
+    planes: tuple[PlaneGeometry, ...]
     # Per plane (same order), a uint8 view [num_rows / kernel_block_rows,
     # kernel_block_rows, row_bytes] of its paged rows: row s is slot s.
     paged_rows: tuple[torch.Tensor, ...] = field(compare=False, repr=False)
@@ -94,14 +94,14 @@ def _tensors_of(layer_name: str, kv_cache: object) -> list[torch.Tensor]:
         return [kv_cache]
     if isinstance(kv_cache, (tuple, list)):
         if not kv_cache:
-            raise LayoutError(f"layer {layer_name!r}: the KV cache is an empty {type(kv_cache).__name__}")
+            raise KVCacheShapeError(f"layer {layer_name!r}: the KV cache is an empty {type(kv_cache).__name__}")
         for index, item in enumerate(kv_cache):
             if not isinstance(item, torch.Tensor):
-                raise LayoutError(
+                raise KVCacheShapeError(
                     f"layer {layer_name!r}: plane {index} is a {type(item).__name__}, expected a torch.Tensor"
                 )
         return list(kv_cache)
-    raise LayoutError(
+    raise KVCacheShapeError(
         f"layer {layer_name!r}: the KV cache is a {type(kv_cache).__name__}; "
         "expected a torch.Tensor or a tuple of tensors"
     )
@@ -120,14 +120,14 @@ def _paging_geometry(layer_name: str, index: int, tensor: torch.Tensor) -> _Geom
     """Geometry of a plane shaped [num_blocks, block_size, ...] whose slot rows are dense."""
     where = f"layer {layer_name!r} plane {index} (shape {tuple(tensor.shape)}, dtype {tensor.dtype})"
     if tensor.ndim < 2:
-        raise LayoutError(f"{where}: expected dims [num_blocks, block_size, ...]")
+        raise KVCacheShapeError(f"{where}: expected dims [num_blocks, block_size, ...]")
     num_blocks, block_size = int(tensor.shape[0]), int(tensor.shape[1])
     if num_blocks <= 0 or block_size <= 0:
-        raise LayoutError(f"{where}: num_blocks and block_size must be > 0")
+        raise KVCacheShapeError(f"{where}: num_blocks and block_size must be > 0")
     item = tensor.element_size()
     inner = tensor[0, 0]
     if not inner.is_contiguous():
-        raise LayoutError(
+        raise KVCacheShapeError(
             f"{where}: the bytes of one slot are not contiguous (strides {tensor.stride()}); "
             "head-major (HND) paged layouts are not supported"
         )
@@ -135,11 +135,11 @@ def _paging_geometry(layer_name: str, index: int, tensor: torch.Tensor) -> _Geom
     row_stride = tensor.stride(1) * item
     block_stride = tensor.stride(0) * item
     if block_size > 1 and row_stride < row_bytes:
-        raise LayoutError(f"{where}: slot rows overlap (row stride {row_stride} B < row bytes {row_bytes} B)")
+        raise KVCacheShapeError(f"{where}: slot rows overlap (row stride {row_stride} B < row bytes {row_bytes} B)")
     if block_size == 1:
         row_stride = block_stride
     if num_blocks > 1 and block_stride != block_size * row_stride:
-        raise LayoutError(
+        raise KVCacheShapeError(
             f"{where}: blocks are not evenly packed (block stride {block_stride} B, "
             f"expected block_size * row stride = {block_size * row_stride} B)"
         )
@@ -204,7 +204,7 @@ def _fold_views(layer_name: str, tensors: list[torch.Tensor], groups: list[int])
                 for plane in members:
                     other = plane.span()
                     if mine[0] < other[1] and other[0] < mine[1]:
-                        raise LayoutError(
+                        raise KVCacheShapeError(
                             f"layer {layer_name!r}: plane {index} (shape {tuple(tensor.shape)}, dtype {tensor.dtype}) "
                             f"overlaps plane {plane.indices[0]} in one storage blob without sharing its slot rows "
                             f"(same [num_blocks, block_size] = [{plane.geometry.num_blocks}, "
@@ -213,7 +213,7 @@ def _fold_views(layer_name: str, tensors: list[torch.Tensor], groups: list[int])
                 members.append(candidate)
                 continue
             if groups[index] != host.scheduler_group:
-                raise LayoutError(
+                raise KVCacheShapeError(
                     f"layer {layer_name!r}: planes {host.indices[0]} and {index} are views of one storage blob "
                     f"but map to scheduler groups {host.scheduler_group} and {groups[index]}"
                 )
@@ -246,26 +246,26 @@ def _classify(tensors: list[torch.Tensor], planes: list[_Plane]) -> KVFormat:
 
 
 def _described_layer(
-    layer_name: str, tensor: torch.Tensor, group: int, backend_layout: BackendLayout
-) -> tuple[KVFormat, tuple[PlaneLayout, ...], tuple[torch.Tensor, ...]]:
-    planes = described_planes(layer_name, tensor, backend_layout)
+    layer_name: str, tensor: torch.Tensor, group: int, backend_dims: BackendDims
+) -> tuple[KVFormat, tuple[PlaneGeometry, ...], tuple[torch.Tensor, ...]]:
+    planes = described_planes(layer_name, tensor, backend_dims)
     heads_split = any(plane.head is not None for plane in planes)
     if heads_split:
         fmt = KVFormat.HEAD_MAJOR
     elif any(plane.kv is not None for plane in planes):
         fmt = KVFormat.MERGED
-    elif DimRole.HEAD in backend_layout.dims or DimRole.KV in backend_layout.dims:
+    elif DimRole.HEAD in backend_dims.dims or DimRole.KV in backend_dims.dims:
         fmt = KVFormat.TOKEN_ROWS
     else:
         fmt = KVFormat.MLA
-    layouts, views = [], []
+    geometries, views = [], []
     for plane in planes:
         packed = plane.block_stride_bytes == plane.block_size * plane.row_bytes
         blocks = plane.blocks
         if packed:  # one run of rows: hand it over as blocks of one row, like every packed plane
             blocks = blocks.view(plane.num_blocks * plane.block_size, 1, plane.row_bytes)
-        layouts.append(
-            PlaneLayout(
+        geometries.append(
+            PlaneGeometry(
                 layer_name=layer_name,
                 plane_index=plane.kv or 0,
                 scheduler_group=group,
@@ -279,19 +279,19 @@ def _described_layer(
             )
         )
         views.append(blocks)
-    return fmt, tuple(layouts), tuple(views)
+    return fmt, tuple(geometries), tuple(views)
 
 
-def detect_layer_layout(
+def detect_layer_planes(
     layer_name: str,
     kv_cache: object,
     plane_groups: Sequence[int],
     *,
-    backend_layout: BackendLayout | None = None,
-) -> LayerLayout:
+    backend_dims: BackendDims | None = None,
+) -> LayerPlanes:
     """The format and planes of one registered layer.
 
-    A single tensor is read with `backend_layout`, the description of the
+    A single tensor is read with `backend_dims`, the description of the
     attention backend that allocated it (required: a tensor's dims are never
     guessed from their number).  A tuple of tensors is vllm-ascend's documented
     multi-plane form: every plane [num_blocks, block_size, ...], slot rows dense.
@@ -304,29 +304,29 @@ def detect_layer_layout(
     if len(groups) == 1:
         groups = groups * len(tensors)
     if len(groups) != len(tensors) or not groups:
-        raise LayoutError(
+        raise KVCacheShapeError(
             f"layer {layer_name!r}: {len(plane_groups)} scheduler groups given for {len(tensors)} planes; "
             "give one group for all planes or one per plane"
         )
     for group in groups:
         if not isinstance(group, int) or group < 0:
-            raise LayoutError(f"layer {layer_name!r}: scheduler group {group!r} must be an int >= 0")
+            raise KVCacheShapeError(f"layer {layer_name!r}: scheduler group {group!r} must be an int >= 0")
     devices = {tensor.device for tensor in tensors}
     if len(devices) > 1:
-        raise LayoutError(f"layer {layer_name!r}: planes live on different devices {sorted(map(str, devices))}")
+        raise KVCacheShapeError(f"layer {layer_name!r}: planes live on different devices {sorted(map(str, devices))}")
 
     if isinstance(kv_cache, torch.Tensor):
-        if backend_layout is None:
-            raise LayoutError(
+        if backend_dims is None:
+            raise KVCacheShapeError(
                 f"layer {layer_name!r}: a KV tensor of shape {tuple(kv_cache.shape)}, dtype {kv_cache.dtype} came "
                 "without its attention backend's layout description; its dims cannot be told apart"
             )
-        fmt, layouts, views = _described_layer(layer_name, kv_cache, groups[0], backend_layout)
+        fmt, geometries, views = _described_layer(layer_name, kv_cache, groups[0], backend_dims)
     else:
         planes = _fold_views(layer_name, tensors, groups)
         fmt = _classify(tensors, planes)
-        layouts = tuple(
-            PlaneLayout(
+        geometries = tuple(
+            PlaneGeometry(
                 layer_name=layer_name,
                 plane_index=plane.indices[0],
                 scheduler_group=plane.scheduler_group,
@@ -340,4 +340,4 @@ def detect_layer_layout(
             for plane in planes
         )
         views = tuple(_rows_view(plane.tensor, plane.geometry) for plane in planes)
-    return LayerLayout(layer_name, fmt, layouts, views)
+    return LayerPlanes(layer_name, fmt, geometries, views)

@@ -4,8 +4,8 @@ vLLM hands the worker one tensor per layer whose meaning depends on the attentio
 backend that allocated it: the same 4-dim shape is ``[num_blocks, block_size,
 heads, head_size]`` for one backend and ``[num_blocks, heads, block_size,
 2 * head_size]`` for another.  Guessing from the number of dims moves the wrong
-bytes, so a layer is only accepted with a `BackendLayout`, built from the
-backend's own description (see `lmcache_ascend.connector.backend_layouts`), and
+bytes, so a layer is only accepted with a `BackendDims`, built from the
+backend's own description (see `lmcache_ascend.connector.backend_dims`), and
 turned here into planes of the transfer kernels: per plane, blocks of
 `block_size` contiguous rows of `row_bytes`, blocks `block_stride_bytes` apart.
 
@@ -28,19 +28,19 @@ from typing import Mapping, Sequence
 
 import torch
 
-from lmcache_ascend.kv_layout.errors import LayoutError
+from lmcache_ascend.kv_worker.errors import KVCacheShapeError
 
 __all__ = [
-    "BackendLayout",
+    "BackendDims",
     "DescribedPlane",
     "DimRole",
     "PackedKV",
     "PACKED_KV_BY_BACKEND",
     "ShapeProbe",
     "UNREADABLE_BY_BACKEND",
-    "cell_layout",
+    "cell_dims",
     "described_planes",
-    "layout_from_probe",
+    "dims_from_probe",
 ]
 
 
@@ -111,7 +111,7 @@ UNREADABLE_BY_BACKEND: Mapping[str, str] = {
 
 
 @dataclass(frozen=True)
-class BackendLayout:
+class BackendDims:
     """Role of each dim of a registered tensor (logical order), as its backend documents it."""
 
     backend: str
@@ -136,7 +136,7 @@ class BackendLayout:
             problems.append(f"a stride order that permutes 0..{len(dims) - 1} (got {self.stride_order})")
         if problems:
             roles = [role.value for role in dims]
-            raise LayoutError(f"backend {self.backend!r}: layout {roles} is not valid; it needs " + "; ".join(problems))
+            raise KVCacheShapeError(f"backend {self.backend!r}: layout {roles} is not valid; it needs " + "; ".join(problems))
 
     def describe(self) -> str:
         text = "[" + ", ".join(role.value for role in self.dims) + "]"
@@ -162,25 +162,25 @@ class ShapeProbe:
 def _refuse_unreadable(backend: str) -> None:
     reason = UNREADABLE_BY_BACKEND.get(backend)
     if reason is not None:
-        raise LayoutError(f"backend {backend!r} is refused: {reason}")
+        raise KVCacheShapeError(f"backend {backend!r} is refused: {reason}")
 
 
 def _cell_packing(backend: str, what: str) -> PackedKV:
-    """How `backend` splits K and V inside the content dim; LayoutError if that is not known."""
+    """How `backend` splits K and V inside the content dim; KVCacheShapeError if that is not known."""
     packed = PACKED_KV_BY_BACKEND.get(backend)
     if packed not in (PackedKV.PER_CELL, PackedKV.ROWS_PER_BLOCK_HEAD):
         known = sorted(name for name, rule in PACKED_KV_BY_BACKEND.items() if rule is not PackedKV.KV_HEAD_SLOTS)
-        raise LayoutError(f"backend {backend!r}: {what}; how it splits them is known for {known} only")
+        raise KVCacheShapeError(f"backend {backend!r}: {what}; how it splits them is known for {known} only")
     return packed
 
 
-def layout_from_probe(
+def dims_from_probe(
     backend: str,
     probed_shape: Sequence[int],
     probe: ShapeProbe,
     stride_order: Sequence[int] | None = None,
     head_size_v: int | None = None,
-) -> BackendLayout:
+) -> BackendDims:
     """The layout a backend documents through the shape it returned for `probe`.
 
     A dim of 2 * head_size, or head_size + `head_size_v` where the backend declares
@@ -211,13 +211,13 @@ def layout_from_probe(
             )
             role = DimRole.CONTENT
         if role is None:
-            raise LayoutError(
+            raise KVCacheShapeError(
                 f"backend {backend!r}: get_kv_cache_shape{_probe_call(probe)} = {tuple(probed_shape)} has a dim of "
                 f"size {size} that is none of num_blocks, block_size, num_kv_heads, 2 (K/V), head_size, "
                 "head_size + V head size or 1"
             )
         dims.append(role)
-    return BackendLayout(backend, tuple(dims), packed, None if stride_order is None else tuple(stride_order))
+    return BackendDims(backend, tuple(dims), packed, None if stride_order is None else tuple(stride_order))
 
 
 def _probe_call(probe: ShapeProbe) -> str:
@@ -227,7 +227,7 @@ def _probe_call(probe: ShapeProbe) -> str:
     )
 
 
-def cell_layout(backend: str, packs_kv: bool, head_slots: int | None = None) -> BackendLayout:
+def cell_dims(backend: str, packs_kv: bool, head_slots: int | None = None) -> BackendDims:
     """vLLM >= 0.32: every per-layer view is logical [blocks, head slots, tokens, cell content].
 
     (`vllm.v1.kv_cache_interface.create_kv_cache_views`; the physical order is the
@@ -241,15 +241,15 @@ def cell_layout(backend: str, packs_kv: bool, head_slots: int | None = None) -> 
     if head_slots is not None:
         if head_slots != 2 or PACKED_KV_BY_BACKEND.get(backend) is not PackedKV.KV_HEAD_SLOTS:
             known = sorted(name for name, rule in PACKED_KV_BY_BACKEND.items() if rule is PackedKV.KV_HEAD_SLOTS)
-            raise LayoutError(
+            raise KVCacheShapeError(
                 f"backend {backend!r}: its spec publishes {head_slots} head slots per block instead of one per KV "
                 f"head; what each slot holds is known for {known} (2 slots: K, V) only"
             )
-        return BackendLayout(backend, (DimRole.BLOCK, DimRole.KV, DimRole.TOKEN, DimRole.CONTENT))
+        return BackendDims(backend, (DimRole.BLOCK, DimRole.KV, DimRole.TOKEN, DimRole.CONTENT))
     packed = PackedKV.NONE
     if packs_kv:
         packed = _cell_packing(backend, "its KV-cache cells pack K and V")
-    return BackendLayout(backend, (DimRole.BLOCK, DimRole.HEAD, DimRole.TOKEN, DimRole.CONTENT), packed)
+    return BackendDims(backend, (DimRole.BLOCK, DimRole.HEAD, DimRole.TOKEN, DimRole.CONTENT), packed)
 
 
 @dataclass(frozen=True)
@@ -274,10 +274,10 @@ class DescribedPlane:
         return int(self.blocks.shape[2])
 
 
-def _where(layer_name: str, tensor: torch.Tensor, layout: BackendLayout) -> str:
+def _where(layer_name: str, tensor: torch.Tensor, backend_dims: BackendDims) -> str:
     return (
         f"layer {layer_name!r} (shape {tuple(tensor.shape)}, strides {tensor.stride()}, dtype {tensor.dtype}, "
-        f"backend {layout.backend!r}, layout {layout.describe()})"
+        f"backend {backend_dims.backend!r}, layout {backend_dims.describe()})"
     )
 
 
@@ -288,7 +288,7 @@ def _unpack_rows_per_block_head(
     token, content = roles.index(DimRole.TOKEN), roles.index(DimRole.CONTENT)
     block_size, width = shape[token], shape[content]
     if strides[content] != 1 or strides[token] != width or width % 2:
-        raise LayoutError(
+        raise KVCacheShapeError(
             f"{where}: K/V rows per block and head need a contiguous [block_size, 2 * head_size] interior "
             f"(token stride == content size, content stride 1, even content)"
         )
@@ -301,34 +301,34 @@ def _unpack_rows_per_block_head(
     return shape, strides, roles
 
 
-def _check_stride_order(where: str, tensor: torch.Tensor, layout: BackendLayout) -> None:
-    if layout.stride_order is None:
+def _check_stride_order(where: str, tensor: torch.Tensor, backend_dims: BackendDims) -> None:
+    if backend_dims.stride_order is None:
         return
-    physical = [dim for dim in layout.stride_order if tensor.shape[dim] > 1]
+    physical = [dim for dim in backend_dims.stride_order if tensor.shape[dim] > 1]
     strides = [tensor.stride(dim) for dim in physical]
     if any(outer < inner for outer, inner in zip(strides, strides[1:])):
-        raise LayoutError(
-            f"{where}: the strides disagree with the backend's stride order {layout.stride_order} "
+        raise KVCacheShapeError(
+            f"{where}: the strides disagree with the backend's stride order {backend_dims.stride_order} "
             "(outermost first); the cache was not allocated the way the backend declares"
         )
 
 
-def described_planes(layer_name: str, tensor: torch.Tensor, layout: BackendLayout) -> tuple[DescribedPlane, ...]:
-    """The planes of `tensor` read with `layout`; LayoutError for anything the kernels cannot address."""
-    where = _where(layer_name, tensor, layout)
+def described_planes(layer_name: str, tensor: torch.Tensor, backend_dims: BackendDims) -> tuple[DescribedPlane, ...]:
+    """The planes of `tensor` read with `layout`; KVCacheShapeError for anything the kernels cannot address."""
+    where = _where(layer_name, tensor, backend_dims)
     if not isinstance(tensor, torch.Tensor):
-        raise LayoutError(f"layer {layer_name!r}: a {type(tensor).__name__} is not a KV-cache tensor")
-    if tensor.ndim != len(layout.dims):
-        raise LayoutError(f"{where}: {tensor.ndim} dims, but the backend documents {len(layout.dims)}")
+        raise KVCacheShapeError(f"layer {layer_name!r}: a {type(tensor).__name__} is not a KV-cache tensor")
+    if tensor.ndim != len(backend_dims.dims):
+        raise KVCacheShapeError(f"{where}: {tensor.ndim} dims, but the backend documents {len(backend_dims.dims)}")
     if tensor.dtype.is_complex or tensor.layout is not torch.strided:
-        raise LayoutError(f"{where}: allowed: a plain strided real or integer tensor")
-    _check_stride_order(where, tensor, layout)
-    shape, strides, roles = list(tensor.shape), list(tensor.stride()), list(layout.dims)
-    if layout.packed_kv is PackedKV.ROWS_PER_BLOCK_HEAD:
+        raise KVCacheShapeError(f"{where}: allowed: a plain strided real or integer tensor")
+    _check_stride_order(where, tensor, backend_dims)
+    shape, strides, roles = list(tensor.shape), list(tensor.stride()), list(backend_dims.dims)
+    if backend_dims.packed_kv is PackedKV.ROWS_PER_BLOCK_HEAD:
         shape, strides, roles = _unpack_rows_per_block_head(where, shape, strides, roles)
     block, token = roles.index(DimRole.BLOCK), roles.index(DimRole.TOKEN)
     if shape[block] <= 0 or shape[token] <= 0:
-        raise LayoutError(f"{where}: num_blocks and block_size must be > 0")
+        raise KVCacheShapeError(f"{where}: num_blocks and block_size must be > 0")
     # Heads and K/V physically outside the token row become planes; everything
     # inside it (content, and heads or K/V stored per token) is the row.
     split = [d for d, role in enumerate(roles) if role in (DimRole.HEAD, DimRole.KV) and shape[d] > 1
@@ -340,14 +340,14 @@ def described_planes(layer_name: str, tensor: torch.Tensor, layout: BackendLayou
     expected = 1
     for d in reversed(row_dims):
         if strides[d] != expected:
-            raise LayoutError(
+            raise KVCacheShapeError(
                 f"{where}: the bytes of one token row are not contiguous (dim {d}, a {roles[d].value} dim, has "
                 f"stride {strides[d]}, expected {expected}); the transfer kernels move contiguous rows"
             )
         expected *= shape[d]
     row_elements = expected
     if shape[token] > 1 and strides[token] != row_elements:
-        raise LayoutError(
+        raise KVCacheShapeError(
             f"{where}: token rows of a block are not back to back (token stride {strides[token]}, "
             f"row {row_elements} elements)"
         )
@@ -355,7 +355,7 @@ def described_planes(layer_name: str, tensor: torch.Tensor, layout: BackendLayou
     row_bytes = row_elements * item
     block_stride = strides[block] * item if shape[block] > 1 else shape[token] * row_bytes
     if block_stride < shape[token] * row_bytes:
-        raise LayoutError(f"{where}: blocks overlap (block stride {block_stride} B < {shape[token] * row_bytes} B)")
+        raise KVCacheShapeError(f"{where}: blocks overlap (block stride {block_stride} B < {shape[token] * row_bytes} B)")
     head = next((d for d in split if roles[d] is DimRole.HEAD), None)
     kv = next((d for d in split if roles[d] is DimRole.KV), None)
     base = tensor.storage_offset() * item

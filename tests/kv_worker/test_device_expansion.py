@@ -15,10 +15,10 @@ import random
 import pytest
 import torch
 
-from lmcache_ascend.kv_layout import device_slots
-from lmcache_ascend.kv_layout.device_slots import DeviceSlots
+from lmcache_ascend.kv_worker import device_slots
+from lmcache_ascend.kv_worker.device_slots import DeviceSlots
 from lmcache_ascend.multigroup.slots import step_block_ids
-from lmcache_ascend.multigroup.specs import KVGroupSpec, layout_from_groups
+from lmcache_ascend.multigroup.specs import KVGroupSpec, kv_groups_from_specs
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID, GroupBlockTracker
 
@@ -35,7 +35,7 @@ GROUPS = (
 def _requests(seed: int):
     """(requests for `DeviceSlots.for_requests`, the model's groups) of a random step."""
     draw = random.Random(seed)
-    kv_groups = layout_from_groups(GROUPS, 16, StateGroupPolicy())
+    kv_groups = kv_groups_from_specs(GROUPS, 16, StateGroupPolicy())
     requests = {}
     for index in range(draw.randint(1, 6)):
         tokens = draw.choice([0, 1, 15, 16, 17, 255, 256, 700, draw.randint(0, 2000)])
@@ -110,7 +110,7 @@ def test_device_expansion_equals_the_host_expansion_interpreted(fresh_python):
     pytest.importorskip("triton")
     code = (
         "import pytest, torch\n"
-        "from tests.kv_layout.test_device_expansion import _compare, _poisoned_expansion\n"
+        "from tests.kv_worker.test_device_expansion import _compare, _poisoned_expansion\n"
         "mp = pytest.MonkeyPatch()\n"
         "_poisoned_expansion(mp, torch.device('cpu'))\n"
         "print('compared', _compare(torch.device('cpu'), range(12)))\n"

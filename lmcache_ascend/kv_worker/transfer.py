@@ -32,10 +32,10 @@ from lmcache_ascend.kernels import (
     transfer_chunk_batches,
     transfer_group,
 )
-from lmcache_ascend.kv_layout.chunk_plan import ChunkPlanner
-from lmcache_ascend.kv_layout.device_slots import DeviceSlots
-from lmcache_ascend.kv_layout.formats import LayoutError
-from lmcache_ascend.kv_layout.staging import STAGING_BYTES, _STAGING_ALIGNMENT, _StagedWaves, staging_waves
+from lmcache_ascend.kv_worker.chunk_plan import ChunkPlanner
+from lmcache_ascend.kv_worker.device_slots import DeviceSlots
+from lmcache_ascend.kv_worker.formats import KVCacheShapeError
+from lmcache_ascend.kv_worker.staging import STAGING_BYTES, _STAGING_ALIGNMENT, _StagedWaves, staging_waves
 from lmcache_ascend.multigroup.specs import chunk_row_window
 
 __all__ = ["ChunkMover", "SlotsSource"]
@@ -60,11 +60,11 @@ def _device_module(device: torch.device):
 class ChunkMover:
     """Stores / loads chunks of one registered set of KV caches."""
 
-    def __init__(self, layout: ChunkPlanner, backend: str | None = None):
-        self.layout = layout
+    def __init__(self, planner: ChunkPlanner, backend: str | None = None):
+        self.planner = planner
         self.backend = backend
         # Built once: the kernels validate and cache each tensor's geometry here.
-        # Planes come in the kernels' block form already (see `PlaneLayout.kernel_block_rows`).
+        # Planes come in the kernels' block form already (see `PlaneGeometry.kernel_block_rows`).
         self.paged_groups = tuple(
             PagedGroup(
                 tuple(
@@ -77,18 +77,18 @@ class ChunkMover:
                     for plane, identity in enumerate(group.planes)
                 )
             )
-            for group in layout.layer_groups
+            for group in planner.layer_groups
         )
         # Per scheduler group, the rows and blocks every one of its caches has: ids and slots
         # beyond them are refused before anything moves (`DeviceSlots`).
         rows: dict[int, int] = {}
-        for group in layout.layer_groups:
-            for planes in group.plane_layouts:
+        for group in planner.layer_groups:
+            for planes in group.plane_geometries:
                 for plane in planes:
                     rows[plane.scheduler_group] = min(rows.get(plane.scheduler_group, plane.num_rows), plane.num_rows)
         self.slot_rows: dict[int, int] = rows
         self.block_counts: dict[int, int] = {
-            g: count // layout.geometry_by_group[g].rows_per_block for g, count in rows.items()
+            g: count // planner.geometry_by_group[g].rows_per_block for g, count in rows.items()
         }
         self._staging: torch.Tensor | None = None
         # Per (chunks, STAGING_BYTES) of a staged call: (buffer, chunk stride, halves, half bytes, waves);
@@ -110,7 +110,7 @@ class ChunkMover:
     def upload(self, slot_mappings: Mapping[int, object], cached_tokens: int = 0, request: Hashable = None) -> DeviceSlots:
         """`DeviceSlots` of these slot mappings on the caches' device (slots outside the caches refused)."""
         return DeviceSlots.upload(
-            slot_mappings, self.layout.geometry_by_group, self.device, cached_tokens, self.slot_rows, request
+            slot_mappings, self.planner.geometry_by_group, self.device, cached_tokens, self.slot_rows, request
         )
 
     def plane_rows(self, slots: DeviceSlots, starts: np.ndarray, ends: np.ndarray):
@@ -126,12 +126,12 @@ class ChunkMover:
         for scheduler_group, needed in rows_needed.items():
             length = slots.lengths.get(scheduler_group)
             if length is None:
-                raise LayoutError(
+                raise KVCacheShapeError(
                     f"no slot mapping for scheduler group {scheduler_group}; got slot mappings for groups "
                     f"{sorted(slots.offsets)}"
                 )
             if needed > length:
-                raise LayoutError(
+                raise KVCacheShapeError(
                     f"slot mapping of scheduler group {scheduler_group} has {length} entries; tokens "
                     f"[{starts.min()}, {ends.max()}) need {needed} rows"
                 )
@@ -143,12 +143,12 @@ class ChunkMover:
     def _row_windows(self, starts: np.ndarray, ends: np.ndarray):
         windows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         rows_needed: dict[int, int] = {}
-        for scheduler_group in self.layout.scheduler_groups_in_use():
-            first, count = chunk_row_window(self.layout.geometry_by_group[scheduler_group], starts, ends)
+        for scheduler_group in self.planner.scheduler_groups_in_use():
+            first, count = chunk_row_window(self.planner.geometry_by_group[scheduler_group], starts, ends)
             windows[scheduler_group] = (first, count)
             rows_needed[scheduler_group] = int((first + count).max()) if len(first) else 0
         per_layer_group = []
-        for group in self.layout.layer_groups:
+        for group in self.planner.layer_groups:
             plane_groups = tuple(identity.scheduler_group for identity in group.planes)
             firsts = np.stack([windows[g][0] for g in plane_groups], axis=1)
             counts = np.stack([windows[g][1] for g in plane_groups], axis=1)
@@ -166,9 +166,9 @@ class ChunkMover:
         `slots`: `DeviceSlots`, or group -> slot mapping (uploaded here, for one-off calls).
         """
         slots = self._device_slots(slots)
-        plan = self.layout.plan(end - start)
+        plan = self.planner.plan(end - start)
         if chunk.numel() * chunk.element_size() < plan.total_bytes:
-            raise LayoutError(
+            raise KVCacheShapeError(
                 f"chunk buffer of {chunk.numel() * chunk.element_size()} bytes is smaller than the "
                 f"{plan.total_bytes} bytes a {end - start}-token chunk needs"
             )
@@ -183,7 +183,7 @@ class ChunkMover:
             )
             transfer_group(
                 paged_group, plane_slots, chunk, store=store, chunk_offset=region.byte_offset, backend=self.backend,
-                layout=region.layout,
+                regions=region.regions,
             )
             launches += 1
         return launches
@@ -196,10 +196,10 @@ class ChunkMover:
         return self._rows.get_or_build(key, lambda: self._batch_rows(slots, np.asarray(key[0], dtype=np.int64)))
 
     def _batch_rows(self, slots: DeviceSlots, starts: np.ndarray) -> tuple[tuple[PagedGroup, int, ChunkRows], ...]:
-        rows = self.plane_rows(slots, starts, starts + self.layout.chunk_size)
+        rows = self.plane_rows(slots, starts, starts + self.planner.chunk_size)
         return tuple(
-            (paged_group, region.byte_offset, chunk_rows(paged_group, region.layout, firsts, counts))
-            for paged_group, region, (firsts, counts) in zip(self.paged_groups, self.layout.full_plan.regions, rows)
+            (paged_group, region.byte_offset, chunk_rows(paged_group, region.regions, firsts, counts))
+            for paged_group, region, (firsts, counts) in zip(self.paged_groups, self.planner.full_plan.regions, rows)
             if counts.any()
         )
 
@@ -231,7 +231,7 @@ class ChunkMover:
     def staging_buffer(self, chunks: int) -> tuple[torch.Tensor, int]:
         """(device staging buffer, bytes per chunk in it) for up to `chunks` full chunks (fewer where
         `STAGING_BYTES` is reached; one at least). Allocated once, grown on demand."""
-        stride = align_up(self.layout.full_plan.total_bytes, _STAGING_ALIGNMENT)
+        stride = align_up(self.planner.full_plan.total_bytes, _STAGING_ALIGNMENT)
         wanted = stride * max(1, min(chunks, STAGING_BYTES // stride))
         if self._staging is None or self._staging.numel() < wanted:
             self._staging = None  # the old buffer goes first: both may not fit
@@ -299,7 +299,7 @@ class ChunkMover:
         module = self._stream_module
         staging, stride, halves, half_bytes, waves = self._staging_shapes.get_or_build(
             (len(chunks), STAGING_BYTES), lambda: self._staging_shape(len(chunks)))
-        staged = _StagedWaves(chunks, starts, self.layout.full_plan.total_bytes, stride, store, staging,
+        staged = _StagedWaves(chunks, starts, self.planner.full_plan.total_bytes, stride, store, staging,
                               self._staged_chunks, halves, half_bytes, waves)
         if module is None:  # no streams: in order on the host
             staged.check(len(chunks))

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from lmcache_ascend.kernels import select_backend
-from lmcache_ascend.kv_layout.formats import LayoutError
+from lmcache_ascend.kv_worker.formats import KVCacheShapeError
 from lmcache_ascend.multigroup.slots import GroupGeometry, StepBlockIds
 from lmcache_ascend.multigroup.specs import KVGroupSpec, cached_row_count
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID
@@ -141,7 +141,7 @@ def _check_block_ids(key: Hashable, block_ids: np.ndarray, plan: _ExpansionPlan,
         ids = block_ids[first_block : first_block + count]
         bad = np.flatnonzero((ids < 0) | (ids >= limit))
         if len(bad):
-            raise LayoutError(
+            raise KVCacheShapeError(
                 f"{_request_name(key)}, KV-cache group {group}: block id {int(ids[bad[0]])} (position {int(bad[0])} "
                 f"of its {count}) is not a block of this worker's cache, which has {limit} blocks "
                 f"(allowed ids 0..{limit - 1}); nothing was moved"
@@ -156,7 +156,7 @@ def _check_slots(request: object, group: int, slots: np.ndarray, rows: int | Non
     if low >= -1 and high < rows:
         return
     position = int(np.flatnonzero((slots < -1) | (slots >= rows))[0])
-    raise LayoutError(
+    raise KVCacheShapeError(
         f"{_request_name(request)}, KV-cache group {group}: slot {int(slots[position])} (position {position}) "
         f"is not a row of this worker's cache, which has {rows} rows (allowed: -1 to skip, 0..{rows - 1}); "
         "nothing was moved"
@@ -268,13 +268,13 @@ class DeviceSlots:
             group = int(group)
             spec = groups.get(group)
             if spec is None:
-                raise LayoutError(
+                raise KVCacheShapeError(
                     f"a slot mapping was given for scheduler group {group}, which is not among the registered "
                     f"groups {sorted(groups)}"
                 )
             host = slots.detach().cpu().numpy() if isinstance(slots, torch.Tensor) else np.asarray(slots)
             if host.ndim != 1:
-                raise LayoutError(f"slot mapping of scheduler group {group} has shape {host.shape}; allowed: 1-D")
+                raise KVCacheShapeError(f"slot mapping of scheduler group {group} has shape {host.shape}; allowed: 1-D")
             host = host.astype(np.int64, copy=True)
             if slot_rows is not None:
                 _check_slots(request, group, host, slot_rows.get(group))
