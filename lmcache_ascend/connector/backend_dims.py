@@ -6,10 +6,10 @@ layers `vllm.config.get_layers_from_vllm_config` returns, as vLLM's own
 `kv_connector.utils.get_current_attn_backends` does) and build its
 `BackendDims` from the backend's own description:
 
-- vLLM <= 0.23 (stacks A, B; vllm-ascend): `get_kv_cache_shape` called with the
+- vLLM <= 0.23 (and vllm-ascend): `get_kv_cache_shape` called with the
   distinct sizes of a `ShapeProbe` tells the role of each dim, and
   `get_kv_cache_stride_order` the physical order the runner allocated;
-- vLLM >= 0.32 (stacks C, D): every layer view is logical [blocks, heads, tokens,
+- vLLM >= 0.32: every layer view is logical [blocks, heads, tokens,
   cell] (`create_kv_cache_views`) in the resolved `KVCacheLayout`, which the
   backend must list in `supported_kv_cache_layouts`; what a head slot is and
   whether a cell packs K and V come from the layer's KV-cache spec as the backend

@@ -123,7 +123,7 @@ PATCH = Patch(
     mirrors="LMCache-Ascend PR #254 LMCBlenderHole",
     delete_when="LMCache's blender handles non-contiguous cached segments",
     tested_fingerprints={
-        "LMCBlender.blend_layer": ("c5badfc0c845",),  # same on stacks A and B
+        "LMCBlender.blend_layer": ("c5badfc0c845",),  # same on LMCache 0.4.5 and 0.5.6
         "LMCBlender.process_qkv": ("445bef1d82ca", "2c13e195487b"),  # LMCache 0.4.5, LMCache 0.5.6 (log format)
     },
 )
