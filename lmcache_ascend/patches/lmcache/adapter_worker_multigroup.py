@@ -82,12 +82,12 @@ def wait_for_save_wrapper(wrapped, instance, args, kwargs):
 
 def _worker_groups(adapter):
     """This worker's KV-cache groups, against which the scheduler's block ids are read: the bound
-    multi-group connector's chunk planner, else the adapter's multi-group layout (None: one group)."""
+    multi-group connector's chunk planner, else the adapter's KV-cache groups (None: one group)."""
     from lmcache_ascend.multigroup.attachments import CONNECTOR_GROUPS
 
     connector = _bound_connector(adapter)
-    if connector is not None and connector.layout is not None:
-        return connector.layout
+    if connector is not None and connector.planner is not None:
+        return connector.planner
     return CONNECTOR_GROUPS.get(adapter)
 
 
