@@ -243,15 +243,21 @@ def valid_rows(built: BuiltCase, case: TransferCase, plane: int) -> list[tuple[i
     return rows
 
 
-def expected_chunk_after_store(built: BuiltCase, case: TransferCase, chunk_before: torch.Tensor) -> torch.Tensor:
-    expected = chunk_before.clone()
+def _moved_rows(built: BuiltCase, case: TransferCase):
+    """Every row the contract moves: (its first chunk byte, row bytes, its storage, its byte offset there)."""
     for layer in range(case.layer_count):
         for plane in range(len(case.planes)):
             row_bytes = built.group.planes[plane].row_bytes
             region = case.chunk_offset + built.regions.region_offset(layer, plane)
             for t, slot in valid_rows(built, case, plane):
                 storage, offset = _row_address(built, layer, plane, slot)
-                expected[region + t * row_bytes : region + (t + 1) * row_bytes] = storage[offset : offset + row_bytes]
+                yield region + t * row_bytes, row_bytes, storage, offset
+
+
+def expected_chunk_after_store(built: BuiltCase, case: TransferCase, chunk_before: torch.Tensor) -> torch.Tensor:
+    expected = chunk_before.clone()
+    for at, row_bytes, storage, offset in _moved_rows(built, case):
+        expected[at : at + row_bytes] = storage[offset : offset + row_bytes]
     return expected
 
 
@@ -260,15 +266,8 @@ def expected_storages_after_load(
 ) -> list[torch.Tensor]:
     """The target's whole storages after a load of `chunk`: poison except the valid rows."""
     expected = {s.data_ptr(): s.clone() for s in built.storages}
-    for layer in range(case.layer_count):
-        for plane in range(len(case.planes)):
-            row_bytes = built.group.planes[plane].row_bytes
-            region = case.chunk_offset + built.regions.region_offset(layer, plane)
-            for t, slot in valid_rows(built, case, plane):
-                storage, offset = _row_address(built, layer, plane, slot)
-                expected[storage.data_ptr()][offset : offset + row_bytes] = chunk[
-                    region + t * row_bytes : region + (t + 1) * row_bytes
-                ]
+    for at, row_bytes, storage, offset in _moved_rows(built, case):
+        expected[storage.data_ptr()][offset : offset + row_bytes] = chunk[at : at + row_bytes]
     return [expected[s.data_ptr()] for s in built.storages]
 
 
