@@ -22,15 +22,12 @@ import triton
 import triton.language as tl
 
 from lmcache_ascend.kernels.launcher import launch as _launch
+from lmcache_ascend.kernels.upload import to_device
 
 __all__ = ["PLAN_FIELDS", "expand_on_device"]
 
 PLAN_FIELDS = 5
 ROWS_PER_PROGRAM = 1024  # rows of one tile (fewer where the largest block rounds up less evenly)
-# Up to this many uploaded integers the copy comes from pageable memory (the driver stages a
-# small copy and returns at once); beyond, through pinned memory, which does not hold the host
-# until the device has run what is queued before it.
-_PAGEABLE_UPLOAD = 8192
 
 
 @triton.jit
@@ -64,10 +61,7 @@ def expand_on_device(plan: Sequence[tuple[int, int, int, int, int]], ids: Sequen
     The plan is a few entries: its maxima are taken in Python (a numpy call costs more per entry)."""
     entries = len(plan)
     upload = np.concatenate((np.array(plan, dtype=np.int64).reshape(-1), *ids)) if entries else np.empty(0, np.int64)
-    staged = torch.from_numpy(upload)
-    if device.type == "cuda" and len(upload) > _PAGEABLE_UPLOAD:
-        staged = staged.pin_memory()
-    on_device = staged.to(device, non_blocking=device.type == "cuda")
+    on_device = to_device(upload, device)
     size = max(total_rows, 1)  # one entry at least: an empty tensor may have no address to anchor on
     if out is None:
         out = torch.empty(size, dtype=torch.int64, device=device)

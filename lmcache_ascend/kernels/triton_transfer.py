@@ -51,6 +51,7 @@ from lmcache_ascend.kernels.resolve import (
     ResolvedChunkBatch,
     ResolvedTransfer,
 )
+from lmcache_ascend.kernels.upload import to_device
 from lmcache_ascend.kernels.spec import (
     MAX_PLANES,
     ChunkRegions,
@@ -575,22 +576,6 @@ def _single_chunk_launch(transfer: ResolvedTransfer, shape: LaunchShape):
             transfer.group.device)
 
 
-def _upload(values: np.ndarray, device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`values` on `device` without holding the host up: through pinned memory on CUDA (the caching
-    host allocator keeps the pinned block until the copy has run); into `out` where given."""
-    staged = torch.from_numpy(values)
-    if device.type == "cuda":
-        staged = staged.pin_memory()
-        if out is None:
-            return staged.to(device, non_blocking=True)
-        out.copy_(staged, non_blocking=True)
-        return out
-    if out is None:
-        return staged.to(device)
-    out.copy_(staged)
-    return out
-
-
 # Device copies of staging pools' chunk offsets, by (device, offsets): the waves of
 # requests of one shape use the same few.
 _pool_offsets_tables: BoundedCache[torch.Tensor] = BoundedCache(_MAX_CACHED_TABLES)
@@ -598,7 +583,7 @@ _pool_offsets_tables: BoundedCache[torch.Tensor] = BoundedCache(_MAX_CACHED_TABL
 
 def _pool_offsets_table(offsets: np.ndarray, device: torch.device) -> torch.Tensor:
     return _pool_offsets_tables.get_or_build(
-        (device, offsets.tobytes()), lambda: _upload(np.array(offsets, dtype=np.int64), device))
+        (device, offsets.tobytes()), lambda: to_device(np.array(offsets, dtype=np.int64), device))
 
 
 @dataclass(frozen=True)
@@ -703,7 +688,7 @@ def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape) -> Non
         addresses = _address_tables.table(device, len(buffers))
         # its bytes anchor the data (the kernel addresses bytes: a uint8 view, same address)
         anchor_tensor = addresses.view(torch.uint8)
-        _address_tables.upload(buffers.addresses - addresses.data_ptr(), addresses)
+        to_device(buffers.addresses - addresses.data_ptr(), device, out=addresses)
     _launch(*_chunks_launch_arguments(batches, shape, anchor_tensor, addresses))
 
 
@@ -756,8 +741,8 @@ def prepare_chunks_relaunch(batch: ResolvedChunkBatch) -> "ChunksRelaunch | None
 
 
 class _AddressTables:
-    """Device tables for a launch's per-call addresses, kept per (device, calling thread, CUDA stream,
-    size) rather than allocated per call. A call's copy into its table is ordered on its stream after
+    """Device tables for a launch's per-call addresses (copied in with `upload.to_device`), kept per
+    (device, calling thread, CUDA stream, size) rather than allocated per call. A call's copy into its table is ordered on its stream after
     the previous call's kernel, which read the table, so the table is free again by then; calls on
     other threads or streams have tables of their own. Elsewhere (no raw stream to key on) each
     call allocates one."""
@@ -774,13 +759,6 @@ class _AddressTables:
         if table is None:
             table = self._tables.put(key, torch.empty(entries, dtype=torch.int64, device=device))
         return table
-
-    @staticmethod
-    def upload(values: np.ndarray, table: torch.Tensor) -> None:
-        """`values` (int64) into `table`. On CUDA from pageable memory: the driver stages a table's few
-        hundred bytes before the call returns (so `values` may go at once), without the pinned
-        allocation `_upload` makes, which was most of a small call's host time."""
-        table.copy_(torch.from_numpy(values), non_blocking=table.device.type == "cuda")
 
 
 _address_tables = _AddressTables()
@@ -816,5 +794,5 @@ class ChunksRelaunch:
         np.subtract(addresses, anchor, out=values[:count])
         if on_host:
             values[slots_at:] = slots
-        _address_tables.upload(values, table)
+        to_device(values, self._device, out=table)
         return self._relaunch.launch_fitting(anchor, slot_address)

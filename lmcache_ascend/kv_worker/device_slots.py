@@ -20,23 +20,13 @@ import numpy as np
 import torch
 
 from lmcache_ascend.kernels import select_backend
+from lmcache_ascend.kernels.upload import to_device
 from lmcache_ascend.kv_worker.formats import KVCacheShapeError
 from lmcache_ascend.multigroup.slots import GroupGeometry, StepBlockIds
 from lmcache_ascend.multigroup.specs import KVGroupSpec, cached_row_count
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID
 
 __all__ = ["DeviceSlots"]
-
-
-def _to_device(host: np.ndarray, device: torch.device) -> torch.Tensor:
-    tensor = torch.from_numpy(host)
-    if device.type == "cuda":
-        # Through pinned memory the copy does not hold the host up; the caching host
-        # allocator keeps the pinned block until the copy has run.
-        return tensor.pin_memory().to(device, non_blocking=True)
-    if device.type != "cpu":
-        return tensor.to(device)
-    return tensor
 
 
 def _expand_block_ids(block_ids: np.ndarray, groups: Sequence[tuple[int, int, int, int, int, int]], out: np.ndarray) -> None:
@@ -240,7 +230,7 @@ class DeviceSlots:
             begin = bounds[key][0]
             _expand_block_ids(requests[key][0].block_ids, plan.groups,
                               host[begin : begin + plan.rows])
-        joined = _to_device(host, device)
+        joined = to_device(host, device)
         return {key: cls(joined[slice(*bounds[key])], plan.offsets, plan.lengths) for key, plan in plans.items()}
 
     @classmethod
@@ -287,4 +277,4 @@ class DeviceSlots:
         # One entry at least: an empty tensor may have no address for the kernels to anchor on.
         if not len(joined):
             joined = np.full(1, -1, dtype=np.int64)
-        return cls(_to_device(joined, device), offsets, lengths)
+        return cls(to_device(joined, device), offsets, lengths)

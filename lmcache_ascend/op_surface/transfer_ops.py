@@ -63,6 +63,7 @@ from lmcache_ascend.kernels.spec import (
     TransferError,
     strided_chunk_regions,
 )
+from lmcache_ascend.kernels.upload import to_device
 from lmcache_ascend.op_surface.formats import FormatFacts, format_facts, paged_layer_shape
 
 __all__ = [
@@ -983,7 +984,7 @@ class _BlockRepeat:
             if ids.ndim != 1 or (ids.size and (ids.min() < 0 or (int(ids.max()) + 1) * self._bs > self._rows)):
                 return False  # the whole path names the bad id
             if self._single:
-                ids = torch.from_numpy(ids).to(self._device, non_blocking=True)
+                ids = to_device(ids, self._device)
         elif block_ids.device == self._device:
             ids = block_ids
         else:
