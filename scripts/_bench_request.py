@@ -240,7 +240,7 @@ class RequestCase:
 
 def host_breakdown(case: "RequestCase", store: bool = True, calls: int = 20) -> dict:
     """Host microseconds of each step of one batched request (device chunks), medians of `calls`."""
-    from lmcache_ascend.kernels import chunk_buffers, resolve_chunk_batch, transfer_chunk_batches
+    from lmcache_ascend.kernels import chunk_buffers, resolve_chunk_batches, transfer_chunk_batches
 
     mover = case.mover
     steps: dict[str, list[float]] = {}
@@ -257,10 +257,7 @@ def host_breakdown(case: "RequestCase", store: bool = True, calls: int = 20) -> 
         slots = timed("hand_over", case.hand_over)
         rows = timed("batch_rows", lambda: mover.batch_rows(slots, case.starts))
         buffers = timed("chunk_buffers", lambda: chunk_buffers(case.device_chunks))
-        batches = timed("resolve_chunk_batch", lambda: [
-            resolve_chunk_batch(slots.slots, buffers, group_rows, store=store, chunk_offset=byte_offset)
-            for _, byte_offset, group_rows in rows
-        ])
+        batches = timed("resolve_chunk_batches", lambda: resolve_chunk_batches(slots.slots, buffers, rows, store=store))
         timed("address_upload_and_launches", lambda: transfer_chunk_batches(batches))
         timed("issue_total", lambda: None)
         steps["issue_total"][-1] = (time.perf_counter() - begin) * 1e6

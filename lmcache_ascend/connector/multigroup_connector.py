@@ -30,6 +30,7 @@ Imports LMCache: only loaded from a patch's build step or from tests.
 from __future__ import annotations
 
 import logging
+from operator import attrgetter, methodcaller
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -41,6 +42,11 @@ from lmcache_ascend.kv_worker.device_slots import DeviceSlots
 __all__ = ["MultiGroupGPUConnector"]
 
 logger = logging.getLogger(__name__)
+
+_raw_tensor_of = attrgetter("raw_tensor")
+_dtype_of = attrgetter("dtype")
+_size_of = methodcaller("get_size")
+
 
 def _as_group_mapping(slot_mappings: object) -> dict[int, Any]:
     if isinstance(slot_mappings, Mapping):
@@ -179,6 +185,26 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
             )
         return chunk
 
+    def _full_chunks(self, memory_objs: list, starts: list[int], total: int) -> list[torch.Tensor]:
+        """`_memory_bytes` of the full chunks of a call, LMCache's tensor memory objects read in one
+        pass (a request has tens of them, each otherwise a dozen reads): their flat uint8 raw
+        tensors, every logical size checked at once. Anything else, or a check that fails, takes
+        `_memory_bytes` object by object (which names the object). Placement and contiguity are the
+        mover's to check (`chunk_buffers`)."""
+        try:
+            raws = list(map(_raw_tensor_of, memory_objs))
+            alike = set(map(type, raws)) == {torch.Tensor} and set(map(_dtype_of, raws)) == {torch.uint8} and set(
+                map(torch.Tensor.stride, raws)) == {(1,)}
+            # (the logical size bounds the bytes used; the raw tensor may be the larger allocation)
+            alike = alike and min(map(torch.Tensor.numel, raws)) >= total and min(map(_size_of, memory_objs)) >= total
+        except (AttributeError, TypeError, ValueError):
+            alike = False
+        if alike:
+            return raws
+        chunk_size = self.chunk_size
+        return [self._memory_bytes(memory_obj, start, start + chunk_size, total)
+                for memory_obj, start in zip(memory_objs, starts)]
+
     def _count_tokens(self, starts: Sequence[int], ends: Sequence[int], store: bool) -> None:
         moved = sum(end - start for start, end in zip(starts, ends))
         if store:
@@ -223,13 +249,14 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
 
         chunk_size = self.chunk_size
         full_total = self.planner.full_plan.total_bytes
-        full_chunks, full_starts, partial = [], [], []
+        full_objs, full_starts, partial = [], [], []
         for memory_obj, start, end in zip(memory_objs, starts, ends):
             if end - start == chunk_size:
-                full_chunks.append(self._memory_bytes(memory_obj, start, end, full_total))
+                full_objs.append(memory_obj)
                 full_starts.append(start)
             else:  # a partial chunk has a plan of its own (and is checked there, before anything moves)
                 partial.append((memory_obj, start, end))
+        full_chunks = self._full_chunks(full_objs, full_starts, full_total) if full_objs else []
         for memory_obj, start, end in partial:
             self._memory_bytes(memory_obj, start, end, self.planner.plan(end - start).total_bytes)
         self._count_tokens(starts, ends, store)

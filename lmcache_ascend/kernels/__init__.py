@@ -66,6 +66,7 @@ from lmcache_ascend.kernels.resolve import (
     chunk_rows,
     pool_chunk_buffers,
     resolve_chunk_batch,
+    resolve_chunk_batches,
     resolve_transfer,
 )
 from lmcache_ascend.kernels.spec import (
@@ -105,6 +106,7 @@ __all__ = [
     "pool_chunk_buffers",
     "reference_transfer",
     "resolve_chunk_batch",
+    "resolve_chunk_batches",
     "resolve_transfer",
     "select_backend",
     "strided_chunk_regions",

@@ -144,7 +144,11 @@ def relaunch_of(kernel, grid, arguments, pointers, signature, constexprs, num_wa
         return None
     values = [pointers.get(position, value) for position, value in enumerate(arguments)]
     values.extend(value for _, value in constexprs)
-    return Relaunch(raw, None if raw is not None else compiled[grid], grid, tuple(values), positions)
+    # The buffers whose addresses stay in the relaunch (tables) live as long as it does: a cache
+    # that lets them go must not leave it pointing at memory given to something else.
+    targets = {position for where in positions for position in where}
+    kept = tuple(arguments[position] for position in pointers if position not in targets)
+    return Relaunch(raw, None if raw is not None else compiled[grid], grid, tuple(values), positions, kept)
 
 
 # A relaunch through a compiled kernel's own runner (where there is no raw launcher: an NPU
@@ -157,7 +161,8 @@ class Relaunch:
     """A launch made before, made again over other buffers with nothing looked up or checked.
 
     Everything but the data addresses (tables, grid, compiled kernel, every scalar) is
-    the original launch's; each new address goes to the arguments at its `positions`.
+    the original launch's, and the tensors behind its fixed addresses are kept alive with
+    it; each new address goes to the arguments at its `positions`.
     So a caller may use it only where the original's checks hold for the new buffers
     by construction (same shapes, strides, dtypes, devices). An address whose alignment
     modulo 16 or integer width differs from the original's is refused (the call returns
@@ -169,11 +174,12 @@ class Relaunch:
     the call returns False: the caller then takes its whole path.
     """
 
-    __slots__ = ("_raw", "_runner", "_grid", "_values", "_targets", "_classes")
+    __slots__ = ("_raw", "_runner", "_grid", "_values", "_targets", "_classes", "_kept")
 
     def __init__(self, raw: "_RawLauncher | None", runner, grid: tuple[int, int, int], values: tuple,
-                 positions: tuple[tuple[int, ...], ...]):
+                 positions: tuple[tuple[int, ...], ...], kept: tuple = ()):
         self._raw, self._runner, self._grid, self._values = raw, runner, grid, list(values)
+        self._kept = kept  # what the fixed addresses point into
         self._targets = tuple((position, which) for which, where in enumerate(positions) for position in where)
         self._classes = tuple(_address_class(values[where[0]]) for where in positions)
 

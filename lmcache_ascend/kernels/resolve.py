@@ -32,6 +32,7 @@ __all__ = [
     "chunk_rows",
     "pool_chunk_buffers",
     "resolve_chunk_batch",
+    "resolve_chunk_batches",
     "resolve_transfer",
 ]
 
@@ -444,52 +445,77 @@ def resolve_chunk_batch(
     it holds block ids (see `PlaneSlots`). Per call only scalars are compared: `rows`
     was checked when it was made.
     """
-    if not isinstance(rows, ChunkRows):
-        raise TransferError(f"rows is a {type(rows).__name__}; allowed: ChunkRows (see chunk_rows)")
-    group = rows.group
+    return resolve_chunk_batches(slots, chunks, ((rows, chunk_offset),), store=store, rows_per_id=rows_per_id)[0]
+
+
+def resolve_chunk_batches(
+    slots: torch.Tensor,
+    chunks: ChunkBuffers | Sequence[torch.Tensor],
+    parts: Sequence[tuple[ChunkRows, int]],
+    *,
+    store: bool,
+    rows_per_id: int = 1,
+) -> list[ResolvedChunkBatch]:
+    """`resolve_chunk_batch` for the layer groups of one call, each (rows, chunk offset) of `parts`
+    over the same slots and chunks: what they share (the slot tensor, the chunks' placement and
+    count) is checked once, then each group's needs (its device, slots and bytes) are compared."""
     if not isinstance(store, bool):
         raise TransferError(f"store={store!r} is not allowed; allowed: True (paged -> chunk) or False")
     if not isinstance(chunks, ChunkBuffers):
         chunks = chunk_buffers(chunks)
     if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1 or not slots.is_contiguous():
         raise TransferError(f"slots={getattr(slots, 'shape', slots)!r}: allowed: a contiguous 1-D int64 tensor")
+    _positive_int("rows_per_id", rows_per_id)
+    slot_rows = slots.numel() * rows_per_id
+    if rows_per_id > 1 and len(chunks) and slot_rows >= _INT32_LIMIT:
+        raise TransferError(f"{slots.numel()} block ids of {rows_per_id} rows; allowed: fewer than 2**31 rows in all")
+    resolved = []
+    checked_group = None  # the groups of a call share a device: it is compared once
+    for rows, chunk_offset in parts:
+        if not isinstance(rows, ChunkRows):
+            raise TransferError(f"rows is a {type(rows).__name__}; allowed: ChunkRows (see chunk_rows)")
+        group = rows.group
+        if checked_group is None or (group is not checked_group and group.device != checked_group.device):
+            _check_placement(group, slots, chunks)
+            checked_group = group
+        if len(chunks) != rows.num_chunks:
+            raise TransferError(
+                f"{len(chunks)} chunks but rows for {rows.num_chunks} chunks (chunks, planes) = {rows.starts.shape}; "
+                "they must match"
+            )
+        _non_negative_int("chunk_offset", chunk_offset)
+        if len(chunks):
+            if rows.slots_needed > slot_rows:
+                beyond = rows.starts + rows.counts > slot_rows
+                chunk, plane = np.argwhere(beyond)[0]
+                raise TransferError(
+                    f"chunk {chunk} plane {plane}: start={rows.starts[chunk, plane]} + count="
+                    f"{rows.counts[chunk, plane]} exceeds the {slot_rows} slots"
+                )
+            if chunks.min_bytes < chunk_offset + rows.regions.total_bytes:
+                raise TransferError(
+                    f"a chunk holds {chunks.min_bytes} bytes but chunk_offset={chunk_offset} + the group's "
+                    f"{rows.regions.total_bytes} bytes do not fit"
+                )
+        resolved.append(ResolvedChunkBatch(group=group, slots=slots, buffers=chunks, rows=rows,
+                                           chunk_offset=chunk_offset, store=store, rows_per_id=rows_per_id))
+    return resolved
+
+
+def _check_placement(group: PagedGroup, slots: torch.Tensor, chunks: ChunkBuffers) -> None:
+    """The slots on `group`'s device, the chunks there too or in host memory its kernels reach."""
     if not group.on_group_device(slots):
         raise TransferError(f"slots are on {slots.device} but the caches are on {group.device}")
-    if len(chunks) != rows.num_chunks:
+    if not len(chunks):
+        return
+    if chunks.mapped_host:
+        if group.device.type != "cuda":
+            raise TransferError(
+                f"the chunks are pinned host memory but the caches are on {group.device}; allowed: host "
+                "chunks with CUDA caches only (unified addressing)"
+            )
+    elif not group.on_group_device(chunks.keep_alive[0]):
         raise TransferError(
-            f"{len(chunks)} chunks but rows for {rows.num_chunks} chunks (chunks, planes) = {rows.starts.shape}; "
-            "they must match"
+            f"the chunks are on {chunks.keep_alive[0].device} but the caches are on {group.device}; allowed: "
+            "the caches' device, or pinned host memory with CUDA caches"
         )
-    _non_negative_int("chunk_offset", chunk_offset)
-    _positive_int("rows_per_id", rows_per_id)
-    if len(chunks):
-        slot_rows = slots.numel() * rows_per_id
-        if rows_per_id > 1 and slot_rows >= _INT32_LIMIT:
-            raise TransferError(
-                f"{slots.numel()} block ids of {rows_per_id} rows; allowed: fewer than 2**31 rows in all"
-            )
-        if rows.slots_needed > slot_rows:
-            beyond = rows.starts + rows.counts > slot_rows
-            chunk, plane = np.argwhere(beyond)[0]
-            raise TransferError(
-                f"chunk {chunk} plane {plane}: start={rows.starts[chunk, plane]} + count={rows.counts[chunk, plane]} "
-                f"exceeds the {slot_rows} slots"
-            )
-        if chunks.min_bytes < chunk_offset + rows.regions.total_bytes:
-            raise TransferError(
-                f"a chunk holds {chunks.min_bytes} bytes but chunk_offset={chunk_offset} + the group's "
-                f"{rows.regions.total_bytes} bytes do not fit"
-            )
-        if chunks.mapped_host:
-            if group.device.type != "cuda":
-                raise TransferError(
-                    f"the chunks are pinned host memory but the caches are on {group.device}; allowed: host "
-                    "chunks with CUDA caches only (unified addressing)"
-                )
-        elif not group.on_group_device(chunks.keep_alive[0]):
-            raise TransferError(
-                f"the chunks are on {chunks.keep_alive[0].device} but the caches are on {group.device}; allowed: "
-                "the caches' device, or pinned host memory with CUDA caches"
-            )
-    return ResolvedChunkBatch(group=group, slots=slots, buffers=chunks, rows=rows, chunk_offset=chunk_offset,
-                              store=store, rows_per_id=rows_per_id)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -588,7 +588,12 @@ def _pool_offsets_table(offsets: np.ndarray, device: torch.device) -> torch.Tens
 
 @dataclass(frozen=True)
 class _ChunksLaunch:
-    """The tables of one multi-chunk launch (see `_paged_chunks_kernel`), uploaded once, and its shape."""
+    """The tables of one multi-chunk launch (see `_paged_chunks_kernel`), uploaded once, and its shape.
+
+    `relaunches`: per (direction, rows per id), the first launch over chunks at an address table
+    (not a pool) as a `Relaunch`, made again by later calls with only the table's and the slots'
+    addresses new. It lives here, beside the tables its integers point to, so it goes when they go.
+    """
 
     table: torch.Tensor
     work: torch.Tensor
@@ -597,6 +602,7 @@ class _ChunksLaunch:
     columns: int
     shape: LaunchShape
     segments: int  # column steps covering the widest row of any group (the SEGMENTS constexpr)
+    relaunches: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 # Multi-chunk launches by ((rows, chunk offset) of each group, alignment mod 16, shape).
@@ -676,30 +682,51 @@ def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, shap
 
 
 def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape) -> None:
-    """One launch of `batches` (chunks, slots and direction shared) in `shape`."""
+    """One launch of `batches` (chunks, slots and direction shared) in `shape`.
+
+    A launch of the same rows made before is made again with this call's addresses (a few
+    microseconds, against building its arguments and looking up its kernel: `_ChunksLaunch.relaunches`)."""
     first = batches[0]
     buffers, device = first.buffers, first.group.device
+    slot_address = first.slots.data_ptr()
     if buffers.pool is not None:
         # Chunks of one pool (staging waves): the pool anchors them and their distances are
         # its offsets, whose device copy is looked up (no upload, and nothing on the copy
         # engine that the next wave's copies would queue behind).
         anchor_tensor, addresses = buffers.pool, _pool_offsets_table(buffers.pool_offsets, device)
+        anchor = anchor_tensor.data_ptr()
+        kind, positions, new_addresses = (first.store, first.rows_per_id, True), _POOL_RELAUNCH_POSITIONS, (
+            anchor, addresses.data_ptr(), slot_address)
     else:
         addresses = _address_tables.table(device, len(buffers))
+        anchor = addresses.data_ptr()
         # its bytes anchor the data (the kernel addresses bytes: a uint8 view, same address)
         anchor_tensor = addresses.view(torch.uint8)
-        to_device(buffers.addresses - addresses.data_ptr(), device, out=addresses)
-    _launch(*_chunks_launch_arguments(batches, shape, anchor_tensor, addresses))
+        to_device(buffers.addresses - anchor, device, out=addresses)
+        kind, positions, new_addresses = (first.store, first.rows_per_id, False), _CHUNKS_RELAUNCH_POSITIONS, (
+            anchor, slot_address)
+    # Widths must divide every chunk's distance from the anchor: the gcd of them all stands for it.
+    launch = _chunks_launch(batches, math.gcd(buffers.address_gcd, anchor), shape)
+    relaunch = launch.relaunches.get(kind)
+    if relaunch is not None and relaunch(*new_addresses):
+        return
+    arguments = _chunks_launch_arguments(launch, batches, anchor_tensor, addresses)
+    _launch(*arguments)
+    launch.relaunches[kind] = relaunch_of(*arguments, positions=positions)
 
 
-def _chunks_launch_arguments(batches: list[ResolvedChunkBatch], shape: LaunchShape, anchor_tensor: torch.Tensor,
+# Where a multi-chunk relaunch puts its addresses: an address table anchors the data (arguments 0
+# and 1) and is the table (5), the slots are 2; a pool anchors the data, its offsets are the table.
+_CHUNKS_RELAUNCH_POSITIONS = ((0, 1, 5), (2,))
+_POOL_RELAUNCH_POSITIONS = ((0, 1), (5,), (2,))
+
+
+def _chunks_launch_arguments(launch: _ChunksLaunch, batches: list[ResolvedChunkBatch], anchor_tensor: torch.Tensor,
                              addresses: torch.Tensor):
-    """The arguments of `_launch` for `batches` whose chunks lie at `addresses` (device, int64) from
-    `anchor_tensor`'s first byte."""
+    """The arguments of `_launch` for `batches` launched as `launch`, whose chunks lie at `addresses`
+    (device, int64) from `anchor_tensor`'s first byte."""
     first = batches[0]
     anchor = anchor_tensor.data_ptr()
-    # Widths must divide every chunk's distance from the anchor: the gcd of them all stands for it.
-    launch = _chunks_launch(batches, math.gcd(first.buffers.address_gcd, anchor), shape)
     slot_address, addresses_address = first.slots.data_ptr(), addresses.data_ptr()
     table_address, work_address, rows_address = (launch.table.data_ptr(), launch.work.data_ptr(),
                                                  launch.rows_table.data_ptr())
@@ -731,9 +758,9 @@ def prepare_chunks_relaunch(batch: ResolvedChunkBatch) -> "ChunksRelaunch | None
         return None
     shape = chunk_launch_shape(batch.rows.max_region_bytes)
     addresses = torch.empty(len(batch.buffers), dtype=torch.int64, device=batch.group.device)
-    # the address table anchors the data (arguments 0 and 1) and is the table (5); the slots' is 2
-    relaunch = relaunch_of(*_chunks_launch_arguments([batch], shape, addresses.view(torch.uint8), addresses),
-                           positions=((0, 1, 5), (2,)))
+    launch = _chunks_launch([batch], math.gcd(batch.buffers.address_gcd, addresses.data_ptr()), shape)
+    relaunch = relaunch_of(*_chunks_launch_arguments(launch, [batch], addresses.view(torch.uint8), addresses),
+                           positions=_CHUNKS_RELAUNCH_POSITIONS)
     if relaunch is None:
         return None
     return ChunksRelaunch(relaunch, math.gcd(batch.buffers.address_gcd, addresses.data_ptr()) % 16,

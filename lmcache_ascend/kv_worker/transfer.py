@@ -28,7 +28,7 @@ from lmcache_ascend.kernels import (
     chunk_buffers,
     chunk_rows,
     pool_chunk_buffers,
-    resolve_chunk_batch,
+    resolve_chunk_batches,
     transfer_chunk_batches,
     transfer_group,
 )
@@ -188,17 +188,17 @@ class ChunkMover:
             launches += 1
         return launches
 
-    def batch_rows(self, slots: DeviceSlots, starts: Sequence[int]) -> tuple[tuple[PagedGroup, int, ChunkRows], ...]:
-        """Per layer group that moves a row: (paged group, its byte offset in a chunk, the `ChunkRows` of the
-        full chunks starting at `starts`), checked once and remembered for the chunk starts and slot layout
-        of recent calls (requests of one length share them)."""
+    def batch_rows(self, slots: DeviceSlots, starts: Sequence[int]) -> tuple[tuple[ChunkRows, int], ...]:
+        """Per layer group that moves a row: (the `ChunkRows` of the full chunks starting at `starts`, the
+        group's byte offset in a chunk), as `resolve_chunk_batches` takes them; checked once and remembered
+        for the chunk starts and slot layout of recent calls (requests of one length share them)."""
         key = (tuple(starts), tuple(slots.offsets.items()), tuple(slots.lengths.items()))
         return self._rows.get_or_build(key, lambda: self._batch_rows(slots, np.asarray(key[0], dtype=np.int64)))
 
-    def _batch_rows(self, slots: DeviceSlots, starts: np.ndarray) -> tuple[tuple[PagedGroup, int, ChunkRows], ...]:
+    def _batch_rows(self, slots: DeviceSlots, starts: np.ndarray) -> tuple[tuple[ChunkRows, int], ...]:
         rows = self.plane_rows(slots, starts, starts + self.planner.chunk_size)
         return tuple(
-            (paged_group, region.byte_offset, chunk_rows(paged_group, region.regions, firsts, counts))
+            (chunk_rows(paged_group, region.regions, firsts, counts), region.byte_offset)
             for paged_group, region, (firsts, counts) in zip(self.paged_groups, self.planner.full_plan.regions, rows)
             if counts.any()
         )
@@ -222,10 +222,7 @@ class ChunkMover:
             return 0
         slots = self._device_slots(slots)
         buffers = chunks if isinstance(chunks, ChunkBuffers) else chunk_buffers(chunks)
-        batches = [
-            resolve_chunk_batch(slots.slots, buffers, rows, store=store, chunk_offset=byte_offset)
-            for _, byte_offset, rows in self.batch_rows(slots, starts)
-        ]
+        batches = resolve_chunk_batches(slots.slots, buffers, self.batch_rows(slots, starts), store=store)
         return transfer_chunk_batches(batches, backend=self.backend)
 
     def staging_buffer(self, chunks: int) -> tuple[torch.Tensor, int]:

@@ -95,6 +95,10 @@ def test_connector_errors_name_the_problem():
     small = _memory_obj((1, 1, CHUNK, 1))
     with pytest.raises(KVCacheShapeError, match="memory object of 16 bytes cannot hold tokens \\[0, 16\\)"):
         connector.from_gpu(small, 0, CHUNK, slot_mappings_by_group=[torch.arange(CHUNK), torch.arange(4)])
+    # In a batch the objects are read in one pass; the one too small is still named by its tokens.
+    with pytest.raises(KVCacheShapeError, match="memory object of 16 bytes cannot hold tokens \\[16, 32\\)"):
+        connector.batched_from_gpu([memory, small], [0, CHUNK], [CHUNK, 2 * CHUNK],
+                                   slot_mappings_by_group=[torch.arange(2 * CHUNK), torch.arange(8)])
 
 
 @pytest.fixture

@@ -314,3 +314,64 @@ def test_back_to_back_launches_each_move_their_own_chunks_on_cuda():
     for chunks in rounds:
         for got, want in zip(chunks, expected):
             assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_launch_made_again_reads_each_calls_slots_on_cuda():
+    """From its second call a multi-chunk launch of the same rows is made again with only the new
+    address table and slot tensor (`_ChunksLaunch.relaunches`): calls alternating between two slot
+    tensors must each move by their own slots."""
+    group, slots, starts, counts, regions, caches = _case("cuda")
+    rows = chunk_rows(group, regions, starts, counts)
+    other = slots.flip(0).contiguous()  # other slots, same entries: another row order
+    results, expected = [], []
+    for index in range(4):
+        used = slots if index % 2 == 0 else other
+        for backend, into in (("triton", results), ("torch", expected)):
+            chunks = _poisoned_chunks(regions, len(starts), "cuda", 32)
+            for chunk in chunks:
+                chunk.fill_(0xA5)
+            transfer_chunk_batches([resolve_chunk_batch(used, chunks, rows, store=True, chunk_offset=32)],
+                                   backend=backend)
+            into.append(chunks)
+    torch.cuda.synchronize()
+    assert not all(torch.equal(a, b) for a, b in zip(expected[0], expected[1])), "both slot tensors move alike"
+    for got_chunks, want_chunks in zip(results, expected):
+        for got, want in zip(got_chunks, want_chunks):
+            assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_kept_relaunch_outlives_the_launch_cache_on_cuda():
+    """A launch kept for later calls (LMCache's repeated block calls keep one) holds the device tables
+    its addresses point into: after the launch cache lets them go and their memory is handed out
+    again (filled with other bytes), the kept launch still moves the right bytes."""
+    import gc
+
+    from lmcache_ascend.kernels import triton_transfer
+    from lmcache_ascend.kernels.ops import prepare_chunks_relaunch
+
+    group, slots, starts, counts, regions, caches = _case("cuda")
+    rows = chunk_rows(group, regions, starts, counts)
+    chunks = _poisoned_chunks(regions, len(starts), "cuda", 0)
+    batch = resolve_chunk_batch(slots, chunks, rows, store=True)
+    transfer_chunk_batches([batch], backend="triton")
+    relaunch = prepare_chunks_relaunch(batch)
+    assert relaunch is not None
+    triton_transfer._chunks_launches.clear()
+    gc.collect()
+    # take the freed memory back (the caching allocator hands out freed blocks first) and dirty it
+    grabbed = [torch.full((n,), 0x7F, dtype=torch.uint8, device="cuda") for n in (64, 128, 256, 512, 1024) * 8]
+    again = _poisoned_chunks(regions, len(starts), "cuda", 0)
+    for chunk in again:
+        chunk.fill_(0xA5)
+    addresses = np.array([chunk.data_ptr() for chunk in again], dtype=np.int64)
+    assert relaunch(addresses, slots)
+    expected = _poisoned_chunks(regions, len(starts), "cuda", 0)
+    for chunk in expected:
+        chunk.fill_(0xA5)
+    transfer_chunk_batches([resolve_chunk_batch(slots, expected, rows, store=True)], backend="torch")
+    torch.cuda.synchronize()
+    del grabbed
+    for got, want in zip(again, expected):
+        assert torch.equal(got, want)
