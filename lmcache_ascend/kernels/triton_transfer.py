@@ -30,7 +30,6 @@ scalar arguments (or, for many chunks, their addresses).
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -51,7 +50,7 @@ from lmcache_ascend.kernels.resolve import (
     ResolvedChunkBatch,
     ResolvedTransfer,
 )
-from lmcache_ascend.kernels.upload import to_device
+from lmcache_ascend.kernels.upload import stream_table, to_device
 from lmcache_ascend.kernels.spec import (
     MAX_PLANES,
     ChunkRegions,
@@ -698,7 +697,7 @@ def _launch_chunks(batches: list[ResolvedChunkBatch], shape: LaunchShape) -> Non
         kind, positions, new_addresses = (first.store, first.rows_per_id, True), _POOL_RELAUNCH_POSITIONS, (
             anchor, addresses.data_ptr(), slot_address)
     else:
-        addresses = _address_tables.table(device, len(buffers))
+        addresses = stream_table(device, len(buffers))
         anchor = addresses.data_ptr()
         # its bytes anchor the data (the kernel addresses bytes: a uint8 view, same address)
         anchor_tensor = addresses.view(torch.uint8)
@@ -767,36 +766,12 @@ def prepare_chunks_relaunch(batch: ResolvedChunkBatch) -> "ChunksRelaunch | None
                           batch.group.device)
 
 
-class _AddressTables:
-    """Device tables for a launch's per-call addresses (copied in with `upload.to_device`), kept per
-    (device, calling thread, CUDA stream, size) rather than allocated per call. A call's copy into its table is ordered on its stream after
-    the previous call's kernel, which read the table, so the table is free again by then; calls on
-    other threads or streams have tables of their own. Elsewhere (no raw stream to key on) each
-    call allocates one."""
-
-    def __init__(self) -> None:
-        self._tables: BoundedCache[torch.Tensor] = BoundedCache(_MAX_CACHED_TABLES)
-
-    def table(self, device: torch.device, entries: int) -> torch.Tensor:
-        if device.type != "cuda":
-            return torch.empty(entries, dtype=torch.int64, device=device)
-        index = torch._C._cuda_getDevice() if device.index is None else device.index
-        key = (index, threading.get_ident(), torch._C._cuda_getCurrentRawStream(index), entries)
-        table = self._tables.get(key)
-        if table is None:
-            table = self._tables.put(key, torch.empty(entries, dtype=torch.int64, device=device))
-        return table
-
-
-_address_tables = _AddressTables()
-
-
 class ChunksRelaunch:
     """A multi-chunk launch made again (see `Relaunch`): per call one host-to-device copy (the chunks'
     addresses, and the slot array where it is given on the host) and the kernel launch. Refused
     (False, nothing launched) where the chunks' alignment differs from the original's.
 
-    The copy lands in a device table kept per calling thread and CUDA stream (`_AddressTables`)."""
+    The copy lands in a device table kept per calling thread and CUDA stream (`upload.stream_table`)."""
 
     __slots__ = ("_relaunch", "_alignment", "_device")
 
@@ -811,7 +786,7 @@ class ChunksRelaunch:
         # a slot array from the host starts on a 16-byte boundary, as the original launch's tensor did
         slots_at = count + count % 2
         entries = slots_at + len(slots) if on_host else count
-        table = _address_tables.table(self._device, entries)
+        table = stream_table(self._device, entries)
         anchor = table.data_ptr()
         slot_address = anchor + 8 * slots_at if on_host else slots.data_ptr()
         if math.gcd(int(np.gcd.reduce(addresses)), anchor) % 16 != self._alignment or not self._relaunch.fits(

@@ -3,10 +3,14 @@ block ids and slots (torch and numpy only)."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
-__all__ = ["PAGEABLE_UPLOAD_BYTES", "to_device"]
+from lmcache_ascend.bounded_cache import BoundedCache
+
+__all__ = ["PAGEABLE_UPLOAD_BYTES", "stream_table", "to_device"]
 
 # Up to this many bytes a CUDA copy comes from pageable memory: the driver stages it and returns at
 # once, without the pinned allocation that was most of a small call's host time. A larger pageable
@@ -27,3 +31,24 @@ def to_device(values: np.ndarray, device: torch.device, out: torch.Tensor | None
     if out is None:
         return host.to(device, non_blocking=cuda)
     return out.copy_(host, non_blocking=cuda)
+
+
+# Device tables for per-call values (a launch's chunk addresses, an expansion's plan and ids), by
+# (device index, calling thread, CUDA stream, entries); bounded (docs/hot-path.md).
+_stream_tables: BoundedCache[torch.Tensor] = BoundedCache(64)
+
+
+def stream_table(device: torch.device, entries: int) -> torch.Tensor:
+    """An int64 device table of `entries` for a call's values (filled with `to_device(..., out=)`), kept per
+    (device, calling thread, CUDA stream, entries) rather than allocated per call. A call's copy into it
+    is ordered on its stream after the previous call's kernels, which read it, so it is free again by
+    then; calls on other threads or streams have tables of their own. Elsewhere (no raw stream to key
+    on) each call gets a new one."""
+    if device.type != "cuda":
+        return torch.empty(entries, dtype=torch.int64, device=device)
+    index = torch._C._cuda_getDevice() if device.index is None else device.index
+    key = (index, threading.get_ident(), torch._C._cuda_getCurrentRawStream(index), entries)
+    table = _stream_tables.get(key)
+    if table is None:
+        table = _stream_tables.put(key, torch.empty(entries, dtype=torch.int64, device=device))
+    return table

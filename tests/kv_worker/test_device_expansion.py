@@ -63,13 +63,20 @@ def _poisoned_expansion(monkeypatch, device: torch.device) -> None:
     monkeypatch.setattr(block_slots, "expand_on_device", poisoned)
 
 
-def _compare(device: torch.device, seeds) -> int:
-    """Every request's slots on `device` (Triton) equal the host's; returns the slots compared."""
+def _compare(device: torch.device, seeds, *, queued: bool = False) -> int:
+    """Every request's slots on `device` (Triton) equal the host's; returns the slots compared.
+    `queued`: every step's expansion is issued before any is read (they reuse their upload tables)."""
     compared = 0
+    steps = []
     for seed in seeds:
         requests, groups = _requests(seed)
+        steps.append((seed, requests, DeviceSlots.for_requests(requests, groups, device, backend="triton")
+                      if queued else None))
+    for seed, requests, expanded in steps:
+        groups = _requests(seed)[1]
         host = DeviceSlots.for_requests(requests, groups, CPU, backend="torch")
-        expanded = DeviceSlots.for_requests(requests, groups, device, backend="triton")
+        if expanded is None:
+            expanded = DeviceSlots.for_requests(requests, groups, device, backend="triton")
         assert list(expanded) == list(host)
         for key, want in host.items():
             got = expanded[key]
@@ -104,6 +111,8 @@ def test_device_expansion_equals_the_host_expansion_on_cuda(monkeypatch):
     pytest.importorskip("triton")
     _poisoned_expansion(monkeypatch, torch.device("cuda"))
     assert _compare(torch.device("cuda"), range(60)) > 10_000
+    # issued back to back, each reading the ids uploaded for it, not those of the steps after it
+    assert _compare(torch.device("cuda"), range(60, 120), queued=True) > 10_000
 
 
 def test_device_expansion_equals_the_host_expansion_interpreted(fresh_python):
