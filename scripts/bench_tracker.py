@@ -24,11 +24,23 @@ would build wrong slots), so its single-group cost on the same tokens is the
 reference. Each case owns one long-lived connector (its layout computed
 before timing, as at connector start); rounds interleave the cases in a
 rotating order, the patch applied or reverted between cases outside the timed
-region. Prints a table (medians with interquartile range; ratios are medians
-of per-round ratios against the baseline of the same round) and writes JSON
-under results/.
+region.
 
-Usage: python scripts/bench_tracker.py [--rounds N] [--prompt T] [--prefill-chunk T] [--decode-steps N]
+A server decodes many requests per step, so the decode step is also timed
+with ``--batch`` N requests decoding together: each is prefilled on its own
+(untimed), then every decode step schedules all N in one scheduler output
+(built before the timed call, as every step's is). Request k's prompt is
+``k % 64`` tokens shorter, so a step mixes requests that get a new block in
+some group with requests that get none, as a server's steps do. The step's
+time divided by N is the per-request decode cost: what the step-level work
+(the wrapper's setup, upstream's loop prologue) adds per request shrinks as N
+grows, what is paid per request does not.
+
+Prints two tables (medians with interquartile range; ratios are medians of
+per-round ratios against the baseline of the same round and batch) and writes
+JSON under results/.
+
+Usage: python scripts/bench_tracker.py [--rounds N] [--prompt T] [--prefill-chunk T] [--decode-steps N] [--batch N,N]
 """
 
 from __future__ import annotations
@@ -62,10 +74,16 @@ from tests.fixtures.kv_cache_configs import (  # noqa: E402
     dsv4_cuda_kv_cache_config,
     single_group_kv_cache_config,
 )
-from tests.multigroup.scheduler_driver import RequestDriver, make_connector_impl  # noqa: E402
+from tests.multigroup.scheduler_driver import RequestDriver, make_connector_impl, step_together  # noqa: E402
 
 PATCH = "lmcache-adapter-multigroup"
 LMCACHE_CHUNK = 256
+# Request k of a batch has a prompt k % BATCH_STAGGER tokens shorter: block boundaries of
+# every group up to 64 tokens fall on different steps for different requests.
+BATCH_STAGGER = 64
+# Block ids of a batch's requests do not overlap: request k's start at 1 + k * BLOCK_ID_STRIDE.
+BLOCK_ID_STRIDE = 1 << 20
+DECODE_METRICS = ("decode_us_per_request", "decode_us_per_request_long_context")
 METRICS = (
     "prefill_step_us",
     "decode_step_us",
@@ -85,7 +103,9 @@ class BlockAllocator:
         self.held = [0] * len(self.block_sizes)
         self.next_id = first_id
 
-    def grow_to(self, num_tokens: int) -> tuple[list[int], ...]:
+    def grow_to(self, num_tokens: int) -> tuple[list[int], ...] | None:
+        """The blocks `num_tokens` tokens need beyond those handed out, as vLLM's scheduler ships
+        a running request's new blocks: one list per group, or None when no group gets one."""
         new = []
         for group, size in enumerate(self.block_sizes):
             wanted = 1 if group in self.state else -(-num_tokens // size)
@@ -93,7 +113,7 @@ class BlockAllocator:
             new.append(list(range(self.next_id, self.next_id + count)))
             self.next_id += count
             self.held[group] += count
-        return tuple(new)
+        return tuple(new) if any(new) else None
 
 
 @dataclass
@@ -106,6 +126,8 @@ class Case:
     # median decode step, the median decode step after the long prompt, and
     # the sum of all the request's steps.
     per_round: dict[str, list[float]] = field(default_factory=lambda: {key: [] for key in METRICS})
+    # batch N -> DECODE_METRICS -> one value per round (us per request: the median decode step / N).
+    decode_per_round: dict[int, dict[str, list[float]]] = field(default_factory=dict)
 
     @property
     def groups(self) -> int:
@@ -165,6 +187,63 @@ def run_request(case: Case, req_id: str, prompt: list[int], prefill_chunk: int, 
     return times[:num_prefill], times[num_prefill:], pickled[:num_prefill]
 
 
+def run_batch(case: Case, req_id: str, prompts: list[list[int]], prefill_chunk: int, decode_steps: int) -> list[int]:
+    """`len(prompts)` requests on `case`'s connector, decoding together.
+
+    Each request is prefilled in its own steps (untimed), then every decode step schedules all
+    of them in one scheduler output; returns the decode steps' ns.
+    """
+    impl = case.impl
+    original = impl.build_connector_meta
+    times: list[int] = []
+
+    def timed(scheduler_output):
+        start = time.perf_counter_ns()
+        result = original(scheduler_output)
+        times.append(time.perf_counter_ns() - start)
+        return result
+
+    drivers = [RequestDriver(impl, f"{req_id}-{k}", prompt) for k, prompt in enumerate(prompts)]
+    allocators = [BlockAllocator(case.fixture, first_id=1 + k * BLOCK_ID_STRIDE) for k in range(len(prompts))]
+    done = []
+    for driver, blocks, prompt in zip(drivers, allocators, prompts):
+        tokens = min(prefill_chunk, len(prompt))
+        driver.start(tokens, blocks.grow_to(tokens))
+        while tokens < len(prompt):
+            step = min(prefill_chunk, len(prompt) - tokens)
+            tokens += step
+            driver.advance(step, blocks.grow_to(tokens))
+        done.append(tokens)
+    impl.build_connector_meta = timed
+    try:
+        for i in range(decode_steps):
+            parts = []
+            for k, (driver, blocks) in enumerate(zip(drivers, allocators)):
+                done[k] += 1
+                parts.append(driver.running(1, blocks.grow_to(done[k]), output_token=i + 1))
+            step_together(impl, parts)
+    finally:
+        del impl.build_connector_meta  # back to the class attribute
+    for driver in drivers:
+        driver.finish()  # untimed: drops the requests' trackers
+    return times
+
+
+def batch_prompts(length: int, round_index: int, batch: int) -> list[list[int]]:
+    """The prompts of a batch's requests: request k's is k % BATCH_STAGGER tokens shorter (at least 1)."""
+    return [prompt_tokens(max(1, length - k % BATCH_STAGGER), round_index * 1_000_003 + k) for k in range(batch)]
+
+
+def batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated request counts, e.g. 1,64")
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every batch must be >= 1")
+    return sizes
+
+
 def prompt_tokens(length: int, round_index: int) -> list[int]:
     return [(i * 31 + round_index * 7919) % 30000 + 1 for i in range(length)]
 
@@ -195,6 +274,12 @@ def main() -> int:
     parser.add_argument("--prefill-chunk", type=int, default=1024, help="tokens per chunked-prefill step")
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--long-context", type=int, default=2, help="decode also after a prompt this many times longer")
+    parser.add_argument(
+        "--batch",
+        type=batch_sizes,
+        default=[1, 64],
+        help="requests decoding together in one scheduler step, comma-separated (1: the request of the first table)",
+    )
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "bench_tracker.json"))
     args = parser.parse_args()
     for name in ("rounds", "prompt", "prefill_chunk", "long_context"):
@@ -213,11 +298,15 @@ def main() -> int:
         set_patch(case.patched)
 
     warm_prompt = prompt_tokens(2 * LMCACHE_CHUNK, -1)
+    batches = [n for n in args.batch if n > 1]  # batch 1 is the first table's request
     for case in cases:  # build each connector and its layout, warm the code paths
         enter(case)
         case.impl = make_connector_impl(case.fixture, chunk_size=LMCACHE_CHUNK)
         for i in range(3):
             run_request(case, f"warm{i}", warm_prompt, LMCACHE_CHUNK, 4)
+        for batch in batches:
+            run_batch(case, "warm-batch", batch_prompts(len(warm_prompt), -1, batch), LMCACHE_CHUNK, 4)
+        case.decode_per_round = {batch: {key: [] for key in DECODE_METRICS} for batch in args.batch}
     set_patch(False)
 
     long_prompt_len = args.prompt * args.long_context
@@ -247,6 +336,24 @@ def main() -> int:
             )
             for key, value in zip(METRICS, values):
                 case.per_round[key].append(value)
+            if 1 in case.decode_per_round:
+                for key, value in zip(DECODE_METRICS, values[1:3]):
+                    case.decode_per_round[1][key].append(value)
+        for batch in batches:
+            prompts = batch_prompts(args.prompt, round_index, batch)
+            long_prompts = batch_prompts(long_prompt_len, round_index, batch)
+            for case in cases[shift:] + cases[:shift]:
+                enter(case)
+                gc.collect()
+                gc.disable()
+                try:
+                    decode = run_batch(case, f"b{round_index}", prompts, args.prefill_chunk, args.decode_steps)
+                    long_decode = run_batch(case, f"bl{round_index}", long_prompts, long_prompt_len, args.decode_steps)
+                finally:
+                    gc.enable()
+                for key, steps in zip(DECODE_METRICS, (decode, long_decode)):
+                    value = statistics.median(steps) / 1e3 / batch if steps else float("nan")
+                    case.decode_per_round[batch][key].append(value)
     set_patch(False)
     elapsed = time.perf_counter() - started
 
@@ -267,6 +374,18 @@ def main() -> int:
             q1, q2, q3 = quartiles([c / b for c, b in zip(case.per_round[metric], base.per_round[metric])])
             row[key] = {"median": q2, "q1": q1, "q3": q3}
         rows.append(row)
+    decode_rows = []
+    for batch in args.batch:
+        for case in cases:
+            row = {"case": case.label, "groups": case.groups, "batch": batch}
+            values = case.decode_per_round[batch]
+            for key in DECODE_METRICS:
+                q1, q2, q3 = quartiles(values[key])
+                row[key] = {"median": q2, "q1": q1, "q3": q3, "n": len(values[key])}
+                baseline = base.decode_per_round[batch][key]
+                q1, q2, q3 = quartiles([c / b for c, b in zip(values[key], baseline)])
+                row[key.replace("us_per_request", "ratio")] = {"median": q2, "q1": q1, "q3": q3}
+            decode_rows.append(row)
 
     print(
         f"build_connector_meta per step, equal work: a {args.prompt}-token prompt in {args.prefill_chunk}-token "
@@ -301,8 +420,39 @@ def main() -> int:
     target = 1.5
     worst = max(row["prefill_ratio"]["median"] for row in rows if row["groups"] > 1)
     verdict = "met" if worst <= target else "MISSED"
-    print(f"target: multi-group prefill step <= {target}x upstream's single-group cost: {verdict} (worst {worst:.2f}x); "
-          f"{elapsed:.1f}s")
+    print(f"target: multi-group prefill step <= {target}x upstream's single-group cost: {verdict} (worst {worst:.2f}x)")
+
+    print()
+    print(
+        f"decode per request, N requests decoding together (one scheduler output per step; request k's prompt "
+        f"k % {BATCH_STAGGER} tokens shorter): us = median decode step / N, median over rounds [q1-q3]; "
+        "x: median of per-round ratios to upstream 1 group at the same N [q1-q3]"
+    )
+    header = (
+        f"{'case':<17} {'groups':>6} {'batch':>5} | {'decode us/req':>18} | {'decode@long us/req':>18} | "
+        f"{'decode x':>17} | {'decode@long x':>17}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in decode_rows:
+        print(
+            f"{row['case']:<17} {row['groups']:>6} {row['batch']:>5} | {spread(row['decode_us_per_request'], 2, 18)} | "
+            f"{spread(row['decode_us_per_request_long_context'], 2, 18)} | {spread(row['decode_ratio'], 2, 17)} | "
+            f"{spread(row['decode_ratio_long_context'], 2, 17)}"
+        )
+    decode_target = 1.2
+    worst_decode = {
+        batch: max(row["decode_ratio"]["median"] for row in decode_rows if row["groups"] > 1 and row["batch"] == batch)
+        for batch in args.batch
+    }
+    print(
+        f"target: multi-group decode step per request <= {decode_target}x upstream's single-group at the same batch: "
+        + ", ".join(
+            f"batch {batch} {'met' if ratio <= decode_target else 'MISSED'} (worst {ratio:.2f}x)"
+            for batch, ratio in worst_decode.items()
+        )
+        + f"; {elapsed:.1f}s"
+    )
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -320,6 +470,10 @@ def main() -> int:
                 "rows": rows,
                 "target_prefill_ratio": target,
                 "worst_multi_group_prefill_ratio": worst,
+                "decode_batch_stagger_tokens": BATCH_STAGGER,
+                "decode_rows": decode_rows,
+                "target_decode_ratio": decode_target,
+                "worst_multi_group_decode_ratio": {str(batch): ratio for batch, ratio in worst_decode.items()},
                 "seconds": elapsed,
             },
             indent=2,

@@ -67,7 +67,9 @@ def full_path(connector, scheduler_output, kv_groups) -> None:
 
 
 def _new_block_ids(draw, index: int):
-    form = draw(st.sampled_from(["none", "empty lists", "some groups", "one group short", "ints", "a list"]))
+    form = draw(
+        st.sampled_from(["none", "empty lists", "some groups", "a group's None", "one group short", "ints", "a list"])
+    )
     if form == "none":
         return None
     if form == "empty lists":
@@ -78,7 +80,9 @@ def _new_block_ids(draw, index: int):
         return tuple(0 for _ in BLOCK_SIZES)
     lists = [draw(st.lists(st.integers(0, 50), max_size=3)) for _ in BLOCK_SIZES]
     lists = [[1000 * index + block for block in blocks] for blocks in lists]
-    return tuple(lists) if form == "some groups" else lists
+    if form == "a group's None":  # nothing new for that group (first or later: two paths of the loop)
+        lists[draw(st.integers(0, len(BLOCK_SIZES) - 1))] = None
+    return lists if form == "a list" else tuple(lists)
 
 
 @st.composite
