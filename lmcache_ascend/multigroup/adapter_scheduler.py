@@ -94,15 +94,11 @@ def advance_trackers(connector, scheduler_output, kv_groups) -> None:
             return  # upstream refuses a step that does not say which requests resumed
         resumed = {req_id for req_id, flag in zip(req_ids, flags) if flag}
     requests = connector._unfinished_requests
-    num_groups = len(kv_groups.groups)
-    # Runs for every running request on every step (a server's step holds hundreds). Most are
-    # decoding: no new block, not resumed, not rolled back; they cost the tests below and nothing
-    # else (no attachment read, no call). "No new block" is vLLM's None (what its scheduler ships
-    # when no group got a block), or a tuple with an empty list per group. Many decoding requests
-    # do get a block, in the groups whose blocks hold a few tokens (every 4th step for 4-token
-    # blocks): new blocks in vLLM's form (a tuple of one list per group) are appended here, as
-    # `GroupBlockTracker.append_new_blocks` would, without its call and checks; any other form
-    # goes through that method, which checks it (a tuple of ints, a flat table, is refused there).
+    # Runs for every running request on every step. Most are decoding: no new block, not
+    # resumed, not rolled back; they cost the tests below and nothing else (no attachment read,
+    # no call). "No new block" is vLLM's None, or a tuple with an empty list per group, which
+    # `GroupBlockTracker.append_new_blocks` would take as nothing to append (a tuple of ints, a
+    # flat table, takes its path and is refused there).
     for req_id, new_block_ids in zip(req_ids, cached.new_block_ids):
         tracker = trackers.get(req_id)
         if tracker is None:
@@ -112,27 +108,14 @@ def advance_trackers(connector, scheduler_output, kv_groups) -> None:
             continue
         if request.num_computed_tokens < len(tracker.token_ids):
             rolled_back = True
-        elif resumed and req_id in resumed:
+        elif req_id in resumed:
             rolled_back = False
-        elif new_block_ids is None:
-            continue
-        elif (
+        elif new_block_ids is None or (
             type(new_block_ids) is tuple
-            and len(new_block_ids) == num_groups
-            and type(new_block_ids[0]) is list
+            and not any(new_block_ids)
+            and len(new_block_ids) == len(kv_groups.groups)
+            and type(new_block_ids[0]) is not int
         ):
-            if not any(new_block_ids):
-                continue
-            groups = tracker.__dict__.get(_BLOCK_TRACKER)
-            if groups is None:
-                continue
-            tables = groups.block_ids_by_group
-            if len(tables) != num_groups:
-                groups.append_new_blocks(new_block_ids)  # refuses the mismatch, naming both counts
-                continue
-            for tracked, new in zip(tables, new_block_ids):
-                if new:  # (a group's None: nothing new, as for the tracker's own method)
-                    tracked.extend(new)
             continue
         else:
             rolled_back = False
