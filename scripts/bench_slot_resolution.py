@@ -117,7 +117,7 @@ def main() -> int:
             for kind in KINDS[shift:] + KINDS[:shift]:
                 samples[kind].append(run_once(kind, kv_groups, tables, args.tokens, device))
         for part in ("scheduler", "pickle", "worker"):
-            row = {"layout": name, "part": part}
+            row = {"case": name, "part": part}
             for kind in KINDS:
                 values = [s[part] * 1e6 for s in samples[kind]]
                 q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
@@ -126,18 +126,18 @@ def main() -> int:
             q1, q2, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
             row["ratio"] = {"median": q2, "q1": q1, "q3": q3}
             rows.append(row)
-        rows.append({"layout": name, "part": "bytes", **{kind: samples[kind][0]["bytes"] for kind in KINDS}})
+        rows.append({"case": name, "part": "bytes", **{kind: samples[kind][0]["bytes"] for kind in KINDS}})
     print(f"slots of one {args.tokens}-token request (chunk {CHUNK}, load with half cached), device {device}, "
           f"{args.rounds} rounds interleaved; us: median [q1-q3]; ratio: median of per-round ours / old")
-    print(f"{'kv_groups':<17} {'part':<9} | {'old us':>24} | {'ours_host us':>24} | {'ours us':>24} | {'ours/old':>18}")
+    print(f"{'case':<17} {'part':<9} | {'old us':>24} | {'ours_host us':>24} | {'ours us':>24} | {'ours/old':>18}")
     for row in rows:
         if row["part"] == "bytes":
-            print(f"{row['kv_groups']:<17} {'pickled':<9} | {row['old']:>21} B  | {row['ours_host']:>21} B  | "
+            print(f"{row['case']:<17} {'pickled':<9} | {row['old']:>21} B  | {row['ours_host']:>21} B  | "
                   f"{row['ours']:>21} B  |")
             continue
         cell = lambda e: f"{e['median']:.1f} [{e['q1']:.1f}-{e['q3']:.1f}]".rjust(24)  # noqa: E731
         ratio = row["ratio"]
-        print(f"{row['kv_groups']:<17} {row['part']:<9} | {cell(row['old'])} | {cell(row['ours_host'])} | {cell(row['ours'])} | "
+        print(f"{row['case']:<17} {row['part']:<9} | {cell(row['old'])} | {cell(row['ours_host'])} | {cell(row['ours'])} | "
               f"{ratio['median']:.2f} [{ratio['q1']:.2f}-{ratio['q3']:.2f}]".rstrip())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
