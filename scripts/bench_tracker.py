@@ -171,12 +171,7 @@ def run_request(case: Case, req_id: str, prompt: list[int], prefill_chunk: int, 
     try:
         driver = RequestDriver(impl, req_id, prompt)
         blocks = BlockAllocator(case.fixture)
-        done = min(prefill_chunk, len(prompt))
-        driver.start(done, blocks.grow_to(done))
-        while done < len(prompt):
-            step = min(prefill_chunk, len(prompt) - done)
-            done += step
-            driver.advance(step, blocks.grow_to(done))
+        done = prefill(driver, blocks, prompt, prefill_chunk)
         num_prefill = len(times)
         for i in range(decode_steps):
             done += 1
@@ -185,6 +180,17 @@ def run_request(case: Case, req_id: str, prompt: list[int], prefill_chunk: int, 
         del impl.build_connector_meta  # back to the class attribute
     driver.finish()  # untimed: drops the request's tracker
     return times[:num_prefill], times[num_prefill:], pickled[:num_prefill]
+
+
+def prefill(driver: RequestDriver, blocks: BlockAllocator, prompt: list[int], prefill_chunk: int) -> int:
+    """Schedule `prompt` in chunked-prefill steps of `prefill_chunk` tokens; returns the tokens scheduled."""
+    done = min(prefill_chunk, len(prompt))
+    driver.start(done, blocks.grow_to(done))
+    while done < len(prompt):
+        step = min(prefill_chunk, len(prompt) - done)
+        done += step
+        driver.advance(step, blocks.grow_to(done))
+    return done
 
 
 def run_batch(case: Case, req_id: str, prompts: list[list[int]], prefill_chunk: int, decode_steps: int) -> list[int]:
@@ -205,15 +211,7 @@ def run_batch(case: Case, req_id: str, prompts: list[list[int]], prefill_chunk: 
 
     drivers = [RequestDriver(impl, f"{req_id}-{k}", prompt) for k, prompt in enumerate(prompts)]
     allocators = [BlockAllocator(case.fixture, first_id=1 + k * BLOCK_ID_STRIDE) for k in range(len(prompts))]
-    done = []
-    for driver, blocks, prompt in zip(drivers, allocators, prompts):
-        tokens = min(prefill_chunk, len(prompt))
-        driver.start(tokens, blocks.grow_to(tokens))
-        while tokens < len(prompt):
-            step = min(prefill_chunk, len(prompt) - tokens)
-            tokens += step
-            driver.advance(step, blocks.grow_to(tokens))
-        done.append(tokens)
+    done = [prefill(driver, blocks, prompt, prefill_chunk) for driver, blocks, prompt in zip(drivers, allocators, prompts)]
     impl.build_connector_meta = timed
     try:
         for i in range(decode_steps):
