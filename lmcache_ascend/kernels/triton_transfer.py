@@ -589,9 +589,9 @@ def _pool_offsets_table(offsets: np.ndarray, device: torch.device) -> torch.Tens
 class _ChunksLaunch:
     """The tables of one multi-chunk launch (see `_paged_chunks_kernel`), uploaded once, and its shape.
 
-    `relaunches`: per (direction, rows per id), the first launch over chunks at an address table
-    (not a pool) as a `Relaunch`, made again by later calls with only the table's and the slots'
-    addresses new. It lives here, beside the tables its integers point to, so it goes when they go.
+    `relaunches`: per (direction, rows per id, chunks of a pool or at an address table), the first
+    launch as a `Relaunch`, made again by later calls with only their table's (or pool's and
+    offsets'), and slots' addresses new. It lives here, beside the tables its integers point to.
     """
 
     table: torch.Tensor
