@@ -316,25 +316,53 @@ def test_back_to_back_launches_each_move_their_own_chunks_on_cuda():
             assert torch.equal(got, want)
 
 
+@pytest.fixture(params=[True, False], ids=["raw launcher", "compiled kernel's runner (as on an NPU)"])
+def relaunch_through(request):
+    """Launches made again through CUDA's raw launcher, and through the compiled kernel's runner."""
+    from lmcache_ascend.kernels import launcher, triton_transfer
+
+    launcher._raw_launch["enabled"] = request.param
+    triton_transfer._chunks_launches.clear()  # relaunches are made anew under this launcher
+    yield request.param
+    launcher._raw_launch["enabled"] = True
+    triton_transfer._chunks_launches.clear()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_launch_made_again_reads_each_calls_slots_on_cuda():
+@pytest.mark.parametrize("pooled", [False, True], ids=["separate chunks", "chunks of a pool (staging waves)"])
+def test_a_launch_made_again_reads_each_calls_addresses_on_cuda(pooled, relaunch_through):
     """From its second call a multi-chunk launch of the same rows is made again with only the new
-    address table and slot tensor (`_ChunksLaunch.relaunches`): calls alternating between two slot
-    tensors must each move by their own slots."""
+    address table (or pool and offsets) and slot tensor (`_ChunksLaunch.relaunches`): calls
+    alternating between two slot tensors, and over other chunks or pool offsets, must each move by
+    their own."""
+    from lmcache_ascend.kernels import pool_chunk_buffers, triton_transfer
+
     group, slots, starts, counts, regions, caches = _case("cuda")
     rows = chunk_rows(group, regions, starts, counts)
     other = slots.flip(0).contiguous()  # other slots, same entries: another row order
+    stride = regions.total_bytes + 48
     results, expected = [], []
     for index in range(4):
         used = slots if index % 2 == 0 else other
-        for backend, into in (("triton", results), ("torch", expected)):
-            chunks = _poisoned_chunks(regions, len(starts), "cuda", 32)
-            for chunk in chunks:
-                chunk.fill_(0xA5)
-            transfer_chunk_batches([resolve_chunk_batch(used, chunks, rows, store=True, chunk_offset=32)],
-                                   backend=backend)
-            into.append(chunks)
+        expected_chunks = [torch.full((regions.total_bytes,), 0xA5, dtype=torch.uint8, device="cuda")
+                           for _ in range(len(starts))]
+        transfer_chunk_batches([resolve_chunk_batch(used, expected_chunks, rows, store=True)], backend="torch")
+        expected.append(expected_chunks)
+        if pooled:
+            pool = torch.full((len(starts) * stride + 64 * (index + 1),), 0xA5, dtype=torch.uint8, device="cuda")
+            offsets = np.arange(len(starts), dtype=np.int64) * stride + 16 * index  # other offsets each call
+            chunks = pool_chunk_buffers(pool, offsets, regions.total_bytes)
+            got = [pool[offset : offset + regions.total_bytes] for offset in offsets.tolist()]
+        else:
+            got = [torch.full((regions.total_bytes,), 0xA5, dtype=torch.uint8, device="cuda")
+                   for _ in range(len(starts))]
+            chunks = got
+        transfer_chunk_batches([resolve_chunk_batch(used, chunks, rows, store=True)], backend="triton")
+        results.append(got)
     torch.cuda.synchronize()
+    kept = [relaunch for launch in triton_transfer._chunks_launches._entries.values()
+            for relaunch in launch.relaunches.values()]
+    assert any(relaunch is not None for relaunch in kept), "no launch was kept to be made again"
     assert not all(torch.equal(a, b) for a, b in zip(expected[0], expected[1])), "both slot tensors move alike"
     for got_chunks, want_chunks in zip(results, expected):
         for got, want in zip(got_chunks, want_chunks):
