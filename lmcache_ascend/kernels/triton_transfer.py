@@ -611,8 +611,12 @@ _chunks_launches: BoundedCache[_ChunksLaunch] = BoundedCache(_MAX_CACHED_TABLES)
 def _chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape: LaunchShape) -> _ChunksLaunch:
     """The launch of these groups' rows at their chunk offsets in `shape`, for chunk addresses whose gcd
     with the anchor is `alignment`: built and uploaded once, then looked up."""
-    key = (tuple((batch.rows, batch.chunk_offset) for batch in batches), alignment % 16, shape)
-    return _chunks_launches.get_or_build(key, lambda: _build_chunks_launch(batches, alignment, shape))
+    return _chunks_launches.get_or_build(_chunks_launch_key(batches, alignment, shape),
+                                         lambda: _build_chunks_launch(batches, alignment, shape))
+
+
+def _chunks_launch_key(batches: Sequence[ResolvedChunkBatch], alignment: int, shape: LaunchShape) -> tuple:
+    return tuple((batch.rows, batch.chunk_offset) for batch in batches), alignment % 16, shape
 
 
 def _build_chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape: LaunchShape) -> _ChunksLaunch:
@@ -755,15 +759,15 @@ def prepare_chunks_relaunch(batch: ResolvedChunkBatch) -> "ChunksRelaunch | None
     none (chunks of a staging pool, nothing to move, no direct launch on this device)."""
     if batch.buffers.pool is not None or not batch.num_chunks or not batch.rows.max_region_bytes:
         return None
+    # The launch `_launch_chunks` kept for these rows, at the table it anchored them on.
+    device = batch.group.device
+    alignment = math.gcd(batch.buffers.address_gcd, stream_table(device, len(batch.buffers)).data_ptr())
     shape = chunk_launch_shape(batch.rows.max_region_bytes)
-    addresses = torch.empty(len(batch.buffers), dtype=torch.int64, device=batch.group.device)
-    launch = _chunks_launch([batch], math.gcd(batch.buffers.address_gcd, addresses.data_ptr()), shape)
-    relaunch = relaunch_of(*_chunks_launch_arguments(launch, [batch], addresses.view(torch.uint8), addresses),
-                           positions=_CHUNKS_RELAUNCH_POSITIONS)
+    launch = _chunks_launches.get(_chunks_launch_key([batch], alignment, shape))
+    relaunch = None if launch is None else launch.relaunches.get((batch.store, batch.rows_per_id, False))
     if relaunch is None:
         return None
-    return ChunksRelaunch(relaunch, math.gcd(batch.buffers.address_gcd, addresses.data_ptr()) % 16,
-                          batch.group.device)
+    return ChunksRelaunch(relaunch, alignment % 16, device)
 
 
 class ChunksRelaunch:

@@ -33,7 +33,7 @@ def to_device(values: np.ndarray, device: torch.device, out: torch.Tensor | None
     return out.copy_(host, non_blocking=cuda)
 
 
-# Device tables for per-call values (a launch's chunk addresses, an expansion's plan and ids), by
+# Device tables for per-call values (a multi-chunk launch's chunk addresses, and block ids given as a list), by
 # (device index, calling thread, CUDA stream, entries); bounded (docs/hot-path.md).
 _stream_tables: BoundedCache[torch.Tensor] = BoundedCache(64)
 
