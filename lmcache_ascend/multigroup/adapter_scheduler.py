@@ -3,15 +3,14 @@
 The connector's multi-group layout, computed once per connector and checked at
 start, and the per-group block trackers of a step's running requests brought up
 to date before upstream builds their metadata (new blocks, a resumed request's
-fresh table, a rolled-back tracker truncated to the prefix every transferred
-group covers).  Used by the ``lmcache-adapter-multigroup`` patch.
+fresh table).  Used by the ``lmcache-adapter-multigroup`` patch.
 """
 
 from __future__ import annotations
 
 import logging
 
-from lmcache_ascend.multigroup.attachments import BLOCK_TRACKER, CONNECTOR_GROUPS, REUSE_BLOCKER
+from lmcache_ascend.multigroup.attachments import CONNECTOR_GROUPS, REUSE_BLOCKER
 from lmcache_ascend.multigroup.connector_state import (
     check_chunk_size,
     check_discard_partial_chunks,
@@ -19,14 +18,12 @@ from lmcache_ascend.multigroup.connector_state import (
     kv_groups_for_connector,
 )
 from lmcache_ascend.multigroup.reuse_verdict import reuse_blocker
-from lmcache_ascend.multigroup.slicing import prefix_bound_in_vllm_blocks
 
 __all__ = ["advance_trackers", "connector_kv_groups", "connector_reuse_blocker"]
 
 logger = logging.getLogger(__name__)
 
 _NOT_SET = object()
-_BLOCK_TRACKER = BLOCK_TRACKER.name  # read from the tracker's own dict (`Attachment.get`, inlined: per request)
 
 
 def connector_kv_groups(connector):
@@ -59,27 +56,26 @@ def connector_kv_groups(connector):
     return kv_groups
 
 
-def advance_trackers(connector, scheduler_output, kv_groups) -> None:
-    """Bring the multi-group trackers of the step's running requests up to date, before upstream's
-    loop over them runs.
+def advance_trackers(block_trackers, scheduler_output, kv_groups) -> None:
+    """Bring the multi-group block trackers (`GroupBlockTracker` by request id) up to date with a
+    scheduler step, before upstream's loop over its requests runs.
 
-    Upstream's loop, per running request: truncate a rolled-back tracker, ``RequestTracker.update``
-    (which keeps group 0's new blocks only), ``ReqMeta.from_request_tracker``. This does the first
-    two for every group, request by request, from the same fields of the scheduler output that
-    upstream reads: a rolled-back tracker is truncated to the prefix every transferred group covers
-    (`_roll_back`), then a resumed request's fresh table replaces its tracked blocks and a running
-    request's new blocks are appended. Each `GroupBlockTracker` thus holds the step's blocks when
-    upstream builds the request's ReqMeta, and the step costs one loop rather than a wrapped call
-    of ``RequestTracker.update`` per request. A request upstream does not know (no tracker or no
-    vLLM request: upstream raises) is left alone.
+    Upstream's step drops the trackers of finished requests, then per running request calls
+    ``RequestTracker.update``, which appends group 0's new blocks (or takes a resumed request's
+    fresh table), then ``ReqMeta.from_request_tracker``. This does the first two for every group,
+    from the same fields of the scheduler output, so that each block tracker holds the step's
+    blocks when the step's ReqMeta get their block ids. A rolled-back request (vLLM lowered its
+    computed tokens) needs nothing here: vLLM keeps its blocks, and upstream truncates its tokens
+    to what group 0's table holds, counted in group 0's block size for the step (the step
+    wrapper's). A request with no block tracker is left alone.
     """
+    for req_id in scheduler_output.finished_req_ids:
+        block_trackers.pop(req_id, None)
     cached = scheduler_output.scheduled_cached_reqs
-    trackers = connector._request_trackers
     if isinstance(cached, list):
-        # vLLM < 0.9.2: one record per request; upstream rolls nothing back on this path.
+        # vLLM < 0.9.2: one record per request.
         for request_data in cached:
-            tracker = trackers.get(request_data.req_id)
-            groups = None if tracker is None else BLOCK_TRACKER.get(tracker)
+            groups = block_trackers.get(request_data.req_id)
             if groups is not None:
                 _apply_new_blocks(groups, request_data.new_block_ids, request_data.resumed_from_preemption)
         return
@@ -93,38 +89,25 @@ def advance_trackers(connector, scheduler_output, kv_groups) -> None:
         if flags is None:
             return  # upstream refuses a step that does not say which requests resumed
         resumed = {req_id for req_id, flag in zip(req_ids, flags) if flag}
-    requests = connector._unfinished_requests
-    # Runs for every running request on every step. Most are decoding: no new block, not
-    # resumed, not rolled back; they cost the tests below and nothing else (no attachment read,
-    # no call). "No new block" is vLLM's None, or a tuple with an empty list per group, which
-    # `GroupBlockTracker.append_new_blocks` would take as nothing to append (a tuple of ints, a
-    # flat table, takes its path and is refused there).
+    # Runs for every running request on every step. Most are decoding with no new block, and cost
+    # the test below only. "No new block" is vLLM's None, or a tuple with an empty list per group,
+    # which `GroupBlockTracker.append_new_blocks` would take as nothing to append (a tuple of ints,
+    # a flat table, takes its path and is refused there).
+    num_groups = kv_groups.num_groups
     for req_id, new_block_ids in zip(req_ids, cached.new_block_ids):
-        tracker = trackers.get(req_id)
-        if tracker is None:
+        if (
+            new_block_ids is None
+            or (
+                type(new_block_ids) is tuple
+                and not any(new_block_ids)
+                and len(new_block_ids) == num_groups
+                and type(new_block_ids[0]) is not int
+            )
+        ) and not (resumed and req_id in resumed):
             continue
-        request = requests.get(req_id)
-        if request is None:
-            continue
-        if request.num_computed_tokens < len(tracker.token_ids):
-            rolled_back = True
-        elif req_id in resumed:
-            rolled_back = False
-        elif new_block_ids is None or (
-            type(new_block_ids) is tuple
-            and not any(new_block_ids)
-            and len(new_block_ids) == len(kv_groups.groups)
-            and type(new_block_ids[0]) is not int
-        ):
-            continue
-        else:
-            rolled_back = False
-        groups = tracker.__dict__.get(_BLOCK_TRACKER)
-        if groups is None:
-            continue
-        if rolled_back:
-            _roll_back(tracker, groups, request, kv_groups)
-        _apply_new_blocks(groups, new_block_ids, req_id in resumed)
+        groups = block_trackers.get(req_id)
+        if groups is not None:
+            _apply_new_blocks(groups, new_block_ids, bool(resumed) and req_id in resumed)
 
 
 def _apply_new_blocks(groups, new_block_ids, preempted) -> None:
@@ -133,26 +116,6 @@ def _apply_new_blocks(groups, new_block_ids, preempted) -> None:
         groups.reset_after_preemption(new_block_ids)
     elif new_block_ids is not None:
         groups.append_new_blocks(new_block_ids)
-
-
-def _roll_back(tracker, groups, request, kv_groups) -> None:
-    """Truncate a rolled-back multi-group tracker before upstream does.
-
-    After a failed load vLLM lowers ``num_computed_tokens``; upstream then
-    caps the kept tokens at ``len(allocated_block_ids) * vLLM block size``,
-    which for group 0 of a hybrid model is wrong (e.g. 256-token blocks
-    counted as 4-token ones). The right cap is the prefix every
-    transferred group covers (a group with no blocks counts 0).
-    """
-    counts = groups.num_blocks_by_group()
-    covered_blocks = prefix_bound_in_vllm_blocks(
-        {g: counts[g] for g in kv_groups.transferred_group_indices},
-        {g: kv_groups.groups[g].block_size for g in kv_groups.transferred_group_indices},
-        kv_groups.vllm_block_size,
-    )
-    keep = min(request.num_computed_tokens, covered_blocks * kv_groups.vllm_block_size)
-    tracker.token_ids = list(request.all_token_ids[:keep])
-    tracker.num_saved_tokens = min(tracker.num_saved_tokens, keep)
 
 
 def _decide_reuse(connector, kv_groups) -> None:

@@ -21,35 +21,40 @@ __all__ = [
     "GROUP_PLAN",
     "MP_GROUP_STATE",
     "REUSE_BLOCKER",
+    "SCHEDULER_STATE",
     "SERVER_FORMAT",
     "STEP_BLOCK_IDS",
-    "STEP_READS",
     "Attachment",
 ]
 
 T = TypeVar("T")
 
+_PREFIXES = ("ascend_", "_ascend_", "lmcache_ascend_")
+
 
 class Attachment(Generic[T]):
     """One attribute lmcache-ascend sets on instances of an upstream class.
 
-    Read from the instance's own dict only: a class attribute of the same name,
-    or an attribute upstream may add one day, is never mistaken for ours.
+    Its name starts with ``ascend_``, ``_ascend_`` or ``lmcache_ascend_``, which no upstream class
+    uses, so plain attribute access reads ours only. Not through the instance's ``__dict__``:
+    asking CPython for an instance's dict gives up its compact attribute storage, and every later
+    read of any of its fields is slower; the owners here include LMCache's connector, whose fields
+    upstream's scheduler loop reads for every request of every step.
     """
 
     __slots__ = ("name", "holds")
 
     def __init__(self, name: str, holds: str) -> None:
+        if not name.startswith(_PREFIXES):
+            raise ValueError(f"attachment name {name!r} is not allowed; it must start with one of {_PREFIXES}")
         self.name = name
         self.holds = holds  # what the value is, for readers and error messages
 
-    # Read for every request on every scheduler step: ``owner.__dict__`` is the dict ``vars(owner)``
-    # returns, without the builtin's call.
     def get(self, owner: Any, default: T | None = None) -> T | None:
-        return owner.__dict__.get(self.name, default)
+        return getattr(owner, self.name, default)
 
     def is_set(self, owner: Any) -> bool:
-        return self.name in owner.__dict__
+        return hasattr(owner, self.name)
 
     def set(self, owner: Any, value: T) -> None:
         setattr(owner, self.name, value)
@@ -61,14 +66,17 @@ class Attachment(Generic[T]):
 # On LMCache's ReqMeta: the request's per-group block ids for this step (multigroup.slots);
 # pickled to the workers with it, which resolve them to slots on the device.
 STEP_BLOCK_IDS: Attachment = Attachment("ascend_step_block_ids", "StepBlockIds of the request, this step")
-# On LMCache's RequestTracker, and on the request trackers of vLLM's builtin MP connector: the
-# request's per-group block ids (multigroup.tracker).
+# On the request trackers of vLLM's builtin MP connector: the request's per-group block ids
+# (multigroup.tracker). LMCache's in-process connector keeps them in its SCHEDULER_STATE instead:
+# its RequestTracker is read many times per request and step, and an instance whose dict has been
+# asked for reads its attributes more slowly.
 BLOCK_TRACKER: Attachment = Attachment("ascend_block_tracker", "GroupBlockTracker of the request")
 # On LMCache's in-process connector (LMCacheConnectorV1Impl): its multi-group layout, None for one group.
 CONNECTOR_GROUPS: Attachment = Attachment("_ascend_kv_groups", "KVGroups or None")
-# On the same connector: what each of its scheduler steps reads, fixed at its first step.
-STEP_READS: Attachment = Attachment(
-    "_ascend_step_reads", "the adapter patch's per-step reads (layout, upstream's table), or its single-group mark"
+# On the same connector: its multi-group scheduler state, made at its first step.
+SCHEDULER_STATE: Attachment = Attachment(
+    "_ascend_scheduler_state",
+    "the adapter patch's scheduler state (layout, block trackers by request), or its single-group mark",
 )
 # On the LMCache engine's metadata: the chunk planner whose byte shape memory objects take.
 CHUNK_PLANNER: Attachment = Attachment("ascend_chunk_planner", "kv_worker.ChunkPlanner of the registered caches")

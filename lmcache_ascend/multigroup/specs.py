@@ -234,42 +234,6 @@ class KVGroups:
     def block_sizes(self) -> tuple[int, ...]:
         return tuple(group.block_size for group in self.groups)
 
-    @functools.cached_property
-    def _upstream_tables(self) -> dict[int, KVGroupSpec]:
-        return {}  # chunk size -> `upstream_table`, filled on first use of each
-
-    def upstream_table(self, chunk_size: int) -> KVGroupSpec:
-        """The group `upstream_table_group` names (its index and block size in one read: the
-        scheduler asks for every request it builds metadata for)."""
-        table = self._upstream_tables.get(chunk_size)
-        if table is None:
-            table = self._upstream_tables[chunk_size] = self.groups[self.upstream_table_group(chunk_size)]
-        return table
-
-    def upstream_table_group(self, chunk_size: int) -> int:
-        """The transferred group whose block table upstream LMCache's one slot mapping is built from.
-
-        Upstream builds ``block_ids * block_size + offsets`` for every block and keeps
-        a view of the first tokens; pickled to the workers, the view carries the whole
-        table. Multi-group mode stores whole chunks only, so with a block size that
-        divides `chunk_size` the table holds exactly the tokens: the largest such
-        block size, full attention before sliding windows, lowest index on ties.
-        Without one, the smallest block size (the least waste). Fixed per layout and
-        chunk size, so it is decided before upstream runs and costs nothing per step.
-        """
-        chosen = self.__dict__.setdefault("_upstream_table_group", {})
-        group = chosen.get(chunk_size)
-        if group is None:
-            # (A layout that moves no group reuses nothing; any table then does.)
-            candidates = [self.groups[g] for g in self.transferred_group_indices] or list(self.groups)
-            dividing = [g for g in candidates if chunk_size % g.block_size == 0]
-            if dividing:
-                best = max(dividing, key=lambda g: (g.block_size, g.sliding_window is None, -g.group_index))
-            else:
-                best = min(candidates, key=lambda g: (g.block_size, g.sliding_window is not None, g.group_index))
-            group = chosen[chunk_size] = best.group_index
-        return group
-
     def groups_by_index(self) -> dict[int, KVGroupSpec]:
         return {group.group_index: group for group in self.groups}
 

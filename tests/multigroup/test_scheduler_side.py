@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lmcache_ascend.kv_worker.device_slots import DeviceSlots
-from lmcache_ascend.multigroup.attachments import CONNECTOR_GROUPS, STEP_BLOCK_IDS
+from lmcache_ascend.multigroup.attachments import CONNECTOR_GROUPS, SCHEDULER_STATE, STEP_BLOCK_IDS
 from lmcache_ascend.multigroup.connector_state import MultiGroupConfigError, kv_groups_for_connector
 from lmcache_ascend.patches import State, registry
 from tests.fixtures.kv_cache_configs import (
@@ -51,6 +51,11 @@ def _specs(fixture):
 def _kv_groups_of(fixture):
     """The groups a worker builds from the fixture's KV-cache config (the scheduler's, rebuilt)."""
     return kv_groups_for_connector(fixture.kv_cache_config, fixture.vllm_block_size, None)
+
+
+def _block_tracker(impl, req_id):
+    """The connector's `GroupBlockTracker` of a request (kept beside upstream's RequestTracker)."""
+    return SCHEDULER_STATE.get(impl).block_trackers[req_id]
 
 
 def _resolve(step, kv_groups, cached_tokens=0):
@@ -114,12 +119,12 @@ def test_dsv4_request_life_tracks_every_group_row_by_row(patched):
     (req,) = meta.requests
     assert req.token_ids == prompt[:512] and req.save_spec.can_save and req.save_spec.skip_leading_tokens == 0
     tracker = impl._request_trackers["req-dsv4"]
-    assert tracker.ascend_block_tracker.block_ids_by_group == [list(t) for t in tables_512]
+    assert _block_tracker(impl, "req-dsv4").block_ids_by_group == [list(t) for t in tables_512]
     assert tracker.allocated_block_ids == tables_512[0]  # upstream's own field is untouched
     slots, store, _ = _assert_rows(req, fixture, tables_512)
     assert slots.transferred_groups(_kv_groups_of(fixture)) == (0, 1, 2, 3, 8)
-    # Upstream's own slot mapping: group 2's table (128-token blocks divide the chunk), owning its memory.
-    assert req.slot_mapping.tolist() == reference_raw_slots(128, 1, tables_512[2], 512)
+    # Upstream's own slot mapping: group 0's table in its 512-token blocks, owning its memory.
+    assert req.slot_mapping.tolist() == reference_raw_slots(512, 1, tables_512[0], 512)
     assert req.slot_mapping.untyped_storage().nbytes() == 512 * 8
     # Sliding window 128 with compress ratio 128: one row per 256-token chunk, widened to
     # the paged block holding it; a block holds 128 rows here, so every row is stored.
@@ -131,13 +136,13 @@ def test_dsv4_request_life_tracks_every_group_row_by_row(patched):
     meta = driver.advance(488, _extension(tables_512, tables_1000))
     (req,) = meta.requests
     assert req.is_last_prefill and len(req.token_ids) == 768 and req.save_spec.skip_leading_tokens == 512
-    assert tracker.ascend_block_tracker.block_ids_by_group == [list(t) for t in tables_1000]
+    assert _block_tracker(impl, "req-dsv4").block_ids_by_group == [list(t) for t in tables_1000]
     _assert_rows(req, fixture, tables_1000)
 
     # 3. decode one token: nothing to save or load, no new blocks
     meta = driver.advance(1, None, output_token=5)
     assert meta.requests == []
-    assert tracker.ascend_block_tracker.block_ids_by_group == [list(t) for t in tables_1000]
+    assert _block_tracker(impl, "req-dsv4").block_ids_by_group == [list(t) for t in tables_1000]
 
     # 4. preempted and resumed: fresh tables (one null block in group 2), load from LMCache
     resumed = list(_dsv4_tables(5000, 1001))
@@ -146,14 +151,14 @@ def test_dsv4_request_life_tracks_every_group_row_by_row(patched):
     (req,) = meta.requests
     assert req.load_spec.can_load and not req.save_spec.can_save
     tracker = impl._request_trackers["req-dsv4"]
-    assert tracker.ascend_block_tracker.block_ids_by_group == resumed
+    assert _block_tracker(impl, "req-dsv4").block_ids_by_group == resumed
     _, store, load = _assert_rows(req, fixture, resumed, vllm_cached=256)
     assert store[2][:128] == [-1] * 128  # the null block is a hole
     assert load[0][:64] == [-1] * 64 and load[0][64] != -1  # 256 vLLM-cached tokens / ratio 4
 
     # 5. finish
     driver.finish()
-    assert "req-dsv4" not in impl._request_trackers
+    assert "req-dsv4" not in impl._request_trackers and "req-dsv4" not in SCHEDULER_STATE.get(impl).block_trackers
 
 
 def test_cuda_five_groups_4096_tokens_seed_block_counts(patched):
@@ -163,7 +168,7 @@ def test_cuda_five_groups_4096_tokens_seed_block_counts(patched):
     tables = tuple([1 + 10_000 * g + i for i in range(n)] for g, n in enumerate(counts))
     driver = RequestDriver(impl, "req-cuda", list(range(1, 4097)))
     (req,) = driver.start(4096, tables).requests
-    groups = impl._request_trackers["req-cuda"].ascend_block_tracker
+    groups = _block_tracker(impl, "req-cuda")
     assert groups.num_blocks_by_group() == counts
     slots, store, _ = _assert_rows(req, fixture, tables)
     assert [len(store[g]) for g in range(5)] == [4096] * 5
@@ -277,7 +282,8 @@ def test_rollback_after_failed_load_keeps_tokens_all_groups_cover(patched):
     # vLLM's invalid-block handling lowered num_computed_tokens to 512.
     driver.request.num_computed_tokens = 512
     (req,) = driver.advance(256, None).requests
-    # Upstream would cap at len(group-0 blocks) * 4 = 16 tokens and lose the prefix.
+    # Upstream caps at len(group-0 blocks) * the block size it is handed: with vLLM's (4) that
+    # is 16 tokens and the prefix is lost; the step hands it group 0's (256).
     assert tracker.token_ids == prompt[:768]
     assert tracker.num_saved_tokens == 768 and req.token_ids == prompt[:768]
     slots, _, _ = _assert_rows(req, fixture, tables)
@@ -307,112 +313,94 @@ class _Tables:
         return tuple(new)
 
 
-def _request_life(fixture, frt_by_name: bool):
+def _request_life(fixture):
     """Two requests in shared steps: chunked prefill, a rollback with new blocks, decode steps
     bringing nothing (vLLM's None, or an empty list per group), decode steps bringing blocks to
     some groups, a rollback while decoding, a preemption with a fresh table. Every step's
     metadata and trackers are checked against vLLM's tables (the test's) and the reference slot
-    rule; returns what each step produced, to compare runs."""
-    from lmcache.integration.vllm.vllm_v1_adapter import ReqMeta
-
+    rule; returns what each step produced."""
     from tests.multigroup.scheduler_driver import step_together
 
-    if frt_by_name:
-        # Upstream's loop passes the tracker, block size and chunk size by position; this run
-        # passes every argument by name to the patched method, which then reads them by name.
-        installed = ReqMeta.__dict__["from_request_tracker"]
-        patched = installed.__func__
+    impl = make_connector_impl(fixture, chunk_size=256)
+    a = RequestDriver(impl, "req-a", [(3 * i) % 997 + 1 for i in range(766)])
+    b = RequestDriver(impl, "req-b", [(5 * i) % 991 + 1 for i in range(600)])
+    tables = {"req-a": _Tables(fixture, 1), "req-b": _Tables(fixture, 100_000)}
+    record = []
 
-        def by_name(tracker, block_size, lmcache_chunk_size=256, **kwargs):
-            return patched(tracker=tracker, block_size=block_size, lmcache_chunk_size=lmcache_chunk_size, **kwargs)
+    def check(meta, cached_vllm=None):
+        cached_vllm = cached_vllm or {}
+        step = []
+        for driver in (a, b):
+            tracker = impl._request_trackers.get(driver.req_id)
+            if tracker is None:
+                continue
+            model = tables[driver.req_id].tables
+            assert _block_tracker(impl, driver.req_id).block_ids_by_group == model
+            assert tracker.allocated_block_ids == model[0]  # upstream's own field: group 0
+            assert not [name for name in vars(tracker) if "ascend" in name]  # nothing of ours on it
+            assert tracker.token_ids == driver.request.all_token_ids[: driver.request.num_computed_tokens]
+            state = (list(tracker.token_ids), tracker.num_saved_tokens, list(tracker.allocated_block_ids))
+            step.append((driver.req_id, *state))
+        for req in meta.requests:
+            vllm_cached = cached_vllm.get(req.req_id, 0)
+            slots, _, _ = _assert_rows(req, fixture, tables[req.req_id].tables, vllm_cached=vllm_cached)
+            step.append((
+                req.req_id, req.token_ids, req.slot_mapping.tolist(), req.is_last_prefill, req.save_spec,
+                req.load_spec, slots.packed_block_ids, slots.num_tokens, slots.vllm_cached_tokens,
+            ))
+        record.append(step)
+        return meta
 
-        ReqMeta.from_request_tracker = staticmethod(by_name)
-    try:
-        impl = make_connector_impl(fixture, chunk_size=256)
-        a = RequestDriver(impl, "req-a", [(3 * i) % 997 + 1 for i in range(766)])
-        b = RequestDriver(impl, "req-b", [(5 * i) % 991 + 1 for i in range(600)])
-        tables = {"req-a": _Tables(fixture, 1), "req-b": _Tables(fixture, 100_000)}
-        record = []
+    brought = []  # per decode part: "blocks", "none" or "lists"
 
-        def check(meta, cached_vllm=None):
-            cached_vllm = cached_vllm or {}
-            step = []
-            for driver in (a, b):
-                tracker = impl._request_trackers.get(driver.req_id)
-                if tracker is None:
-                    continue
-                model = tables[driver.req_id].tables
-                assert tracker.ascend_block_tracker.block_ids_by_group == model
-                assert tracker.allocated_block_ids == model[0]  # upstream's own field: group 0
-                assert tracker.token_ids == driver.request.all_token_ids[: driver.request.num_computed_tokens]
-                state = (list(tracker.token_ids), tracker.num_saved_tokens, list(tracker.allocated_block_ids))
-                step.append((driver.req_id, *state))
-            for req in meta.requests:
-                vllm_cached = cached_vllm.get(req.req_id, 0)
-                slots, _, _ = _assert_rows(req, fixture, tables[req.req_id].tables, vllm_cached=vllm_cached)
-                step.append((
-                    req.req_id, req.token_ids, req.slot_mapping.tolist(), req.is_last_prefill, req.save_spec,
-                    req.load_spec, slots.packed_block_ids, slots.num_tokens, slots.vllm_cached_tokens,
-                ))
-            record.append(step)
-            return meta
+    def running(driver, num_tokens, nothing_new_as="none", output_token=None):
+        """A running request's part of a step: the blocks its new tokens need; a step that needs
+        none brings vLLM's None (`nothing_new_as` "none") or an empty list per group ("lists")."""
+        new = tables[driver.req_id].grow_to(driver.request.num_computed_tokens + num_tokens)
+        if not any(new):
+            new = None if nothing_new_as == "none" else new
+        brought.append("blocks" if any(new or ()) else nothing_new_as)
+        return driver.running(num_tokens, new, output_token)
 
-        brought = []  # per decode part: "blocks", "none" or "lists"
-
-        def running(driver, num_tokens, nothing_new_as="none", output_token=None):
-            """A running request's part of a step: the blocks its new tokens need; a step that needs
-            none brings vLLM's None (`nothing_new_as` "none") or an empty list per group ("lists")."""
-            new = tables[driver.req_id].grow_to(driver.request.num_computed_tokens + num_tokens)
-            if not any(new):
-                new = None if nothing_new_as == "none" else new
-            brought.append("blocks" if any(new or ()) else nothing_new_as)
-            return driver.running(num_tokens, new, output_token)
-
-        # Prefill: A's first 512 tokens, B's first 256 (each a step of its own).
-        check(a.start(512, tables["req-a"].grow_to(512)))
-        check(b.start(256, tables["req-b"].grow_to(256)))
-        # A failed load rolled A back to 256 tokens; the same step brings A's and B's last prompt blocks.
-        a.request.num_computed_tokens = 256
-        meta = check(step_together(impl, [running(a, 510), running(b, 344)]))
-        assert {req.req_id for req in meta.requests} == {"req-a", "req-b"}
-        # Decode, nothing to store: steps bringing nothing (None or empty lists) or some groups' blocks.
-        token = iter(range(1, 1000))
-        brought.clear()
-        for step in range(6):
-            forms = ("none", "lists") if step % 2 else ("lists", "none")
-            parts = [running(a, 1, forms[0], next(token)), running(b, 1, forms[1], next(token))]
-            assert check(step_together(impl, parts)).requests == []
-        assert {"blocks", "none", "lists"} <= set(brought)
-        # A rolled back by one token while decoding; B preempted, resuming with a fresh table and
-        # loading 512 tokens from LMCache (256 still in vLLM).
-        a.request.num_computed_tokens -= 1
-        b_total = len(b.request.all_token_ids)
-        fresh_b = tables["req-b"].grow_to(b_total, fresh=True)
-        meta = check(
-            step_together(impl, [running(a, 1, "lists", next(token)), b.resuming(b_total - 512, fresh_b, 512, 256)]),
-            {"req-b": 256},
-        )
-        assert [req.req_id for req in meta.requests] == ["req-b"]
-        for step in range(4):
-            parts = [running(a, 1, "none", next(token)), running(b, 1, "lists", next(token))]
-            assert check(step_together(impl, parts)).requests == []
-        a.finish()
-        b.finish()
-        assert impl._request_trackers == {}
-        return record
-    finally:
-        if frt_by_name:
-            ReqMeta.from_request_tracker = installed
+    # Prefill: A's first 512 tokens, B's first 256 (each a step of its own).
+    check(a.start(512, tables["req-a"].grow_to(512)))
+    check(b.start(256, tables["req-b"].grow_to(256)))
+    # A failed load rolled A back to 256 tokens; the same step brings A's and B's last prompt blocks.
+    a.request.num_computed_tokens = 256
+    meta = check(step_together(impl, [running(a, 510), running(b, 344)]))
+    assert {req.req_id for req in meta.requests} == {"req-a", "req-b"}
+    # Decode, nothing to store: steps bringing nothing (None or empty lists) or some groups' blocks.
+    token = iter(range(1, 1000))
+    brought.clear()
+    for step in range(6):
+        forms = ("none", "lists") if step % 2 else ("lists", "none")
+        parts = [running(a, 1, forms[0], next(token)), running(b, 1, forms[1], next(token))]
+        assert check(step_together(impl, parts)).requests == []
+    assert {"blocks", "none", "lists"} <= set(brought)
+    # A rolled back by one token while decoding; B preempted, resuming with a fresh table and
+    # loading 512 tokens from LMCache (256 still in vLLM).
+    a.request.num_computed_tokens -= 1
+    b_total = len(b.request.all_token_ids)
+    fresh_b = tables["req-b"].grow_to(b_total, fresh=True)
+    meta = check(
+        step_together(impl, [running(a, 1, "lists", next(token)), b.resuming(b_total - 512, fresh_b, 512, 256)]),
+        {"req-b": 256},
+    )
+    assert [req.req_id for req in meta.requests] == ["req-b"]
+    for step in range(4):
+        parts = [running(a, 1, "none", next(token)), running(b, 1, "lists", next(token))]
+        assert check(step_together(impl, parts)).requests == []
+    a.finish()
+    b.finish()
+    assert impl._request_trackers == {} and SCHEDULER_STATE.get(impl).block_trackers == {}
+    return record
 
 
 @pytest.mark.parametrize("make_fixture", [dsv4_cuda_kv_cache_config, dsv4_ascend_kv_cache_config])
-def test_steps_read_by_position_and_by_name_agree_with_vllm_tables(patched, make_fixture):
-    fixture = make_fixture()
-    by_position = _request_life(fixture, frt_by_name=False)
-    by_name = _request_life(fixture, frt_by_name=True)
-    assert by_position == by_name
+def test_shared_steps_agree_with_vllm_tables(patched, make_fixture):
+    record = _request_life(make_fixture())
     # Steps that built metadata: A's prefill, B's prefill, both after A's rollback, B's resume.
-    assert sum(1 for step in by_position for entry in step if len(entry) > 4) == 5
+    assert sum(1 for step in record for entry in step if len(entry) > 4) == 5
 
 
 def _cuda_tables(num_tokens: int) -> tuple[list[int], ...]:
@@ -464,14 +452,21 @@ def test_block_ids_only_for_metadata_that_stores_or_loads(kv_role, can_load):
         assert STEP_BLOCK_IDS.get(req) is None
 
 
-def test_step_hands_upstream_the_table_block_size_and_restores_vllm_s(patched):
-    """For the step, upstream's loop passes the block size of the table it is given; the connector's
-    own (vLLM's) block size is back after the step, also when upstream raises."""
+@pytest.mark.parametrize(
+    "make_fixture, make_tables, group_zero_block_size",
+    [(dsv4_cuda_kv_cache_config, _cuda_tables, 256), (dsv4_ascend_kv_cache_config, lambda n: _dsv4_tables(1, n), 512)],
+)
+def test_step_hands_upstream_group_zero_s_block_size_and_restores_vllm_s(
+    patched, make_fixture, make_tables, group_zero_block_size
+):
+    """For the step, upstream's loop passes group 0's block size (its tracker keeps group 0's table);
+    the connector's own (vLLM's) block size is back after the step, also when upstream raises."""
     from lmcache.integration.vllm.vllm_v1_adapter import ReqMeta
 
-    fixture = dsv4_cuda_kv_cache_config()  # vLLM's block size 4, upstream's table: group 0's 256-token blocks
+    fixture = make_fixture()
     impl = make_connector_impl(fixture, chunk_size=256)
     vllm_block_size = impl._block_size
+    assert vllm_block_size != group_zero_block_size  # else the swap could not be seen
     seen = []
     installed = ReqMeta.__dict__["from_request_tracker"]
 
@@ -481,15 +476,15 @@ def test_step_hands_upstream_the_table_block_size_and_restores_vllm_s(patched):
 
     ReqMeta.from_request_tracker = staticmethod(spy)
     try:
-        driver = RequestDriver(impl, "r", list(range(1, 513)))
-        tables = _cuda_tables(512)
-        (req,) = driver.start(512, tables).requests
+        driver = RequestDriver(impl, "r", list(range(1, 769)))
+        tables = make_tables(768)
+        (req,) = driver.start(768, tables).requests
     finally:
         ReqMeta.from_request_tracker = installed
-    table = CONNECTOR_GROUPS.get(impl).upstream_table(256)
-    assert (table.group_index, table.block_size, vllm_block_size) == (0, 256, 4)
-    assert seen == [(256, 256)] and impl._block_size == 4
-    assert req.slot_mapping.tolist() == reference_raw_slots(256, 1, tables[0], 512)
+    assert seen == [(group_zero_block_size, group_zero_block_size)] and impl._block_size == vllm_block_size
+    assert req.slot_mapping.tolist() == reference_raw_slots(group_zero_block_size, 1, tables[0], 768)
+    # Trimmed to its tokens before it is pickled (upstream's is a view of every block's slots).
+    assert req.slot_mapping.untyped_storage().nbytes() == 768 * 8
     assert impl._request_trackers["r"].allocated_block_ids == tables[0]
     _assert_rows(req, fixture, tables)
 
@@ -499,7 +494,7 @@ def test_step_hands_upstream_the_table_block_size_and_restores_vllm_s(patched):
     ReqMeta.from_request_tracker = staticmethod(failing)
     try:
         with pytest.raises(RuntimeError, match="upstream failed"):
-            RequestDriver(impl, "s", list(range(1, 257))).start(256, _cuda_tables(256))
+            RequestDriver(impl, "s", list(range(1, 257))).start(256, make_tables(256))
     finally:
         ReqMeta.from_request_tracker = installed
     assert impl._block_size == vllm_block_size
