@@ -183,7 +183,7 @@ def test_cached_request_appends_per_group(patched):
     assert len(metadata) == 1
     # 32 tokens scheduled, both groups cover 8 vLLM blocks: chunks 0 and 1, with the appended ids.
     assert metadata.requests[0].op.block_ids == [[1, 2, 3, 4], [11, 12, 13, 14, 15, 16, 17, 18]]
-    assert BLOCK_TRACKER.get(tracker).block_ids_by_group == [[1, 2, 3, 4], [11, 12, 13, 14, 15, 16, 17, 18]]
+    assert BLOCK_TRACKER.get(tracker).block_id_lists() == [[1, 2, 3, 4], [11, 12, 13, 14, 15, 16, 17, 18]]
 
 
 def test_retrieve_plan_per_group_and_short_group_refused(patched):
@@ -193,7 +193,7 @@ def test_retrieve_plan_per_group_and_short_group_refused(patched):
     meta = MODULE.LMCacheMPRequestMetadata.GetRetrieveMetadata(tracker, BLOCKS_IN_CHUNK, VLLM_BS)
     assert (meta.op.start, meta.op.end) == (256, 512)
     assert meta.op.block_ids == [tables[0][1:2], tables[1][4:8], tables[2][4:8], tables[3][64:128], tables[4][32:64]]
-    BLOCK_TRACKER.get(tracker).block_ids_by_group[4] = tables[4][:40]
+    del BLOCK_TRACKER.get(tracker).block_ids_by_group[4][40:]
     with pytest.raises(ValueError, match="group 4"):
         MODULE.LMCacheMPRequestMetadata.GetRetrieveMetadata(tracker, BLOCKS_IN_CHUNK, VLLM_BS)
 

@@ -186,9 +186,9 @@ def test_tracker_follows_new_cached_and_resumed_requests():
     tracker = GroupBlockTracker.for_new_request(([1, 2], [0, 5], []), 3)
     tracker.append_new_blocks(([3], None, [9]))
     tracker.append_new_blocks(None)
-    assert tracker.block_ids_by_group == [[1, 2, 3], [0, 5], [9]]
+    assert tracker.block_id_lists() == [[1, 2, 3], [0, 5], [9]]
     tracker.reset_after_preemption(([7], [8], [0, 10]))
-    assert tracker.block_ids_by_group == [[7], [8], [0, 10]]
+    assert tracker.block_id_lists() == [[7], [8], [0, 10]]
     assert tracker.num_blocks_by_group() == (1, 1, 2)
 
 
@@ -196,13 +196,13 @@ def test_tracker_copies_vllm_lists_and_rejects_wrong_group_counts():
     source = ([1, 2], [3])
     tracker = GroupBlockTracker.for_new_request(source, 2)
     source[0].append(99)
-    assert tracker.block_ids_by_group[0] == [1, 2]
+    assert tracker.block_id_lists()[0] == [1, 2]
     with pytest.raises(ValueError, match="block ids for 1 KV-cache groups, expected 2"):
         tracker.append_new_blocks(([4],))
     with pytest.raises(ValueError, match="flat list of 2 block ids but the model has 2"):
         tracker.append_new_blocks([4, 5])
     single = GroupBlockTracker.for_new_request([4, 5], 1)
-    assert single.block_ids_by_group == [[4, 5]]
+    assert single.block_id_lists() == [[4, 5]]
 
 
 # ------------------------------------------------------------------------ slot mappings
@@ -278,10 +278,10 @@ def test_step_block_ids_ship_compact_numpy_ids_and_resolve_per_direction():
     # What ships is read-only (the tracker builds the next step's array on it) and the tracker's ids stay.
     with pytest.raises(ValueError, match="read-only"):
         step.block_ids[0] = 99
-    assert tracker.block_ids_by_group[0] == [1, 2, 9] and step.block_ids.tolist() == [1, 2, 7, 8, 9, 10]
+    assert tracker.block_id_lists()[0] == [1, 2, 9] and step.block_ids.tolist() == [1, 2, 7, 8, 9, 10]
 
 
-def test_packed_block_ids_pack_only_new_blocks_and_follow_every_table_change():
+def test_packed_block_ids_follow_every_table_change():
     tracker = GroupBlockTracker.for_new_request(([1, 2], [3, 4, 5], [6]), 3)
 
     def ids(groups, counts) -> list[int]:
@@ -290,7 +290,10 @@ def test_packed_block_ids_pack_only_new_blocks_and_follow_every_table_change():
     first = tracker.packed_block_ids((0, 1), (2, 2))
     assert unpack_block_ids(first).tolist() == [1, 2, 3, 4] and not unpack_block_ids(first).flags.writeable
     assert first == struct.pack("<4q", 1, 2, 3, 4)  # the wire format: little-endian int64s
-    assert tracker.packed_block_ids((0, 1), (2, 2)) is first  # nothing new: the same bytes
+    big = 2**40 + 7  # ids past 32 bits keep every byte
+    tracker.append_new_blocks(([big], [], []))
+    assert ids((0,), (3,)) == [1, 2, big]
+    tracker.reset_after_preemption(([1, 2], [3, 4, 5], [6]))
     tracker.append_new_blocks(([7], [8], []))
     assert ids((0, 1), (3, 4)) == [1, 2, 7, 3, 4, 5, 8]
     assert unpack_block_ids(first).tolist() == [1, 2, 3, 4]  # the earlier step's bytes are left as they were
@@ -511,7 +514,7 @@ def test_shipped_ids_follow_appends_and_resets(rows_per_block, compress_ratio, s
         if index == reset_at:
             tracker.reset_after_preemption((list(reversed(tracker.block_ids_by_group[0])),))
         tracker.append_new_blocks((new_ids,))
-        ids = tracker.block_ids_by_group[0]
+        ids = tracker.block_id_lists()[0]
         for num_tokens in {0, len(ids) * block_size // 2, len(ids) * block_size}:
             step = step_block_ids(kv_groups, tracker, num_tokens, 1024)
             assert step.block_ids.tolist() == ids[: kv_groups.groups[0].num_blocks(num_tokens)]

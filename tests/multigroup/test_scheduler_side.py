@@ -119,7 +119,7 @@ def test_dsv4_request_life_tracks_every_group_row_by_row(patched):
     (req,) = meta.requests
     assert req.token_ids == prompt[:512] and req.save_spec.can_save and req.save_spec.skip_leading_tokens == 0
     tracker = impl._request_trackers["req-dsv4"]
-    assert _block_tracker(impl, "req-dsv4").block_ids_by_group == [list(t) for t in tables_512]
+    assert _block_tracker(impl, "req-dsv4").block_id_lists() == [list(t) for t in tables_512]
     assert tracker.allocated_block_ids == tables_512[0]  # upstream's own field is untouched
     slots, store, _ = _assert_rows(req, fixture, tables_512)
     assert slots.transferred_groups(_kv_groups_of(fixture)) == (0, 1, 2, 3, 8)
@@ -136,13 +136,13 @@ def test_dsv4_request_life_tracks_every_group_row_by_row(patched):
     meta = driver.advance(488, _extension(tables_512, tables_1000))
     (req,) = meta.requests
     assert req.is_last_prefill and len(req.token_ids) == 768 and req.save_spec.skip_leading_tokens == 512
-    assert _block_tracker(impl, "req-dsv4").block_ids_by_group == [list(t) for t in tables_1000]
+    assert _block_tracker(impl, "req-dsv4").block_id_lists() == [list(t) for t in tables_1000]
     _assert_rows(req, fixture, tables_1000)
 
     # 3. decode one token: nothing to save or load, no new blocks
     meta = driver.advance(1, None, output_token=5)
     assert meta.requests == []
-    assert _block_tracker(impl, "req-dsv4").block_ids_by_group == [list(t) for t in tables_1000]
+    assert _block_tracker(impl, "req-dsv4").block_id_lists() == [list(t) for t in tables_1000]
 
     # 4. preempted and resumed: fresh tables (one null block in group 2), load from LMCache
     resumed = list(_dsv4_tables(5000, 1001))
@@ -151,7 +151,7 @@ def test_dsv4_request_life_tracks_every_group_row_by_row(patched):
     (req,) = meta.requests
     assert req.load_spec.can_load and not req.save_spec.can_save
     tracker = impl._request_trackers["req-dsv4"]
-    assert _block_tracker(impl, "req-dsv4").block_ids_by_group == resumed
+    assert _block_tracker(impl, "req-dsv4").block_id_lists() == resumed
     _, store, load = _assert_rows(req, fixture, resumed, vllm_cached=256)
     assert store[2][:128] == [-1] * 128  # the null block is a hole
     assert load[0][:64] == [-1] * 64 and load[0][64] != -1  # 256 vLLM-cached tokens / ratio 4
@@ -335,7 +335,7 @@ def _request_life(fixture):
             if tracker is None:
                 continue
             model = tables[driver.req_id].tables
-            assert _block_tracker(impl, driver.req_id).block_ids_by_group == model
+            assert _block_tracker(impl, driver.req_id).block_id_lists() == model
             assert tracker.allocated_block_ids == model[0]  # upstream's own field: group 0
             assert not [name for name in vars(tracker) if "ascend" in name]  # nothing of ours on it
             assert tracker.token_ids == driver.request.all_token_ids[: driver.request.num_computed_tokens]

@@ -95,7 +95,7 @@ def _outcome(step, block_trackers, scheduler_output):
         step(block_trackers, scheduler_output, KV_GROUPS)
     except ValueError as error:
         return ("refused", str(error))
-    return ("done", {req_id: groups.block_ids_by_group for req_id, groups in block_trackers.items()})
+    return ("done", {req_id: groups.block_id_lists() for req_id, groups in block_trackers.items()})
 
 
 @settings(max_examples=400, deadline=None)
@@ -124,9 +124,9 @@ def test_older_vllm_forms_of_the_running_requests():
     block_trackers = {"a": GroupBlockTracker([[1], [2], [3]])}
     cached = types.SimpleNamespace(req_ids=["a"], resumed_from_preemption=[True], new_block_ids=[([7], [8], [9])])
     advance_trackers(block_trackers, types.SimpleNamespace(scheduled_cached_reqs=cached, finished_req_ids=set()), KV_GROUPS)
-    assert block_trackers["a"].block_ids_by_group == [[7], [8], [9]]
+    assert block_trackers["a"].block_id_lists() == [[7], [8], [9]]
     # vLLM < 0.9.2: one record per running request.
     block_trackers = {"b": GroupBlockTracker([[1], [2], [3]])}
     record = types.SimpleNamespace(req_id="b", new_block_ids=([4], [], [5]), resumed_from_preemption=False)
     advance_trackers(block_trackers, types.SimpleNamespace(scheduled_cached_reqs=[record], finished_req_ids=set()), KV_GROUPS)
-    assert block_trackers["b"].block_ids_by_group == [[1, 4], [2], [3, 5]]
+    assert block_trackers["b"].block_id_lists() == [[1, 4], [2], [3, 5]]
