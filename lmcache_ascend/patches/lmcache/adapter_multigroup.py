@@ -196,7 +196,7 @@ PATCH = Patch(
         "LMCacheConnectorV1Impl.build_connector_meta": build_connector_meta_wrapper,
         "RequestTracker.from_new_request": from_new_request_wrapper,
     },
-    summary="tracks block ids and slot mappings per KV-cache group in LMCache's in-process adapter",
+    summary="tracks every KV-cache group's block ids in LMCache's in-process adapter and ships them with each step",
     why="upstream keeps only block_ids[0]; hybrid models (DeepSeek-V4) lose every other group's KV",
     mirrors="LMCache-Ascend #246 (multi-group in-process connector); vLLM #42437 per-group block ids",
     delete_when="LMCache's in-process vllm_v1_adapter tracks block_ids per KV-cache group",
