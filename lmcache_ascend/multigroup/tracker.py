@@ -1,7 +1,7 @@
 """Per-request block IDs of every KV-cache group.
 
 LMCache's ``RequestTracker`` keeps ``block_ids[0]`` only; this tracker keeps
-one list per group and follows vLLM's scheduler outputs: a new request brings
+one int64 array per group and follows vLLM's scheduler outputs: a new request brings
 its full block table, a running request appends the newly allocated blocks of
 each group, and a request resumed after preemption brings a fresh table that
 replaces the old one. Block id 0 is vLLM's null block (a hole, e.g. a
