@@ -30,7 +30,7 @@ from lmcache_ascend.multigroup.slicing import (
 from lmcache_ascend.kv_worker.formats import KVCacheShapeError
 from lmcache_ascend.kv_worker import device_slots as slot_module
 from lmcache_ascend.kv_worker.device_slots import DeviceSlots
-from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS
+from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS, Attachment
 from lmcache_ascend.multigroup.slots import GeometryMismatchError, StepBlockIds, step_block_ids
 from lmcache_ascend.multigroup.specs import (
     KVGroupSpec,
@@ -319,6 +319,14 @@ def test_step_block_ids_attachment_reads_the_documented_attribute():
     value = StepBlockIds(0, b"", 0, 256)
     STEP_BLOCK_IDS.set(meta, value)
     assert STEP_BLOCK_IDS.get(meta) is value and vars(meta) == {"ascend_step_block_ids": value}
+
+
+def test_an_attachment_name_must_be_ours():
+    """Attachments are read with plain attribute access, so a name upstream could use is refused."""
+    with pytest.raises(ValueError, match=r"attachment name 'block_ids' is not allowed; it must start with one of"):
+        Attachment("block_ids", "anything")
+    for name in ("ascend_x", "_ascend_x", "lmcache_ascend_x"):
+        assert Attachment(name, "anything").name == name
 
 
 def test_device_slots_refuse_ids_made_for_other_groups_or_of_the_wrong_length():
