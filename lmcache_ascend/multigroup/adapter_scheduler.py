@@ -18,8 +18,9 @@ from lmcache_ascend.multigroup.connector_state import (
     kv_groups_for_connector,
 )
 from lmcache_ascend.multigroup.reuse_verdict import reuse_blocker
+from lmcache_ascend.multigroup.tracker import GroupBlockTracker
 
-__all__ = ["advance_trackers", "connector_kv_groups", "connector_reuse_blocker"]
+__all__ = ["advance_trackers", "connector_kv_groups", "connector_reuse_blocker", "track_new_requests"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,15 @@ def advance_trackers(block_trackers, scheduler_output, kv_groups) -> None:
         groups = block_trackers.get(req_id)
         if groups is not None:
             _apply_new_blocks(groups, new_block_ids, bool(resumed) and req_id in resumed)
+
+
+def track_new_requests(block_trackers, scheduler_output, upstream_trackers, num_groups: int) -> None:
+    """After upstream's step: a block tracker for each new request of the step that upstream made
+    a ``RequestTracker`` for (`upstream_trackers`, by request id), from the whole table vLLM
+    hands it. Upstream decides which new requests it tracks (it skips data-parallel dummies)."""
+    for request in scheduler_output.scheduled_new_reqs:
+        if request.req_id in upstream_trackers:
+            block_trackers[request.req_id] = GroupBlockTracker.for_new_request(request.block_ids, num_groups)
 
 
 def _apply_new_blocks(groups, new_block_ids, preempted) -> None:

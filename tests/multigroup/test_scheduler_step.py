@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmcache_ascend.multigroup.adapter_scheduler import advance_trackers
+from lmcache_ascend.multigroup.adapter_scheduler import advance_trackers, track_new_requests
 from lmcache_ascend.multigroup.specs import KVGroupSpec, kv_groups_from_specs
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 from lmcache_ascend.multigroup.tracker import GroupBlockTracker
@@ -130,3 +130,21 @@ def test_older_vllm_forms_of_the_running_requests():
     record = types.SimpleNamespace(req_id="b", new_block_ids=([4], [], [5]), resumed_from_preemption=False)
     advance_trackers(block_trackers, types.SimpleNamespace(scheduled_cached_reqs=[record], finished_req_ids=set()), KV_GROUPS)
     assert block_trackers["b"].block_id_lists() == [[1, 4], [2], [3, 5]]
+
+
+def test_new_requests_get_trackers_only_where_upstream_tracks_them():
+    new = [
+        types.SimpleNamespace(req_id="a", block_ids=([1, 2], [3], [4, 5])),
+        types.SimpleNamespace(req_id="mock_req_0", block_ids=([6], [7], [8])),  # upstream skipped it
+    ]
+    block_trackers = {"old": GroupBlockTracker([[9], [9], [9]])}
+    track_new_requests(block_trackers, types.SimpleNamespace(scheduled_new_reqs=new), {"a": object()}, 3)
+    assert set(block_trackers) == {"old", "a"}
+    assert block_trackers["a"].block_id_lists() == [[1, 2], [3], [4, 5]]
+    with pytest.raises(ValueError, match="block ids for 2 KV-cache groups, expected 3"):
+        track_new_requests(
+            block_trackers,
+            types.SimpleNamespace(scheduled_new_reqs=[types.SimpleNamespace(req_id="a", block_ids=([1], [2]))]),
+            {"a": object()},
+            3,
+        )

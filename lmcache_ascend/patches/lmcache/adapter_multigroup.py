@@ -6,10 +6,10 @@ step's per-group block ids (``req_meta.ascend_step_block_ids``, a `StepBlockIds`
 resolves them to slots on its device), and the connector checks at start that multi-group mode
 has ``discard_partial_chunks`` and a chunk size every compress ratio divides.
 
-Only the step is wrapped (``build_connector_meta``), and a new request's tracker creation;
-upstream's per-request loop runs unwrapped and its trackers carry nothing of ours (an attribute
-added to them, or their dict asked for, slows every read of their fields), so a decoding request
-costs what it costs upstream plus one turn of `advance_trackers`. Around upstream's step:
+Only the step is wrapped (``build_connector_meta``); upstream's per-request loop runs unwrapped
+and its trackers carry nothing of ours (an attribute added to them, or their dict asked for,
+slows every read of their fields), so a decoding request costs what it costs upstream plus one
+turn of `advance_trackers`. Around upstream's step:
 
 - before it, the block trackers of the step's requests are brought up to date from the
   scheduler output (finished requests dropped, new blocks appended, a resumed request's fresh
@@ -19,8 +19,10 @@ costs what it costs upstream plus one turn of `advance_trackers`. Around upstrea
   tracker, count that table's tokens rightly. Our connector does not read that slot mapping for
   a request that carries block ids; LMCache's worker reads only its length (and, after a failed
   load, the block ids in it, which vLLM refuses for models with several KV-cache groups anyway);
-- after it, the few ``ReqMeta`` the step returns that make a worker store or load (upstream's
-  decision, read off their specs) get their block ids.
+- after it, the step's new requests that upstream tracks get block trackers (from the tables
+  the scheduler output hands them: `adapter_scheduler.track_new_requests`), and the few
+  ``ReqMeta`` the step returns that make a worker store or load (upstream's decision, read off
+  their specs) get their block ids.
 
 Single-group models take the untouched upstream path (nothing is attached, results are
 byte-identical).
@@ -28,16 +30,11 @@ byte-identical).
 
 from __future__ import annotations
 
-import contextvars
 import types
 
-from lmcache_ascend.compat.signatures import call_argument, parameter
+from lmcache_ascend.compat.signatures import parameter
 from lmcache_ascend.multigroup.attachments import CONNECTOR_GROUPS, SCHEDULER_STATE, STEP_BLOCK_IDS
 from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
-
-# The connector's `_SchedulerState` while its build_connector_meta runs: a new request's tracker
-# is made by a class method with no connector at hand.
-_ACTIVE_STEP: contextvars.ContextVar = contextvars.ContextVar("lmcache_ascend_active_step", default=None)
 
 # The multi-group logic (numpy), imported on the first wrapped call rather than with this
 # declaration; kept here after that, since an import statement costs microseconds per step.
@@ -48,12 +45,12 @@ _UNDECIDED = object()  # a connector whose layout is not decided yet (CONNECTOR_
 
 def _load_logic() -> types.SimpleNamespace:
     global _logic
-    from lmcache_ascend.multigroup import adapter_scheduler, slots, tracker
+    from lmcache_ascend.multigroup import adapter_scheduler, slots
 
     _logic = types.SimpleNamespace(
         connector_kv_groups=adapter_scheduler.connector_kv_groups,
         advance_trackers=adapter_scheduler.advance_trackers,
-        new_block_tracker=tracker.GroupBlockTracker.for_new_request,
+        track_new_requests=adapter_scheduler.track_new_requests,
         step_block_ids=slots.step_block_ids,
     )
     return _logic
@@ -104,13 +101,15 @@ def build_connector_meta_wrapper(wrapped, instance, args, kwargs):
     # and caps a rolled-back tracker at that table's blocks times it: for the step, group 0's
     # block size (vLLM's may be another group's). Upstream reads it nowhere else in the step.
     vllm_block_size = instance._block_size
-    token = _ACTIVE_STEP.set(state)
     try:
         instance._block_size = state.table_block_size
         meta = wrapped(*args, **kwargs)
     finally:
         instance._block_size = vllm_block_size
-        _ACTIVE_STEP.reset(token)
+    if scheduler_output.scheduled_new_reqs:
+        logic.track_new_requests(
+            state.block_trackers, scheduler_output, instance._request_trackers, state.kv_groups.num_groups
+        )
     _attach_step_block_ids(state, meta, logic.step_block_ids)
     return meta
 
@@ -157,17 +156,6 @@ def _scheduler_state(connector):
     return state
 
 
-def from_new_request_wrapper(wrapped, instance, args, kwargs):
-    tracker = wrapped(*args, **kwargs)
-    state = _ACTIVE_STEP.get()
-    if state is not None:
-        new_request = call_argument(wrapped, args, kwargs, "new_request")
-        state.block_trackers[new_request.req_id] = (_logic or _load_logic()).new_block_tracker(
-            new_request.block_ids, state.kv_groups.num_groups
-        )
-    return tracker
-
-
 def _upstream_tracks_groups(module) -> bool | None:
     fields = getattr(module.RequestTracker, "__dataclass_fields__", None)
     if fields is None:
@@ -181,7 +169,6 @@ PATCH = Patch(
     attributes=(
         "LMCacheConnectorV1Impl._init_connector_state",
         "LMCacheConnectorV1Impl.build_connector_meta",
-        "RequestTracker.from_new_request",
     ),
     kind=PatchKind.WRAP,
     requires={"lmcache": ">=0.4.5,<0.6"},
@@ -194,7 +181,6 @@ PATCH = Patch(
     wrappers={
         "LMCacheConnectorV1Impl._init_connector_state": init_connector_state_wrapper,
         "LMCacheConnectorV1Impl.build_connector_meta": build_connector_meta_wrapper,
-        "RequestTracker.from_new_request": from_new_request_wrapper,
     },
     summary="tracks every KV-cache group's block ids in LMCache's in-process adapter and ships them with each step",
     why="upstream keeps only block_ids[0]; hybrid models (DeepSeek-V4) lose every other group's KV",
@@ -204,6 +190,5 @@ PATCH = Patch(
     tested_fingerprints={
         "LMCacheConnectorV1Impl._init_connector_state": ("74e83ba8db50", "760e6c186972"),
         "LMCacheConnectorV1Impl.build_connector_meta": ("fbe28e9c19f0", "cf695efe8d0a"),
-        "RequestTracker.from_new_request": ("de2f51ab3f2c",),
     },
 )
