@@ -9,6 +9,8 @@ fresh table).  Used by the ``lmcache-adapter-multigroup`` patch.
 from __future__ import annotations
 
 import logging
+from itertools import compress, repeat
+from operator import is_not
 
 from lmcache_ascend.multigroup.attachments import CONNECTOR_GROUPS, REUSE_BLOCKER
 from lmcache_ascend.multigroup.connector_state import (
@@ -90,25 +92,51 @@ def advance_trackers(block_trackers, scheduler_output, kv_groups) -> None:
         if flags is None:
             return  # upstream refuses a step that does not say which requests resumed
         resumed = {req_id for req_id, flag in zip(req_ids, flags) if flag}
-    # Runs for every running request on every step. Most are decoding with no new block, and cost
-    # the test below only. "No new block" is vLLM's None, or a tuple with an empty list per group,
-    # which `GroupBlockTracker.append_new_blocks` would take as nothing to append (a tuple of ints,
-    # a flat table, takes its path and is refused there).
     num_groups = kv_groups.num_groups
-    for req_id, new_block_ids in zip(req_ids, cached.new_block_ids):
-        if (
-            new_block_ids is None
-            or (
-                type(new_block_ids) is tuple
-                and not any(new_block_ids)
-                and len(new_block_ids) == num_groups
-                and type(new_block_ids[0]) is not int
-            )
-        ) and not (resumed and req_id in resumed):
-            continue
-        groups = block_trackers.get(req_id)
-        if groups is not None:
-            _apply_new_blocks(groups, new_block_ids, bool(resumed) and req_id in resumed)
+    new_block_ids = cached.new_block_ids
+    if resumed:
+        # A step that resumes a request (rare): every request takes the general test.
+        for req_id, request_new_ids in zip(req_ids, new_block_ids):
+            if req_id in resumed:
+                groups = block_trackers.get(req_id)
+                if groups is not None:
+                    groups.reset_after_preemption(request_new_ids)
+            elif not _brings_nothing(request_new_ids, num_groups):
+                groups = block_trackers.get(req_id)
+                if groups is not None:
+                    groups.append_new_blocks(request_new_ids)
+        return
+    # Runs for every running request on every step. Most are decoding with no new block, which
+    # vLLM says with None: those are passed over at C level (`compress`), without a turn of the
+    # loop. The rest mostly bring vLLM's usual form, one list per group, appended here without
+    # further calls; any other form takes the tracker's checked path.
+    group_indices = range(num_groups)
+    for req_id, request_new_ids in compress(zip(req_ids, new_block_ids), map(is_not, new_block_ids, repeat(None))):
+        if type(request_new_ids) is tuple and len(request_new_ids) == num_groups and type(request_new_ids[0]) is list:
+            if not any(request_new_ids):
+                continue
+            groups = block_trackers.get(req_id)
+            if groups is not None:
+                # Only the groups that got a block are touched (most get none on a decode step).
+                tables = groups.block_ids_by_group
+                for group in compress(group_indices, request_new_ids):
+                    tables[group].extend(request_new_ids[group])
+        elif not _brings_nothing(request_new_ids, num_groups):
+            groups = block_trackers.get(req_id)
+            if groups is not None:
+                groups.append_new_blocks(request_new_ids)
+
+
+def _brings_nothing(new_block_ids, num_groups: int) -> bool:
+    """vLLM's "no new block" for a running request: None, or a tuple with an empty list per group
+    (which `GroupBlockTracker.append_new_blocks` would take as nothing to append; a tuple of ints,
+    a flat table, takes its path and is refused there)."""
+    return new_block_ids is None or (
+        type(new_block_ids) is tuple
+        and not any(new_block_ids)
+        and len(new_block_ids) == num_groups
+        and type(new_block_ids[0]) is not int
+    )
 
 
 def track_new_requests(block_trackers, scheduler_output, upstream_trackers, num_groups: int) -> None:

@@ -83,7 +83,7 @@ class GroupBlockTracker:
     __slots__ = ("block_ids_by_group",)
 
     def __init__(self, block_ids_by_group: Sequence[Sequence[int]]) -> None:
-        self.block_ids_by_group: list[array] = [array(_TYPECODE, ids) for ids in block_ids_by_group]
+        self.block_ids_by_group: tuple[array, ...] = tuple(array(_TYPECODE, ids) for ids in block_ids_by_group)
 
     def packed_block_ids(self, groups: tuple[int, ...], counts: tuple[int, ...]) -> bytes:
         """The first ``counts[i]`` block ids of group ``groups[i]``, for each i in order, packed
@@ -138,7 +138,7 @@ class GroupBlockTracker:
     def reset_after_preemption(self, block_ids: Sequence[Sequence[int] | None] | None) -> None:
         """A preempted request resumed: its old blocks are gone, the new table replaces them."""
         groups = normalize_group_block_ids(block_ids, self.num_groups, "resumed request block_ids")
-        self.block_ids_by_group = [array(_TYPECODE, ids) for ids in groups]
+        self.block_ids_by_group = tuple(array(_TYPECODE, ids) for ids in groups)
 
     def num_blocks_by_group(self) -> tuple[int, ...]:
         return tuple(map(len, self.block_ids_by_group))

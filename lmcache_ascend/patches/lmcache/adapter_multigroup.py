@@ -110,15 +110,15 @@ def build_connector_meta_wrapper(wrapped, instance, args, kwargs):
         logic.track_new_requests(
             state.block_trackers, scheduler_output, instance._request_trackers, state.kv_groups.num_groups
         )
-    _attach_step_block_ids(state, meta, logic.step_block_ids)
+    requests = getattr(meta, "requests", None)
+    if requests:  # (none on a decode step)
+        _attach_step_block_ids(state, requests, logic.step_block_ids)
     return meta
 
 
-def _attach_step_block_ids(state, meta, step_block_ids) -> None:
-    """Give each ReqMeta of the step that makes a worker store or load its per-group block ids."""
-    requests = getattr(meta, "requests", None)
-    if not requests:  # a decode step: upstream returned no ReqMeta
-        return
+def _attach_step_block_ids(state, requests, step_block_ids) -> None:
+    """Give each of the step's ReqMeta (`requests`) that makes a worker store or load its
+    per-group block ids."""
     block_trackers = state.block_trackers
     producer = state.connector.kv_role == "kv_producer"
     for req_meta in requests:
