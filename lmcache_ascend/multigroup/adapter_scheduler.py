@@ -108,8 +108,10 @@ def advance_trackers(block_trackers, scheduler_output, kv_groups) -> None:
         return
     # Runs for every running request on every step. Most are decoding with no new block, which
     # vLLM says with None: those are passed over at C level (`compress`), without a turn of the
-    # loop. The rest mostly bring vLLM's usual form, one list per group, appended here without
-    # further calls; any other form takes the tracker's checked path.
+    # loop. The rest mostly bring vLLM's usual form, one list per group: appended here, touching
+    # only the groups that got a block, rather than through `GroupBlockTracker.append_new_blocks`,
+    # whose call alone cost about a quarter of this loop at a server's batch (docs/design-decisions.md,
+    # section 3). Any other form takes that checked path.
     group_indices = range(num_groups)
     for req_id, request_new_ids in compress(zip(req_ids, new_block_ids), map(is_not, new_block_ids, repeat(None))):
         if type(request_new_ids) is tuple and len(request_new_ids) == num_groups and type(request_new_ids[0]) is list:
