@@ -9,8 +9,7 @@ fresh table).  Used by the ``lmcache-adapter-multigroup`` patch.
 from __future__ import annotations
 
 import logging
-from itertools import compress, repeat
-from operator import is_not
+from itertools import compress
 
 from lmcache_ascend.multigroup.attachments import CONNECTOR_GROUPS, REUSE_BLOCKER
 from lmcache_ascend.multigroup.connector_state import (
@@ -27,6 +26,7 @@ __all__ = ["advance_trackers", "connector_kv_groups", "connector_reuse_blocker",
 logger = logging.getLogger(__name__)
 
 _NOT_SET = object()
+_GROUP_INDICES = range(1 << 20)  # group indices, as many as a table has (a range holds no memory)
 
 
 def connector_kv_groups(connector):
@@ -107,13 +107,12 @@ def advance_trackers(block_trackers, scheduler_output, kv_groups) -> None:
                     groups.append_new_blocks(request_new_ids)
         return
     # Runs for every running request on every step. Most are decoding with no new block, which
-    # vLLM says with None: those are passed over at C level (`compress`), without a turn of the
-    # loop. The rest mostly bring vLLM's usual form, one list per group: appended here, touching
+    # vLLM says with None: those (and any empty table) are passed over at C level (`compress` on
+    # the tables' truth), without a turn of the loop. The rest mostly bring vLLM's usual form, one list per group: appended here, touching
     # only the groups that got a block, rather than through `GroupBlockTracker.append_new_blocks`,
     # whose call alone cost about a quarter of this loop at a server's batch (docs/design-decisions.md,
     # section 3). Any other form takes that checked path.
-    group_indices = range(num_groups)
-    for req_id, request_new_ids in compress(zip(req_ids, new_block_ids), map(is_not, new_block_ids, repeat(None))):
+    for req_id, request_new_ids in compress(zip(req_ids, new_block_ids), new_block_ids):
         if type(request_new_ids) is tuple and len(request_new_ids) == num_groups and type(request_new_ids[0]) is list:
             if not any(request_new_ids):
                 continue
@@ -121,7 +120,7 @@ def advance_trackers(block_trackers, scheduler_output, kv_groups) -> None:
             if groups is not None:
                 # Only the groups that got a block are touched (most get none on a decode step).
                 tables = groups.block_ids_by_group
-                for group in compress(group_indices, request_new_ids):
+                for group in compress(_GROUP_INDICES, request_new_ids):  # (as many as there are groups)
                     tables[group].extend(request_new_ids[group])
         elif not _brings_nothing(request_new_ids, num_groups):
             groups = block_trackers.get(req_id)
