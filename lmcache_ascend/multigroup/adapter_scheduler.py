@@ -108,10 +108,11 @@ def advance_trackers(block_trackers, scheduler_output, kv_groups) -> None:
         return
     # Runs for every running request on every step. Most are decoding with no new block, which
     # vLLM says with None: those (and any empty table) are passed over at C level (`compress` on
-    # the tables' truth), without a turn of the loop. The rest mostly bring vLLM's usual form, one list per group: appended here, touching
-    # only the groups that got a block, rather than through `GroupBlockTracker.append_new_blocks`,
-    # whose call alone cost about a quarter of this loop at a server's batch (docs/design-decisions.md,
-    # section 3). Any other form takes that checked path.
+    # the tables' truth), without a turn of the loop. The rest mostly bring vLLM's usual form, one
+    # list per group: appended here, touching only the groups that got a block, rather than
+    # through `GroupBlockTracker.append_new_blocks`, whose call alone cost about a quarter of this
+    # loop at a server's batch (docs/design-decisions.md, section 3). Any other form takes that
+    # checked path.
     for req_id, request_new_ids in compress(zip(req_ids, new_block_ids), new_block_ids):
         if type(request_new_ids) is tuple and len(request_new_ids) == num_groups and type(request_new_ids[0]) is list:
             if not any(request_new_ids):
