@@ -1,7 +1,8 @@
 """The ``__bases__`` that make an in-process LMCache connector class a ``SupportsHMA``.
 
-Glue shared by the patches of LMCache's and vLLM's in-process connector classes:
-vLLM's own ``SupportsHMA`` around `lmcache_ascend.multigroup.hma.hma_mixin`.
+A patch build shared by the patches of LMCache's and vLLM's in-process connector classes
+(which may not import each other): vLLM's own ``SupportsHMA`` around
+`lmcache_ascend.multigroup.hma.hma_mixin`.
 """
 
 from __future__ import annotations
