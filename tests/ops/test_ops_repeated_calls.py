@@ -3,7 +3,7 @@
 LMCache calls `multi_layer_kv_transfer` once per chunk and `multi_layer_block_kv_transfer`
 once per request, with the same caches and shapes every time; from the second call of a
 shape the op makes the first call's launch again over the new buffers (see "repeated
-calls" in op_surface/transfer_ops.py). Each call here has new buffers, slots or block ids;
+calls" in op_surface/moves.py). Each call here has new buffers, slots or block ids;
 every output byte is compared with an independent expectation (indexing the caches), on
 poisoned outputs, and a call the repeat must refuse (other alignment, other object shape,
 block ids outside the caches) still moves the right bytes or raises as the whole path does.
@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from lmcache_ascend.kernels import TransferError, launch_counter
+from lmcache_ascend.op_surface import block_ops, moves
 from lmcache_ascend.op_surface import transfer_ops as ops
 
 H2D, D2H = 0, 1
@@ -47,11 +48,11 @@ def _token_calls(device: str) -> int:
         slots = torch.randperm(BLOCKS * BS, generator=generator)[:32].to(device)
         chunk = torch.full((1, LAYERS, 32, HIDDEN), POISON, dtype=torch.bfloat16, device=device)
         before = launch_counter.triton
-        key = ops._repeat_key("multi_layer_kv_transfer", ops._backend(), (chunk, slots),
+        key = moves._repeat_key("multi_layer_kv_transfer", moves._backend(), (chunk, slots),
                               (device, BLOCKS * BS, D2H, MLA, BS, HIDDEN, 0, 0))
-        kept = ops._repeats.lookup(table, key)[1]
+        kept = moves._repeats.lookup(table, key)[1]
         ops.multi_layer_kv_transfer(chunk, table, slots, device, BLOCKS * BS, D2H, MLA, BS, HIDDEN)
-        repeated += kept is not None and kept is not ops._never and launch_counter.triton == before + 1
+        repeated += kept is not None and kept is not moves._never and launch_counter.triton == before + 1
         assert torch.equal(chunk[0].cpu(), _rows(caches, slots)), f"store {call}"
         # load new values into the same slots, then read them back through the caches
         fresh = torch.randn(1, LAYERS, 32, HIDDEN, generator=generator).to(device=device, dtype=torch.bfloat16)
@@ -94,11 +95,11 @@ def _block_calls(device: str, count: int = 3) -> int:
         objects = [torch.full((LAYERS, 2 * BS, HIDDEN), POISON, dtype=torch.bfloat16, device=device)
                    for _ in range(count)]
         before = launch_counter.triton
-        key = ops._block_repeat_key(ops._backend(), objects, block_ids, (
-            device, D2H, 2 * BS, MLA, 0, *(getattr(_desc(), field, None) for field in ops._SHAPE_DESC_FIELDS)))
-        kept = ops._repeats.lookup(caches, key)[1]
+        key = block_ops._block_repeat_key(moves._backend(), objects, block_ids, (
+            device, D2H, 2 * BS, MLA, 0, *(getattr(_desc(), field, None) for field in block_ops._SHAPE_DESC_FIELDS)))
+        kept = moves._repeats.lookup(caches, key)[1]
         ops.multi_layer_block_kv_transfer(caches, objects, block_ids, device, D2H, _desc(), 2 * BS, MLA, 0)
-        repeated += kept is not None and kept is not ops._never and launch_counter.triton == before + 1
+        repeated += kept is not None and kept is not moves._never and launch_counter.triton == before + 1
         for index, obj in enumerate(objects):
             mine = ids[2 * index: 2 * index + 2]
             slots = (mine[:, None] * BS + torch.arange(BS)).reshape(-1)
@@ -122,10 +123,10 @@ def relaunch_through(request):
     from lmcache_ascend.kernels import launcher
 
     launcher._raw_launch["enabled"] = request.param
-    ops._repeats._entries.clear()
+    moves._repeats._entries.clear()
     yield request.param
     launcher._raw_launch["enabled"] = True
-    ops._repeats._entries.clear()
+    moves._repeats._entries.clear()
 
 
 @cuda

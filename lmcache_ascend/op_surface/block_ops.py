@@ -1,0 +1,439 @@
+"""LMCache's block op (multi-process mode): whole blocks <-> LMCache memory objects.
+
+`multi_layer_block_kv_transfer`: object i holds blocks [i*B, (i+1)*B) of the block ids; objects
+that share a layout and placement move in one launch, and a repeated call makes that launch again.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from lmcache_ascend.kernels.ops import prepare_chunks_relaunch, transfer_chunk_batches
+from lmcache_ascend.kernels.paged import PagedGroup
+from lmcache_ascend.kernels.resolve import (
+    ChunkRows,
+    PlaneSlots,
+    chunk_buffers,
+    chunk_rows,
+    resolve_chunk_batch,
+)
+from lmcache_ascend.kernels.spec import MAX_PLANES, TransferError
+from lmcache_ascend.kernels.upload import to_device
+from lmcache_ascend.op_surface.arguments import (
+    PageBufferShapeDesc,
+    _at_pointer,
+    _int_arg,
+    _is_store,
+    _pointer_list,
+    _same_dtype,
+    _slot_tensor,
+    _tables,
+    _tensor,
+)
+from lmcache_ascend.op_surface.formats import FormatFacts, format_facts, paged_layer_shape
+from lmcache_ascend.op_surface.moves import (
+    _backend,
+    _group,
+    _move,
+    _never,
+    _repeats,
+    _row_bytes,
+    _strided_regions,
+)
+
+# Block transfer: every format the baseline moves except the RBLN layout (15).
+_BLOCK_FORMATS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 17, 18)
+
+
+def _block_planes(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
+                  device: torch.device, op: str) -> list[list[torch.Tensor]]:
+    """Per plane the per-layer blocks-first tensors, in chunk order (K planes, then V planes)."""
+    nb, nl, bs, nh, hs = (int(shape_desc.nb), int(shape_desc.nl), int(shape_desc.bs), int(shape_desc.nh),
+                          int(shape_desc.hs))
+    what = "paged_buffer_ptrs_tensor"
+    if isinstance(paged, torch.Tensor) and paged.dtype in (torch.int64, torch.uint64) and paged.dim() == 1:
+        if facts.kv_tuple:
+            raise TransferError(f"{op}: {what} is a pointer table for {facts.name}; allowed: a list of tuples")
+        entries = 1 if facts.cross_layer else 2 * nl if facts.kv_list else nl
+        pointers = _pointer_list(paged, entries, what, op)
+        if facts.cross_layer:
+            shape = (nb, nl, 2, nh, bs, hs) if facts.hnd else (nb, nl, 2, bs, nh, hs)
+            paged = _at_pointer(pointers[0], shape, dtype, device)
+        elif facts.kv_list:
+            shape = (nb * bs, nh, hs) if facts.pbs_fused else (nb, bs, nh, hs)
+            tensors = [_at_pointer(p, shape, dtype, device) for p in pointers]
+            paged = [tensors[:nl], tensors[nl:]]
+        else:
+            shape = paged_layer_shape(facts, nb, bs, nh, hs)
+            stride = int(getattr(shape_desc, "block_stride_elems", 0) or 0)
+            strides = None
+            if stride and stride != math.prod(shape[1:]):
+                if facts.two_major or facts.pbs_fused:
+                    raise TransferError(
+                        f"{op}: shape_desc.block_stride_elems={stride} with {facts.name}; allowed: 0 or the tight "
+                        f"{math.prod(shape[1:])} (its first dim is not the block dim)"
+                    )
+                strides = [stride]
+                step = 1
+                inner = []
+                for size in reversed(shape[1:]):
+                    inner.append(step)
+                    step *= size
+                strides = tuple(strides + list(reversed(inner)))
+            paged = [_at_pointer(p, shape, dtype, device, strides) for p in pointers]
+    if facts.cross_layer:
+        tensor = _tensor(paged, what, op, dims=6)
+        if facts.hnd:
+            return [[tensor[:, layer, kv, head] for layer in range(tensor.shape[1])]
+                    for kv in range(2) for head in range(tensor.shape[3])]
+        return [[tensor[:, layer, kv] for layer in range(tensor.shape[1])] for kv in range(2)]
+    if facts.kv_list:
+        if not isinstance(paged, (list, tuple)):
+            raise TransferError(f"{op}: {what} is a {type(paged).__name__}; allowed: [[K layers], [V layers]]")
+        if len(paged) != 2 or not all(isinstance(side, (list, tuple)) for side in paged):
+            if len(paged) % 2 or not all(isinstance(t, torch.Tensor) for t in paged):
+                raise TransferError(f"{op}: {what} has {len(paged)} entries; allowed: [[K layers], [V layers]] "
+                                    "or a flat list of 2 x NL tensors")
+            paged = [list(paged[: len(paged) // 2]), list(paged[len(paged) // 2:])]
+        return [list(paged[0]), list(paged[1])]
+    if not isinstance(paged, (list, tuple)) or not paged:
+        raise TransferError(f"{op}: {what} is a {type(paged).__name__}; allowed: a list of per-layer tensors")
+    if facts.kv_tuple:
+        counts = {len(entry) if isinstance(entry, (list, tuple)) else -1 for entry in paged}
+        if len(counts) != 1 or -1 in counts or (not facts.mla and counts != {2}):
+            raise TransferError(
+                f"{op}: {what} for {facts.name} must be a list of per-layer "
+                f"{'plane tuples of one length' if facts.mla else '(K, V) tuples'}; got lengths {sorted(counts)}"
+            )
+        return [[entry[plane] for entry in paged] for plane in range(counts.pop())]
+    if facts.mla or facts.single_kv:
+        return [list(paged)]
+    if facts.fused:
+        # [NB, BS, NH, 2, HS] splits flatten back to one packed row per token.
+        layers = [layer.reshape(*layer.shape[:3], -1) if layer.dim() == 5 else layer for layer in paged]
+        if facts.hnd:
+            return [[layer[:, head] for layer in layers] for head in range(layers[0].shape[1])]
+        return [layers]
+    if facts.two_major:
+        halves = [[layer[kv] for layer in paged] for kv in range(2)]
+    else:
+        halves = [[layer[:, kv] for layer in paged] for kv in range(2)]
+    if facts.hnd:  # [NB, NH, BS, HS] per K/V: one plane per head
+        return [[layer[:, head] for layer in half] for half in halves for head in range(half[0].shape[1])]
+    return halves
+
+
+def multi_layer_block_kv_transfer(
+    paged_buffer_ptrs_tensor: torch.Tensor | list,
+    lmcache_objects_ptrs: list[int] | list[torch.Tensor],
+    block_ids: torch.Tensor | list[int],
+    device: torch.device | str,
+    direction: object,
+    shape_desc: PageBufferShapeDesc,
+    lmcache_chunk_size: int,
+    engine_kv_format: object,
+    skip_prefix_n_blocks: int,
+) -> None:
+    """Whole blocks <-> LMCache objects: object i holds blocks [i*B, (i+1)*B) of `block_ids`, B = chunk / bs.
+
+    Objects are [2, NL, T, NH*HS] (split K/V), [NL, T, H] (MLA, fused, single
+    K/V) or [NL, T, row] of the planes' bytes side by side (MLA plane tuples);
+    the first `skip_prefix_n_blocks` blocks are not moved.
+    """
+    op = "multi_layer_block_kv_transfer"
+    backend = _backend()
+    key = _block_repeat_key(backend, lmcache_objects_ptrs, block_ids, (
+        device, direction, lmcache_chunk_size, engine_kv_format, skip_prefix_n_blocks,
+        *(getattr(shape_desc, field, None) for field in _SHAPE_DESC_FIELDS)))
+    handle, repeat = _repeats.lookup(paged_buffer_ptrs_tensor, key) if key is not None else (None, None)
+    if repeat is not None and repeat(lmcache_objects_ptrs, block_ids):
+        return
+    facts = format_facts(engine_kv_format, op, _BLOCK_FORMATS)
+    store = _is_store(direction, op)
+    _int_arg(lmcache_chunk_size, "lmcache_chunk_size", op, 1)
+    _int_arg(skip_prefix_n_blocks, "skip_prefix_n_blocks", op)
+    bs = getattr(shape_desc, "bs", None)
+    if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0 or lmcache_chunk_size % bs:
+        raise TransferError(
+            f"{op}: shape_desc.bs={bs!r} with lmcache_chunk_size={lmcache_chunk_size}; allowed: a block size > 0 "
+            "dividing the chunk size"
+        )
+    if not isinstance(lmcache_objects_ptrs, list):
+        raise TransferError(
+            f"{op}: lmcache_objects_ptrs is a {type(lmcache_objects_ptrs).__name__}; allowed: a list of tensors "
+            "or of host addresses"
+        )
+    dtype = _kv_dtype(paged_buffer_ptrs_tensor, lmcache_objects_ptrs, shape_desc, op)
+    device = torch.device(device)
+    group, rows, row_bytes = _block_group(paged_buffer_ptrs_tensor, facts, shape_desc, dtype, device, op)
+    layers, plane_count = group.layer_count, group.plane_count
+
+    objects = _objects(lmcache_objects_ptrs, facts, shape_desc, lmcache_chunk_size, dtype, layers, op)
+    ids = _block_id_tensor(block_ids, bs, rows, op)
+    # A repeat reads the ids where the caller put them: only ids given as they are moved (or as a list).
+    ids_as_given = isinstance(block_ids, list) or ids is block_ids
+    if ids.device != group.device:
+        ids = ids.to(device=group.device, non_blocking=True)
+    per_object = lmcache_chunk_size // bs
+    # Objects moved whole from their first row go in one launch when they share a layout and a
+    # placement the kernel reaches; an object the skipped prefix cuts into, or one that differs,
+    # is moved on its own.
+    batch: list[tuple[int, torch.Tensor, int, int]] = []  # (object, bytes, first block, end block)
+    batch_regions = batch_shape = None
+    alone = 0  # objects moved on their own
+    for index, obj in enumerate(objects):
+        first = max(index * per_object, skip_prefix_n_blocks)
+        end = min((index + 1) * per_object, ids.numel())
+        if first >= end:
+            continue
+        token_offset = (first - index * per_object) * bs
+        shape = (obj.shape, obj.stride(), obj.dtype, obj.device, obj.is_cpu and obj.is_pinned())
+        if token_offset == 0 and shape == batch_shape:
+            # The batch's shape, strides and placement: its layout, checked once.
+            batch.append((index, obj.view(-1).view(torch.uint8), first, end))
+            continue
+        what = f"lmcache_objects_ptrs[{index}]"
+        offsets, pitch, layer_stride = _object_regions(obj, facts, row_bytes, plane_count, layers, token_offset, what, op)
+        if token_offset == 0 and batch_shape is None and _kernel_reaches(group, obj):
+            batch_shape, batch_regions = shape, (tuple(offsets), tuple(pitch), layer_stride)
+            batch.append((index, obj.view(-1).view(torch.uint8), first, end))
+            continue
+        alone += 1
+        _move(group, PlaneSlots(ids, first * bs, (end - first) * bs, rows_per_id=bs), obj, offsets, pitch,
+              layer_stride, store, op, what, backend)
+    # A repeat makes the call's one launch again over other objects and block ids of the same shapes
+    # (see "repeated calls" in `moves`): where that launch moved every object it reached, on the caches' device.
+    repeatable = (handle is not None and not alone and bool(batch) and batch_shape[3] == group.device
+                  and ids_as_given)
+    if len(batch) == 1:
+        index, obj_bytes, first, end = batch[0]
+        offsets, pitch, layer_stride = batch_regions
+        launch = _move(group, PlaneSlots(ids, first * bs, (end - first) * bs, rows_per_id=bs), obj_bytes, offsets,
+                       pitch, layer_stride, store, op, f"lmcache_objects_ptrs[{index}]", backend, repeatable)
+        if launch is not None and launch is not _never:
+            _repeats.keep(handle, _BlockRepeat(launch, True, batch_shape[:4], index, index + 1, bs, rows, group.device))
+            return
+    elif batch:
+        offsets, pitch, layer_stride = batch_regions
+        regions = _strided_regions(row_bytes, (per_object * bs,) * plane_count, offsets, pitch, layer_stride, layers)
+        spans = tuple((first * bs, (end - first) * bs) for _, _, first, end in batch)
+        chunks = chunk_buffers([obj_bytes for _, obj_bytes, _, _ in batch])
+        resolved = resolve_chunk_batch(ids, chunks, _object_rows(group, regions, spans), store=store, rows_per_id=bs)
+        transfer_chunk_batches([resolved], backend=backend)
+        launch = prepare_chunks_relaunch(resolved, backend=backend) if repeatable else None
+        if launch is not None:
+            _repeats.keep(handle, _BlockRepeat(launch, False, batch_shape[:4], batch[0][0], batch[-1][0] + 1, bs, rows,
+                                               group.device))
+            return
+    _repeats.keep(handle, _never)
+
+
+_SHAPE_DESC_FIELDS = ("nb", "nl", "bs", "nh", "hs", "dtype", "element_size", "block_stride_elems", "kv_size")
+
+
+def _block_repeat_key(backend: str, objects: object, block_ids: object, scalars: tuple) -> tuple | None:
+    """A block call's repeat key (see "repeated calls" in `moves`): the arguments, and the description of the
+    block ids and of the first object (a repeat checks that every object has it)."""
+    if not isinstance(objects, list) or not objects or type(objects[0]) is not torch.Tensor:
+        return None
+    first = objects[0]
+    if isinstance(block_ids, list):
+        ids = ("list", len(block_ids))
+    elif type(block_ids) is torch.Tensor:
+        ids = (block_ids.shape, block_ids.stride(), block_ids.dtype, block_ids.device)
+    else:
+        return None
+    return ("multi_layer_block_kv_transfer", backend, scalars, tuple(map(type, scalars)), ids, len(objects),
+            (first.shape, first.stride(), first.dtype, first.device))
+
+
+def _block_id_tensor(block_ids: object, bs: int, rows: int, op: str) -> torch.Tensor:
+    """`block_ids` as an int64 tensor; ids on the host are checked against the cache's blocks."""
+    ids = torch.tensor(block_ids, dtype=torch.int64) if isinstance(block_ids, list) else block_ids
+    ids = _slot_tensor(ids, op, "block_ids")
+    if ids.is_cpu and ids.numel():
+        smallest, largest = int(ids.min()), int(ids.max())
+        if smallest < 0 or (largest + 1) * bs > rows:  # the block's last row must be in the cache too
+            raise TransferError(
+                f"{op}: block_ids holds {smallest if smallest < 0 else largest}; allowed: 0..{rows // bs - 1}"
+            )
+    return ids if ids.dtype == torch.int64 and ids.is_contiguous() else ids.to(torch.int64).contiguous()
+
+
+class _BlockRepeat:
+    """A block call's repeat: the launch that moved its objects [first, end), made again (see
+    "repeated calls" in `moves`) when every object has the kept shape, strides, dtype and device, and block
+    ids given as a list are inside the caches; else the call takes the whole path. `single`: the
+    launch is one object's (object address, block id address), else many objects' (addresses,
+    block ids: a device tensor, or an array uploaded with the addresses)."""
+
+    __slots__ = ("_launch", "_single", "_described", "_first", "_end", "_bs", "_rows", "_device")
+
+    def __init__(self, launch, single: bool, described: tuple, first: int, end: int, bs: int, rows: int,
+                 device: torch.device):
+        self._launch, self._single, self._described, self._first, self._end = launch, single, described, first, end
+        self._bs, self._rows, self._device = bs, rows, device
+
+    def __call__(self, objects: list, block_ids: object) -> bool:
+        described, tensor = self._described, torch.Tensor
+        for obj in objects:
+            if type(obj) is not tensor or (obj.shape, obj.stride(), obj.dtype, obj.device) != described:
+                return False
+        if isinstance(block_ids, list):
+            # ids from the host (LMCache's own callers)
+            try:
+                ids = np.array(block_ids, dtype=np.int64)
+            except (TypeError, ValueError, OverflowError):
+                return False
+            if ids.ndim != 1 or (ids.size and (ids.min() < 0 or (int(ids.max()) + 1) * self._bs > self._rows)):
+                return False  # the whole path names the bad id
+            if self._single:
+                ids = to_device(ids, self._device)
+        elif block_ids.device == self._device:
+            ids = block_ids
+        else:
+            return False  # ids on the host are checked by the whole path
+        if self._single:
+            return self._launch(objects[self._first].data_ptr(), ids.data_ptr())
+        reached = objects[self._first:self._end]
+        return self._launch(np.fromiter(map(tensor.data_ptr, reached), dtype=np.int64, count=len(reached)), ids)
+
+
+def _block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
+                 device: torch.device, op: str) -> tuple[PagedGroup, int, tuple[int, ...]]:
+    """The group of the block op's paged planes, its slot count and the planes' row bytes: built
+    and checked once per description of the caches and geometry (`_TableCache`)."""
+    key = (op, facts.name, dtype, device, int(shape_desc.nb), int(shape_desc.nl), shape_desc.bs, int(shape_desc.nh),
+           int(shape_desc.hs), int(getattr(shape_desc, "block_stride_elems", 0) or 0))
+    return _tables.get_or_build(paged, key, lambda: _build_block_group(paged, facts, shape_desc, dtype, device, op))
+
+
+def _build_block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
+                       device: torch.device, op: str) -> tuple[PagedGroup, int, tuple[int, ...]]:
+    bs = shape_desc.bs
+    planes = _block_planes(paged, facts, shape_desc, dtype, device, op)
+    if len(planes) > MAX_PLANES:
+        raise TransferError(
+            f"{op}: {facts.name} with these shapes needs {len(planes)} planes (heads x K/V); allowed: at most "
+            f"{MAX_PLANES}"
+        )
+    for index, caches in enumerate(planes):
+        for layer, cache in enumerate(caches):
+            _tensor(cache, f"{op} plane {index} layer {layer}", op)
+            if not facts.kv_tuple:
+                _same_dtype(cache, dtype, f"paged plane {index} layer {layer}", "the KV dtype", op)
+            # Blocks-first planes hold [NB, BS, ...]: block ids become slots by shape_desc.bs, so
+            # another block size would move rows at shifted offsets.
+            if not facts.pbs_fused and (cache.dim() < 2 or cache.shape[1] != bs):
+                raise TransferError(
+                    f"{op}: shape_desc.bs={bs} but paged plane {index} layer {layer} has shape "
+                    f"{tuple(cache.shape)}; allowed: shape_desc.bs={cache.shape[1] if cache.dim() >= 2 else '?'} "
+                    "(its blocks' rows)"
+                )
+    row_bytes = tuple(_row_bytes(caches[0], bs) if not facts.pbs_fused else
+                      math.prod(caches[0].shape[1:]) * caches[0].element_size() for caches in planes)
+    group = _group([(caches, 1 if facts.pbs_fused else bs, rb) for caches, rb in zip(planes, row_bytes)])
+    rows = min(geometry.num_blocks * plane.block_size
+               for per_layer in group.geometry for geometry, plane in zip(per_layer, group.planes))
+    return group, rows, row_bytes
+
+
+def _kernel_reaches(group: PagedGroup, obj: torch.Tensor) -> bool:
+    """Whether one launch can address `obj` in place: on the caches' device, or pinned host memory
+    a CUDA kernel maps; anything else is staged by `_move`."""
+    return group.on_group_device(obj) or (group.device.type == "cuda" and obj.is_cpu and obj.is_pinned())
+
+
+def _object_rows(group: PagedGroup, regions, spans: tuple[tuple[int, int], ...]) -> ChunkRows:
+    """The checked rows of a multi-object launch (every plane of object c moves slots
+    [start, start + count) of spans[c]); kept on the group per layout and spans, since the
+    kernel's device table is keyed on the rows' identity (calls of one length reuse it)."""
+    def build() -> ChunkRows:
+        starts = [[start] * group.plane_count for start, _ in spans]
+        counts = [[count] * group.plane_count for _, count in spans]
+        return chunk_rows(group, regions, starts, counts)
+
+    return group.cache("op_surface.object_rows", 64).get_or_build((regions, spans), build)
+
+
+def _kv_dtype(paged: object, objects: list, shape_desc: PageBufferShapeDesc, op: str) -> torch.dtype:
+    """The KV dtype: shape_desc.dtype, else the first paged tensor's, else the first object's, else by width."""
+    dtype = getattr(shape_desc, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    first = paged
+    while isinstance(first, (list, tuple)) and first:
+        first = first[0]
+    if isinstance(first, torch.Tensor) and not (first is paged and first.dtype in (torch.int64, torch.uint64)):
+        return first.dtype
+    if objects and isinstance(objects[0], torch.Tensor):
+        return objects[0].dtype
+    width = getattr(shape_desc, "element_size", 0)
+    by_width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # bytes are moved: any dtype
+    if width not in by_width:
+        raise TransferError(
+            f"{op}: cannot tell the KV dtype: shape_desc.dtype is {dtype!r} and shape_desc.element_size="
+            f"{width!r}; allowed: a torch.dtype, or an element size of 1, 2, 4 or 8"
+        )
+    return by_width[width]
+
+
+def _objects(objects: list, facts: FormatFacts, shape_desc: PageBufferShapeDesc, chunk_size: int,
+             dtype: torch.dtype, layers: int, op: str) -> list[torch.Tensor]:
+    if not objects or isinstance(objects[0], torch.Tensor):
+        for index, obj in enumerate(objects):
+            _tensor(obj, f"lmcache_objects_ptrs[{index}]", op)
+            if not facts.kv_tuple:
+                _same_dtype(obj, dtype, f"lmcache_objects_ptrs[{index}]", "the paged buffers", op)
+        return objects
+    if facts.kv_tuple:
+        raise TransferError(f"{op}: lmcache_objects_ptrs holds addresses for {facts.name}; allowed: tensors")
+    nh, hs = int(shape_desc.nh), int(shape_desc.hs)
+    if facts.mla:
+        shape = (layers, chunk_size, hs)
+    elif facts.single_plane:
+        shape = (layers, chunk_size, nh * hs)
+    else:
+        shape = (2, layers, chunk_size, nh * hs)
+    tensors = []
+    for index, address in enumerate(objects):
+        if isinstance(address, bool) or not isinstance(address, int) or address <= 0:
+            raise TransferError(f"{op}: lmcache_objects_ptrs[{index}]={address!r}; allowed: a host address (int > 0)")
+        tensors.append(_at_pointer(address, shape, dtype, torch.device("cpu")))
+    return tensors
+
+
+def _object_regions(obj: torch.Tensor, facts: FormatFacts, row_bytes: list[int], planes: int, layers: int,
+                   token_offset: int, what: str, op: str) -> tuple[list[int], list[int], int]:
+    """Plane offsets, row pitches and layer stride (bytes) of one LMCache object, from `token_offset` on."""
+    total = obj.numel() * obj.element_size()
+    if not obj.is_contiguous():
+        raise TransferError(f"{op}: {what} has strides {obj.stride()}; allowed: a contiguous tensor")
+    if facts.kv_tuple and facts.mla:  # [NL, T, row]: the planes' bytes side by side in each token row
+        token_row = obj.shape[-1] * obj.element_size() if obj.dim() == 3 else sum(row_bytes)
+        if sum(row_bytes) > token_row:
+            raise TransferError(f"{op}: {what} rows hold {token_row} bytes; the planes need {sum(row_bytes)}")
+        offsets = [token_offset * token_row + sum(row_bytes[:p]) for p in range(planes)]
+        return offsets, [token_row] * planes, total // layers
+    if facts.hnd:  # per K/V (or the one packed plane) the heads' bytes side by side in a token row
+        halves = 1 if facts.fused else 2
+        per_half = planes // halves
+        token_row = sum(row_bytes[:per_half])
+        offsets_in_row = [sum(row_bytes[(p // per_half) * per_half: p]) for p in range(planes)]
+    else:  # one plane per K/V half
+        halves = planes
+        per_half = 1
+        token_row = row_bytes[0]
+        offsets_in_row = [0] * planes
+    if total % (halves * layers * token_row):
+        raise TransferError(
+            f"{op}: {what} has shape {tuple(obj.shape)} ({total} bytes); allowed: {halves} x {layers} layers x "
+            f"T tokens x {token_row} bytes"
+        )
+    tokens = total // (halves * layers * token_row)
+    half_bytes = layers * tokens * token_row
+    offsets = [(p // per_half) * half_bytes + token_offset * token_row + offsets_in_row[p] for p in range(planes)]
+    return offsets, [token_row] * planes, tokens * token_row

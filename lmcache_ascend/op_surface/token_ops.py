@@ -1,0 +1,358 @@
+"""LMCache's per-token ops: rows at a slot mapping <-> a [planes, L, T, H] buffer.
+
+`multi_layer_kv_transfer` (what LMCache's in-process connector calls per chunk), its unilateral
+form, `single_layer_kv_transfer` and the flash layout's scatter and gather.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lmcache_ascend.kernels.paged import PagedGroup
+from lmcache_ascend.kernels.resolve import PlaneSlots
+from lmcache_ascend.kernels.spec import TransferError
+from lmcache_ascend.op_surface.arguments import (
+    _at_pointer,
+    _device_slots,
+    _int_arg,
+    _is_store,
+    _pointer_list,
+    _same_dtype,
+    _slot_tensor,
+    _tables,
+    _tensor,
+)
+from lmcache_ascend.op_surface.formats import FormatFacts, format_facts
+from lmcache_ascend.op_surface.moves import _backend, _byte_strides, _group, _move, _repeat_key, _repeats
+
+# Formats each op supports (LMCache's enum values). The per-token ops follow the
+# baseline's three paged shapes: MLA rows, blocks-first K/V, K/V-major.
+_MULTI_LAYER_FORMATS = (1, 2, 3, 5)
+_UNILATERAL_FORMATS = (3, 4, 5, 9)
+_SINGLE_LAYER_FORMATS = (1, 2, 3, 5)
+
+
+def _token_layers(key_value_ptrs: object, layers: int, facts: FormatFacts, dtype: torch.dtype, hidden: int,
+                  page_buffer_size: int, block_size: int, block_stride_elems: int, device: torch.device,
+                  op: str, per_layer: int = 1) -> list[torch.Tensor]:
+    """The paged tensors (one per layer, or per K/V and layer) as given, or built over the pointer table."""
+    entries = layers * per_layer
+    if isinstance(key_value_ptrs, (list, tuple)):
+        if len(key_value_ptrs) != entries:
+            raise TransferError(f"{op}: key_value_ptrs has {len(key_value_ptrs)} tensors; allowed: exactly {entries}")
+        for index, tensor in enumerate(key_value_ptrs):
+            _tensor(tensor, f"key_value_ptrs[{index}]", op)
+            _same_dtype(tensor, dtype, f"key_value_ptrs[{index}]", "key_value", op)
+        return list(key_value_ptrs)
+    pointers = _pointer_list(key_value_ptrs, entries, "key_value_ptrs", op)
+    if per_layer == 2 or facts.mla:
+        if block_stride_elems and block_size and block_stride_elems != block_size * hidden:
+            nb = page_buffer_size // block_size
+            return [_at_pointer(p, (nb, block_size, hidden), dtype, device, (block_stride_elems, hidden, 1))
+                    for p in pointers]
+        return [_at_pointer(p, (page_buffer_size, hidden), dtype, device) for p in pointers]
+    if facts.two_major:
+        if block_stride_elems and block_stride_elems != block_size * hidden:
+            raise TransferError(
+                f"{op}: block_stride_elems={block_stride_elems} with {facts.name}; allowed: 0 (K/V-major layers "
+                "have no block-strided first dim)"
+            )
+        return [_at_pointer(p, (2, page_buffer_size, hidden), dtype, device) for p in pointers]
+    nb = page_buffer_size // block_size
+    stride = block_stride_elems or 2 * block_size * hidden
+    return [_at_pointer(p, (nb, 2, block_size, hidden), dtype, device, (stride, block_size * hidden, hidden, 1))
+            for p in pointers]
+
+
+def _kv_planes(layers: list[torch.Tensor], facts: FormatFacts, block_size: int, op: str) -> list[list[torch.Tensor]]:
+    """Per plane (MLA: one; else K and V) the per-layer blocks-first tensors; a `block_size` the
+    [NB, 2, BS, ...] layers do not have is refused."""
+    if facts.mla:
+        return [layers]
+    if facts.two_major:
+        for index, layer in enumerate(layers):
+            if layer.dim() < 2 or layer.shape[0] != 2:
+                raise TransferError(f"{op}: key_value_ptrs[{index}] has shape {tuple(layer.shape)}; allowed: [2, ...]")
+        return [[layer[kv] for layer in layers] for kv in range(2)]
+    for index, layer in enumerate(layers):
+        if layer.dim() < 3 or layer.shape[1] != 2:
+            raise TransferError(
+                f"{op}: key_value_ptrs[{index}] has shape {tuple(layer.shape)}; allowed: [NB, 2, BS, ...]"
+            )
+        if block_size and layer.shape[2] != block_size:
+            # Slots are split into (block, offset) by block_size (0: the op takes the tensor's own):
+            # another size would move rows at shifted offsets.
+            raise TransferError(
+                f"{op}: block_size={block_size} but key_value_ptrs[{index}] has shape {tuple(layer.shape)} "
+                f"(blocks of {layer.shape[2]} rows); allowed: block_size={layer.shape[2]}"
+            )
+    return [[layer[:, kv] for layer in layers] for kv in range(2)]
+
+
+def _block_size_of(tensor: torch.Tensor, row_bytes: int, what: str, op: str) -> int:
+    block_bytes = math.prod(tensor.shape[1:]) * tensor.element_size()
+    if tensor.dim() < 2 or block_bytes % row_bytes:
+        raise TransferError(
+            f"{op}: {what} has shape {tuple(tensor.shape)} ({tensor.dtype}); allowed: blocks first, "
+            f"each a whole number of {row_bytes}-byte rows"
+        )
+    return block_bytes // row_bytes
+
+
+def _token_group(op: str, key_value_ptrs: object, key: tuple, planes) -> tuple[PagedGroup, int]:
+    """The group of a token op's paged planes (`planes()` builds them) and its slot count: built once
+    per description of the caches and `key`, the arguments that shape the tensors (`_TableCache`)."""
+    def build() -> tuple[PagedGroup, int]:
+        row = key[-1]
+        group = _group([(caches, _block_size_of(caches[0], row, "key_value_ptrs[0]", op), row) for caches in planes()])
+        return group, min(geometry.num_blocks * plane.block_size
+                          for per_layer in group.geometry for geometry, plane in zip(per_layer, group.planes))
+
+    return _tables.get_or_build(key_value_ptrs, key, build)
+
+
+def _token_move(op: str, key_value: torch.Tensor, group: PagedGroup, rows: int, slot_mapping: torch.Tensor,
+                store: bool, start: int, backend: str, repeatable: bool = False):
+    """key_value [planes, L, T, H] <-> the group's rows at slot_mapping[start:] (tokens from `start`);
+    `repeatable`: returns the move's repeat (see `_move`)."""
+    tokens = key_value.shape[2]
+    if slot_mapping.numel() != tokens:
+        raise TransferError(
+            f"{op}: slot_mapping has {slot_mapping.numel()} slots but key_value {tuple(key_value.shape)} holds "
+            f"{tokens} tokens; allowed: one slot per token"
+        )
+    slots = _device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
+    # A repeat reads the caller's slot tensor in place: not where it had to be converted.
+    repeatable = repeatable and slots is slot_mapping
+    count = max(tokens - start, 0)
+    if count == 0:
+        return _nothing if repeatable else None
+    strides = _byte_strides(key_value, "key_value", op)
+    planes = group.plane_count
+    return _move(group, PlaneSlots(slots, start, count), key_value,
+                 [kv * strides[0] + start * strides[2] for kv in range(planes)], [strides[2]] * planes,
+                 strides[1], store, op, "key_value", backend, repeatable)
+
+
+def _nothing(*addresses: int) -> bool:
+    """The repeat of a call that moves nothing (every token skipped)."""
+    return True
+
+
+def _repeated(op: str, paged: object, tensors: tuple, scalars: tuple) -> tuple[bool, tuple | None, str]:
+    """(whether the repeat kept for this call ran it, the handle to keep one under after the whole
+    path (None: keep none), the backend). `tensors` start with the chunk buffer and the slot (or
+    block id) tensor, whose addresses a repeat takes."""
+    backend = _backend()
+    key = _repeat_key(op, backend, tensors, scalars)
+    if key is None:
+        return False, None, backend
+    handle, repeat = _repeats.lookup(paged, key)
+    if repeat is None:
+        return False, handle, backend
+    # A kept repeat that refuses these addresses leaves the whole path to the call, and stays.
+    return repeat(tensors[0].data_ptr(), tensors[1].data_ptr()), None, backend
+
+
+def multi_layer_kv_transfer(
+    key_value: torch.Tensor,
+    key_value_ptrs: torch.Tensor | list[torch.Tensor],
+    slot_mapping: torch.Tensor,
+    paged_memory_device: torch.device,
+    page_buffer_size: int,
+    direction: object,
+    engine_kv_format: object,
+    block_size: int = 0,
+    head_size: int = 0,
+    skip_prefix_n_tokens: int = 0,
+    block_stride_elems: int = 0,
+) -> None:
+    """key_value [2 (MLA: 1), L, T, H] <-> every layer's paged rows at slot_mapping (-1: skipped).
+
+    Tokens before `skip_prefix_n_tokens` are not moved. The paged layers are a
+    list of tensors or a pointer table over `page_buffer_size` slots.
+    """
+    op = "multi_layer_kv_transfer"
+    ran, handle, backend = _repeated(op, key_value_ptrs, (key_value, slot_mapping), (
+        paged_memory_device, page_buffer_size, direction, engine_kv_format, block_size, head_size,
+        skip_prefix_n_tokens, block_stride_elems))
+    if ran:
+        return
+    facts = format_facts(engine_kv_format, op, _MULTI_LAYER_FORMATS)
+    store = _is_store(direction, op)
+    key_value = _tensor(key_value, "key_value", op, dims=4)
+    slot_mapping = _slot_tensor(slot_mapping, op)
+    _int_arg(page_buffer_size, "page_buffer_size", op, 1)
+    _int_arg(block_size, "block_size", op)
+    _int_arg(skip_prefix_n_tokens, "skip_prefix_n_tokens", op)
+    _int_arg(block_stride_elems, "block_stride_elems", op)
+    kv_size = 1 if facts.mla else 2
+    if key_value.shape[0] != kv_size:
+        raise TransferError(
+            f"{op}: key_value has shape {tuple(key_value.shape)} for {facts.name}; allowed: [{kv_size}, L, T, H]"
+        )
+    if not (facts.mla or facts.two_major) and (block_size == 0 or page_buffer_size % block_size):
+        raise TransferError(
+            f"{op}: block_size={block_size} for {facts.name} with page_buffer_size={page_buffer_size}; "
+            "allowed: a block size > 0 dividing page_buffer_size"
+        )
+    layers, hidden, device = key_value.shape[1], key_value.shape[3], torch.device(paged_memory_device)
+
+    def planes() -> list[list[torch.Tensor]]:
+        tensors = _token_layers(key_value_ptrs, layers, facts, key_value.dtype, hidden, page_buffer_size, block_size,
+                                block_stride_elems, device, op)
+        return _kv_planes(tensors, facts, block_size, op)
+
+    key = (op, facts.name, key_value.dtype, layers, hidden, page_buffer_size, block_size, block_stride_elems, device,
+           hidden * key_value.element_size())
+    group, rows = _token_group(op, key_value_ptrs, key, planes)
+    repeat = _token_move(op, key_value, group, rows, slot_mapping, store, min(skip_prefix_n_tokens, key_value.shape[2]),
+                         backend, repeatable=handle is not None)
+    _repeats.keep(handle, repeat)
+
+
+def multi_layer_kv_transfer_unilateral(
+    key_value: torch.Tensor,
+    key_value_ptrs: torch.Tensor | list[torch.Tensor],
+    slot_mapping: torch.Tensor,
+    paged_memory_device: torch.device,
+    page_buffer_size: int,
+    direction: object,
+    engine_kv_format: object,
+) -> None:
+    """SGLang: key_value [2, L, T, H] <-> separate K and V buffers per layer ([K_0.., V_0..], each [slots, H]).
+
+    MLA formats move one latent plane exactly as `multi_layer_kv_transfer`.
+    """
+    op = "multi_layer_kv_transfer_unilateral"
+    ran, handle, backend = _repeated(op, key_value_ptrs, (key_value, slot_mapping),
+                                     (paged_memory_device, page_buffer_size, direction, engine_kv_format))
+    if ran:
+        return
+    facts = format_facts(engine_kv_format, op, _UNILATERAL_FORMATS)
+    if facts.mla:
+        multi_layer_kv_transfer(key_value, key_value_ptrs, slot_mapping, paged_memory_device, page_buffer_size,
+                                direction, engine_kv_format)
+        return
+    store = _is_store(direction, op)
+    key_value = _tensor(key_value, "key_value", op, dims=4)
+    slot_mapping = _slot_tensor(slot_mapping, op)
+    _int_arg(page_buffer_size, "page_buffer_size", op, 1)
+    if key_value.shape[0] != 2:
+        raise TransferError(f"{op}: key_value has shape {tuple(key_value.shape)}; allowed: [2, L, T, H]")
+    layers, hidden, device = key_value.shape[1], key_value.shape[3], torch.device(paged_memory_device)
+
+    def planes() -> list[list[torch.Tensor]]:
+        buffers = _token_layers(key_value_ptrs, layers, facts, key_value.dtype, hidden, page_buffer_size, 0, 0,
+                                device, op, per_layer=2)
+        return [buffers[:layers], buffers[layers:]]
+
+    key = (op, facts.name, key_value.dtype, layers, hidden, page_buffer_size, device, hidden * key_value.element_size())
+    group, rows = _token_group(op, key_value_ptrs, key, planes)
+    _repeats.keep(handle, _token_move(op, key_value, group, rows, slot_mapping, store, 0, backend,
+                                      repeatable=handle is not None))
+
+
+def single_layer_kv_transfer(
+    lmc_key_value_cache: torch.Tensor,
+    vllm_key_value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    direction: object,
+    engine_kv_format: object,
+    token_major: bool = False,
+) -> None:
+    """One layer: LMCache's [T, H] (MLA), [2, T, H] or token-major [T, 2, H] <-> vLLM's paged layer."""
+    op = "single_layer_kv_transfer"
+    facts = format_facts(engine_kv_format, op, _SINGLE_LAYER_FORMATS)
+    store = _is_store(direction, op)
+    lmc = _tensor(lmc_key_value_cache, "lmc_key_value_cache", op)
+    paged = _tensor(vllm_key_value_cache, "vllm_key_value_cache", op)
+    slot_mapping = _slot_tensor(slot_mapping, op)
+    _same_dtype(paged, lmc.dtype, "vllm_key_value_cache", "lmc_key_value_cache", op)
+    tokens = slot_mapping.numel()
+    if facts.mla:
+        expected = (tokens, None)
+        planes = [[paged]]
+        if lmc.dim() != 2 or lmc.shape[0] != tokens:
+            raise TransferError(f"{op}: lmc_key_value_cache has shape {tuple(lmc.shape)}; allowed: [{tokens}, H]")
+        hidden_bytes = lmc.shape[1] * lmc.element_size()
+        strides = _byte_strides(lmc, "lmc_key_value_cache", op)
+        offsets, pitch = [0], strides[0]
+    else:
+        planes = _kv_planes([paged], facts, 0, op)
+        expected = (tokens, 2, "H") if token_major else (2, tokens, "H")
+        if lmc.dim() != 3 or tuple(lmc.shape[:2]) != expected[:2]:
+            raise TransferError(
+                f"{op}: lmc_key_value_cache has shape {tuple(lmc.shape)}; allowed: "
+                f"[{', '.join(str(d) for d in expected)}] (token_major={token_major})"
+            )
+        hidden_bytes = lmc.shape[2] * lmc.element_size()
+        strides = _byte_strides(lmc, "lmc_key_value_cache", op)
+        if token_major:
+            offsets, pitch = [0, strides[1]], strides[0]
+        else:
+            offsets, pitch = [0, strides[0]], strides[1]
+    group = _group([(caches, _block_size_of(caches[0], hidden_bytes, "vllm_key_value_cache", op), hidden_bytes)
+                    for caches in planes])
+    rows = group.geometry[0][0].num_blocks * group.planes[0].block_size
+    slots = _device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
+    if tokens:
+        _move(group, PlaneSlots(slots, 0, tokens), lmc, offsets, [pitch] * len(offsets), 0, store, op,
+              "lmc_key_value_cache", _backend())
+
+
+def _flash(op: str, key_value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+           slot_mapping: torch.Tensor, layer_idx: int, store: bool) -> None:
+    key_value = _tensor(key_value, "key_value", op, dims=4)
+    key_cache = _tensor(key_cache, "key_cache", op)
+    value_cache = _tensor(value_cache, "value_cache", op)
+    slot_mapping = _slot_tensor(slot_mapping, op)
+    _int_arg(layer_idx, "layer_idx", op)
+    if key_value.shape[0] != 2 or layer_idx >= key_value.shape[1]:
+        raise TransferError(
+            f"{op}: key_value has shape {tuple(key_value.shape)} with layer_idx={layer_idx}; "
+            "allowed: [2, L, T, H] with layer_idx < L"
+        )
+    for what, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _same_dtype(cache, key_value.dtype, what, "key_value", op)
+    tokens, hidden = key_value.shape[2], key_value.shape[3]
+    if slot_mapping.numel() != tokens:
+        raise TransferError(
+            f"{op}: slot_mapping has {slot_mapping.numel()} slots but key_value holds {tokens} tokens; "
+            "allowed: one slot per token"
+        )
+    row = hidden * key_value.element_size()
+    group = _group([([cache], _block_size_of(cache, row, what, op), row)
+                    for what, cache in (("key_cache", key_cache), ("value_cache", value_cache))])
+    rows = min(group.geometry[0][p].num_blocks * group.planes[p].block_size for p in range(2))
+    slots = _device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
+    if tokens == 0:
+        return
+    strides = _byte_strides(key_value, "key_value", op)
+    base = layer_idx * strides[1]
+    _move(group, PlaneSlots(slots, 0, tokens), key_value, [base, base + strides[0]], [strides[2]] * 2, 0, store,
+          op, "key_value", _backend())
+
+
+def load_and_reshape_flash(
+    key_value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    layer_idx: int,
+) -> None:
+    """Gather: key_value[:, layer_idx] [2, T, H] <- key/value caches [NB, BS, NH, HS] at slot_mapping."""
+    _flash("load_and_reshape_flash", key_value, key_cache, value_cache, slot_mapping, layer_idx, store=True)
+
+
+def reshape_and_cache_back_flash(
+    key_value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    layer_idx: int,
+) -> None:
+    """Scatter: key/value caches [NB, BS, NH, HS] at slot_mapping <- key_value[:, layer_idx] [2, T, H]."""
+    _flash("reshape_and_cache_back_flash", key_value, key_cache, value_cache, slot_mapping, layer_idx, store=False)
