@@ -4,7 +4,7 @@ Life of a patch in one process::
 
     declared --activate()--> gated (disabled? distribution installed?)
         --target imported--> decide (guard + version gate) --> install (wrappers, build;
-        all or nothing) --> record
+        all or nothing: `lmcache_ascend.patches.install`) --> record
 
 Deciding and installing return an `Outcome`; `PatchRecord.settle` is the one
 place that writes it down.
@@ -26,25 +26,21 @@ import functools
 import importlib
 import sys
 import threading
-import traceback
 import types
 from typing import Callable, Iterable, Mapping
 
 from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat import import_hooks
-from lmcache_ascend.compat.source import NO_SOURCE, fingerprint, module_is_locatable
+from lmcache_ascend.compat.source import fingerprint, module_is_locatable
+from lmcache_ascend.patches.install import Outcome, install, kind_refusal, resolve, restore, same, short_trace
 from lmcache_ascend.patches.model import (
     MISSING,
-    TYPE_SLOT_ATTRIBUTES,
     CatalogueEntry,
     Patch,
-    PatchContext,
-    PatchKind,
     State,
     read_raw,
     resolve_owner,
     split_attribute_path,
-    wrapped_member,
 )
 
 # Imported at the first apply, not at activation (which needs none of them):
@@ -58,62 +54,6 @@ def _log(level: str, message: str, *args: object) -> None:
 
 
 SCHEMA_VERSION = 1
-
-
-# Value types are plain classes with slots: a frozen dataclass or a named tuple costs
-# more to create at import than activation may (typing.NamedTuple compiles every
-# annotation string; collections.namedtuple runs exec).  Treat them as immutable.
-class Installation:
-    """What an apply put in place, per attribute path: ``owners``, ``originals`` (their raw
-    values), ``installed`` (our raw values); ``aliases``: (module, name, ours, original) for
-    other modules' names of a replaced module-level value."""
-
-    __slots__ = ("owners", "originals", "installed", "aliases")
-
-    def __init__(
-        self,
-        owners: Mapping[str, object],
-        originals: Mapping[str, object],
-        installed: Mapping[str, object],
-        aliases: tuple = (),
-    ) -> None:
-        self.owners, self.originals, self.installed, self.aliases = owners, originals, installed, aliases
-
-
-class Outcome:
-    """What deciding about or applying a patch came to; recorded by `PatchRecord.settle`."""
-
-    __slots__ = ("state", "reason", "error", "installation", "fingerprints", "untested", "distribution_missing")
-
-    def __init__(
-        self,
-        state: State,
-        reason: str,
-        error: str | None = None,  # a traceback
-        installation: Installation | None = None,
-        fingerprints: Mapping[str, str | None] | None = None,  # None: leave the recorded ones
-        untested: bool = False,
-        distribution_missing: bool = False,
-    ) -> None:
-        self.state, self.reason, self.error, self.installation = state, reason, error, installation
-        self.fingerprints, self.untested, self.distribution_missing = fingerprints, untested, distribution_missing
-
-    def replace(self, **changes: object) -> "Outcome":
-        """A copy with `changes`."""
-        return Outcome(**{**{name: getattr(self, name) for name in self.__slots__}, **changes})
-
-    def __repr__(self) -> str:
-        return f"Outcome({self.state.value}: {self.reason})"
-
-
-class _Resolution:
-    """The patch's attributes looked up on the target: ``owners``, raw ``originals``, or
-    what is ``missing`` (None when nothing is)."""
-
-    __slots__ = ("owners", "originals", "missing")
-
-    def __init__(self, owners: Mapping[str, object], originals: Mapping[str, object], missing: str | None) -> None:
-        self.owners, self.originals, self.missing = owners, originals, missing
 
 
 class DeclarationError(Exception):
@@ -458,7 +398,7 @@ class Registry:
             with self._lock:
                 if record.state is State.PENDING:
                     record.set(
-                        State.TARGET_MISSING, f"import of {target} failed: {type(error).__name__}: {error}", _short_trace()
+                        State.TARGET_MISSING, f"import of {target} failed: {type(error).__name__}: {error}", short_trace()
                     )
             return None
 
@@ -474,7 +414,7 @@ class Registry:
                 self._bring_in_prerequisites(record.patch)
                 record.settle(self._decide_and_install(record.patch, module))
             except Exception as error:  # the last line of defence: a patch never breaks an import
-                record.set(State.FAILED, f"unexpected error: {type(error).__name__}: {error}", _short_trace())
+                record.set(State.FAILED, f"unexpected error: {type(error).__name__}: {error}", short_trace())
             if record.state is State.APPLIED:
                 _log("debug", "lmcache-ascend: applied %s", name)
             if record.state is State.FAILED:
@@ -499,7 +439,7 @@ class Registry:
                 continue
             if owner is record.owners[path]:
                 rebound.add(path)
-        kept = [path for path, value in current.items() if _same(value, record.installed[path])]
+        kept = [path for path, value in current.items() if same(value, record.installed[path])]
         if len(kept) == len(current):
             return
         from lmcache_ascend.compat import markers
@@ -525,7 +465,7 @@ class Registry:
         """Decide whether `patch` goes in on `module`, and install it if so."""
         from lmcache_ascend.compat import markers
 
-        resolution = _resolve(patch, module)
+        resolution = resolve(patch, module)
         # Never twice: a mark of this patch on a current value means it is already in
         # (checked before the guard, which would take our own work for upstream's).
         if resolution.missing is None and any(
@@ -541,7 +481,7 @@ class Registry:
         fingerprints = {
             path: fingerprint(raw) if raw is not MISSING else None for path, raw in resolution.originals.items()
         }
-        refusal = _refusal(patch, resolution) or self._prerequisite_refusal(patch)
+        refusal = kind_refusal(patch, resolution) or self._prerequisite_refusal(patch)
         if refusal is None:
             # The flags this patch owns are checked now, by the patch that reads them
             # (activation leaves them alone: upstream may read them with its own rules).
@@ -549,7 +489,7 @@ class Registry:
             refusal = Outcome(State.FAILED, "; ".join(flag_problems)) if flag_problems else None
         if refusal is not None:
             return refusal.replace(fingerprints=fingerprints)
-        return _install(patch, module, resolution, fingerprints, note).replace(fingerprints=fingerprints)
+        return install(patch, module, resolution, fingerprints, note).replace(fingerprints=fingerprints)
 
     def _bring_in_prerequisites(self, patch: Patch) -> None:
         """Apply the prerequisites whose targets are imported (or executed again) and still pending."""
@@ -583,8 +523,8 @@ class Registry:
                 if name in dependent.entry.after and dependent.installed:
                     self.revert(dependent.entry.name)
             for owner, attribute, ours, original in record.elsewhere:
-                if _same(read_raw(owner, attribute), ours):
-                    _restore(owner, attribute, original)
+                if same(read_raw(owner, attribute), ours):
+                    restore(owner, attribute, original)
             record.elsewhere.clear()
             self._notice_override(record)
             if record.state not in (State.APPLIED, State.OVERRIDDEN) or not record.installed:
@@ -598,8 +538,8 @@ class Registry:
                 except AttributeError:
                     kept.append(path)
                     continue
-                if _same(read_raw(owner, attribute), ours):
-                    _restore(owner, attribute, record.originals[path])
+                if same(read_raw(owner, attribute), ours):
+                    restore(owner, attribute, record.originals[path])
                 else:
                     kept.append(path)
             record.forget_installation()
@@ -625,7 +565,7 @@ class Registry:
                 current = read_raw(resolve_owner(module, owner_path), attribute)
             except AttributeError:
                 current = MISSING
-            if not _same(current, ours):
+            if not same(current, ours):
                 record.set(State.OVERRIDDEN, f"{path} was replaced after we applied")
                 return
 
@@ -691,130 +631,9 @@ def _version_gate(patch: Patch | CatalogueEntry) -> tuple[Outcome | None, str]:
     return None, ", ".join(notes)
 
 
-def _resolve(patch: Patch, module: types.ModuleType) -> _Resolution:
-    """Every attribute's owner and raw original; what is missing is reported after the version gate."""
-    owners: dict[str, object] = {}
-    originals: dict[str, object] = {}
-    for path in patch.attributes:
-        owner_path, attribute = split_attribute_path(path)
-        try:
-            owner = resolve_owner(module, owner_path)
-        except AttributeError:
-            return _Resolution(owners, originals, f"{patch.target} has no {owner_path}")
-        raw = read_raw(owner, attribute)
-        if patch.kind is not PatchKind.ADD and raw is MISSING and not hasattr(owner, attribute):
-            return _Resolution(owners, originals, f"{patch.target} has no {path}")
-        owners[path] = owner
-        originals[path] = raw
-    return _Resolution(owners, originals, None)
-
-
-def _refusal(patch: Patch, resolution: _Resolution) -> Outcome | None:
-    """WRAP needs something to call; ADD must not shadow what upstream now defines itself."""
-    if patch.kind is PatchKind.WRAP:
-        not_callable = [
-            path for path, raw in resolution.originals.items() if raw is not MISSING and not _is_callable_member(raw)
-        ]
-        if not_callable:
-            return Outcome(State.FAILED, f"target attribute not callable: {', '.join(not_callable)}")
-    if patch.kind is PatchKind.ADD:
-        present = [path for path in patch.attributes if resolution.originals[path] is not MISSING]
-        if present:
-            return Outcome(State.SKIPPED_UPSTREAM, f"upstream defines {', '.join(present)}")
-    return None
-
-
-def _new_values(patch: Patch, module: types.ModuleType, resolution: _Resolution) -> dict[str, object]:
-    """The values to install: each wrapper around its original, plus what ``build`` returns."""
-    values = dict(patch.build(PatchContext(patch, module))) if patch.build is not None else {}
-    for path, wrapper in patch.wrappers.items():
-        values[path] = wrapped_member(
-            resolution.owners[path], split_attribute_path(path)[1], resolution.originals[path], wrapper
-        )
-    return values
-
-
-def _install(
-    patch: Patch, module: types.ModuleType, resolution: _Resolution, fingerprints: Mapping[str, str | None], note: str
-) -> Outcome:
-    """Build the new values and set them all, or none; returns what was installed."""
-    try:
-        new_values = _new_values(patch, module, resolution)
-    except Exception as error:  # nothing is touched if this raises
-        return Outcome(State.FAILED, f"build raised {type(error).__name__}: {error}", _short_trace())
-    if set(new_values) != set(patch.attributes) or len(new_values) != len(patch.attributes):
-        return Outcome(
-            State.FAILED, f"build returned {sorted(new_values)}, expected exactly {sorted(patch.attributes)}"
-        )
-    originals = resolution.originals
-    # REPLACE puts a function where a function was, and data where data was.
-    mismatched = [
-        path for path, value in new_values.items()
-        if patch.kind is PatchKind.REPLACE and originals[path] is not MISSING
-        and _is_callable_member(value) != _is_callable_member(originals[path])
-    ]
-    if mismatched:
-        return Outcome(
-            State.FAILED,
-            f"target attribute not callable where the replacement is (or the reverse): {', '.join(mismatched)}",
-        )
-    from lmcache_ascend.compat import markers
-
-    for value in new_values.values():
-        markers.mark(value, patch.name)
-    owners = resolution.owners
-    done: list[str] = []
-    try:
-        for path in patch.attributes:
-            attribute = split_attribute_path(path)[1]
-            setattr(owners[path], attribute, new_values[path])
-            done.append(path)
-            if attribute in TYPE_SLOT_ATTRIBUTES:
-                _forget_abc_answers(originals[path], new_values[path])
-    except Exception as error:
-        for path in reversed(done):
-            _restore(owners[path], split_attribute_path(path)[1], originals[path])
-        return Outcome(State.FAILED, f"installing raised {type(error).__name__}: {error}", _short_trace())
-    installed = {path: read_raw(owners[path], split_attribute_path(path)[1]) for path in patch.attributes}
-    aliases = _rebind_aliases(module, [(originals[p], installed[p]) for p in patch.attributes if owners[p] is module])
-    # Drift: a target whose source we never tested still applies, but says so;
-    # code without source is untested too unless the patch lists it so.
-    untested = [
-        path + (" has no source" if print_ == NO_SOURCE else "")
-        for path, print_ in fingerprints.items()
-        if originals[path] is not MISSING and print_ is not None and print_ not in patch.tested_fingerprints.get(path, ())
-    ]
-    if untested:
-        note = f"untested target ({', '.join(untested)}); {note}"
-    return Outcome(
-        State.APPLIED,
-        note,
-        installation=Installation(dict(owners), dict(originals), installed, aliases),
-        untested=bool(untested),
-    )
-
-
-def _rebind_aliases(module: types.ModuleType, replaced: list[tuple[object, object]]) -> tuple:
-    """Point other modules' names for a replaced value of `module` at ours (see compat.bindings):
-    (original, ours) pairs in, (importer, name, ours, original) out."""
-    from lmcache_ascend.compat import bindings
-
-    ours_by_id = {id(original): ours for original, ours in replaced if original is not MISSING}
-    found = bindings.aliases_of(
-        [original for original, _ in replaced if original is not MISSING], module, __name__.split(".", 1)[0]
-    )
-    for importer, name, original in found:
-        setattr(importer, name, ours_by_id[id(original)])
-    return tuple((importer, name, ours_by_id[id(original)], original) for importer, name, original in found)
-
-
 def _register_post_import_hook(target: str, hook) -> None:
     # Every execution: a reloaded target gets the patch again (see _follow_reexecution).
     import_hooks.register_post_import_hook(target, hook, every_execution=True)
-
-
-def _is_callable_member(raw: object) -> bool:
-    return callable(raw) or isinstance(raw, (classmethod, staticmethod, property))
 
 
 def _owned_flag_problems(patch: Patch) -> list[str]:
@@ -827,41 +646,6 @@ def _owned_flag_problems(patch: Patch) -> list[str]:
         except flag_table.FlagError as error:
             problems.append(str(error))
     return problems
-
-
-def _same(current: object, ours: object) -> bool:
-    if isinstance(ours, tuple):  # __bases__ tuples are rebuilt by type machinery
-        return current == ours
-    return current is ours
-
-
-def _restore(owner: object, attribute: str, original: object) -> None:
-    before = read_raw(owner, attribute) if attribute in TYPE_SLOT_ATTRIBUTES else None
-    if original is MISSING:
-        if attribute in vars(owner):
-            delattr(owner, attribute)
-    else:
-        setattr(owner, attribute, original)
-    if before is not None:
-        _forget_abc_answers(before, original)
-
-
-def _forget_abc_answers(old_bases: tuple, new_bases: tuple) -> None:
-    """Clear the issubclass caches of every ABC a __bases__ change added or removed.
-
-    ABCMeta caches both answers: without this, ``isinstance(x, SupportsHMA)`` could
-    keep saying "no" after we add the base (if asked before) or "yes" after revert.
-    """
-    import abc
-
-    for base in set(old_bases) ^ set(new_bases):
-        for klass in getattr(base, "__mro__", ()):
-            if isinstance(klass, abc.ABCMeta):
-                klass._abc_caches_clear()
-
-
-def _short_trace() -> str:
-    return "".join(traceback.format_exc(limit=4))
 
 
 # -------------------------------------------------------------------- the process registry

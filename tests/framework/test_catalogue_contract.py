@@ -16,6 +16,7 @@ import pytest
 from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat.source import module_is_locatable
 from lmcache_ascend.compat.versions import installed_version
+from lmcache_ascend.patches import install as install_module
 from lmcache_ascend.patches import registry as registry_module
 from lmcache_ascend.patches.model import State, resolve_owner, split_attribute_path
 
@@ -132,7 +133,7 @@ def test_patch_contract(name, monkeypatch):
         real_setattr(owner, attribute, value)
 
     with pytest.MonkeyPatch.context() as injected:
-        injected.setattr(registry_module, "setattr", failing_last_setattr, raising=False)
+        injected.setattr(install_module, "setattr", failing_last_setattr, raising=False)
         assert REGISTRY.apply_now(name, flags_enabling(name)) is State.FAILED
     assert_same_snapshot(before, owners_snapshot(name))
 

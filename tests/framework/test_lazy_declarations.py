@@ -159,7 +159,7 @@ print('IMPORTS=' + json.dumps({{'before': before, 'after': after, 'hooked': hook
 ACTIVATION_MODULES = {
     "lmcache_ascend", "lmcache_ascend.flags", "lmcache_ascend.compat", "lmcache_ascend.compat.import_hooks",
     "lmcache_ascend.compat.source", "lmcache_ascend.patches", "lmcache_ascend.patches.model",
-    "lmcache_ascend.patches.registry", "lmcache_ascend.patches.catalogue",
+    "lmcache_ascend.patches.registry", "lmcache_ascend.patches.install", "lmcache_ascend.patches.catalogue",
 }
 
 

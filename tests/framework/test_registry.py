@@ -18,6 +18,7 @@ from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat import markers
 from lmcache_ascend.compat.source import fingerprint
 from lmcache_ascend.compat.versions import installed_version
+from lmcache_ascend.patches import install as install_module
 from lmcache_ascend.patches import registry as registry_module
 from lmcache_ascend.patches.model import MISSING, Patch, PatchKind, State, UpstreamGuard
 from lmcache_ascend.patches.registry import Registry
@@ -184,7 +185,7 @@ def test_install_failure_halfway_rolls_back(monkeypatch):
             raise TypeError("injected failure on the second attribute")
         real_setattr(owner, name, value)
 
-    monkeypatch.setattr(registry_module, "setattr", failing_second_setattr, raising=False)
+    monkeypatch.setattr(install_module, "setattr", failing_second_setattr, raising=False)
     registry = Registry([make_patch()])
     before = snapshot(Queue)
     assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.FAILED
