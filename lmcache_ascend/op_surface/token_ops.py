@@ -156,6 +156,17 @@ def _repeated(op: str, paged: object, tensors: tuple, scalars: tuple) -> tuple[b
     return repeat(tensors[0].data_ptr(), tensors[1].data_ptr()), None, backend
 
 
+def _multi_layer_arguments(op: str, direction: object, key_value: object, slot_mapping: object,
+                           page_buffer_size: object) -> tuple[bool, torch.Tensor, torch.Tensor]:
+    """The arguments both multi-layer ops take alike, checked in this order: (whether the call
+    stores, key_value [planes, L, T, H], the slot tensor); page_buffer_size must be >= 1."""
+    store = _is_store(direction, op)
+    key_value = _tensor(key_value, "key_value", op, dims=4)
+    slot_mapping = _slot_tensor(slot_mapping, op)
+    _int_arg(page_buffer_size, "page_buffer_size", op, 1)
+    return store, key_value, slot_mapping
+
+
 def multi_layer_kv_transfer(
     key_value: torch.Tensor,
     key_value_ptrs: torch.Tensor | list[torch.Tensor],
@@ -181,10 +192,7 @@ def multi_layer_kv_transfer(
     if ran:
         return
     facts = format_facts(engine_kv_format, op, _MULTI_LAYER_FORMATS)
-    store = _is_store(direction, op)
-    key_value = _tensor(key_value, "key_value", op, dims=4)
-    slot_mapping = _slot_tensor(slot_mapping, op)
-    _int_arg(page_buffer_size, "page_buffer_size", op, 1)
+    store, key_value, slot_mapping = _multi_layer_arguments(op, direction, key_value, slot_mapping, page_buffer_size)
     _int_arg(block_size, "block_size", op)
     _int_arg(skip_prefix_n_tokens, "skip_prefix_n_tokens", op)
     _int_arg(block_stride_elems, "block_stride_elems", op)
@@ -236,10 +244,7 @@ def multi_layer_kv_transfer_unilateral(
         multi_layer_kv_transfer(key_value, key_value_ptrs, slot_mapping, paged_memory_device, page_buffer_size,
                                 direction, engine_kv_format)
         return
-    store = _is_store(direction, op)
-    key_value = _tensor(key_value, "key_value", op, dims=4)
-    slot_mapping = _slot_tensor(slot_mapping, op)
-    _int_arg(page_buffer_size, "page_buffer_size", op, 1)
+    store, key_value, slot_mapping = _multi_layer_arguments(op, direction, key_value, slot_mapping, page_buffer_size)
     if key_value.shape[0] != 2:
         raise TransferError(f"{op}: key_value has shape {tuple(key_value.shape)}; allowed: [2, L, T, H]")
     layers, hidden, device = key_value.shape[1], key_value.shape[3], torch.device(paged_memory_device)
