@@ -51,6 +51,14 @@ from lmcache_ascend.kernels.resolve import (
     ResolvedTransfer,
 )
 from lmcache_ascend.kernels.upload import stream_table, to_device
+from lmcache_ascend.kernels.whole_rows import (
+    NUM_WARPS as WHOLE_ROWS_WARPS,
+    WholeRows,
+    element_view,
+    whole_rows_kernel,
+    whole_rows_layout,
+    whole_rows_tables,
+)
 from lmcache_ascend.kernels.spec import (
     MAX_PLANES,
     ChunkRegions,
@@ -595,12 +603,13 @@ class _ChunksLaunch:
     """
 
     table: torch.Tensor
-    work: torch.Tensor
+    work: torch.Tensor  # whole rows: the layers' first rows in a chunk (`whole_rows_tables`)
     rows_table: torch.Tensor
     work_items: int
     columns: int
     shape: LaunchShape
     segments: int  # column steps covering the widest row of any group (the SEGMENTS constexpr)
+    whole_rows: WholeRows | None = None  # set: chunks of token rows moved whole (`kernels.whole_rows`)
     relaunches: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -621,9 +630,19 @@ def _chunks_launch_key(batches: Sequence[ResolvedChunkBatch], alignment: int, sh
 
 def _build_chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape: LaunchShape) -> _ChunksLaunch:
     _check_shape(shape)
+    device = batches[0].group.device
+    counts_all = np.concatenate([batch.rows.counts for batch in batches], axis=1)
+    starts_all = np.concatenate([batch.rows.starts for batch in batches], axis=1)
+    # Blocking copies from arrays of their own, once per launch's rows (not per call).
+    rows_table = torch.from_numpy(np.ascontiguousarray(np.concatenate([counts_all, starts_all], axis=1))).to(device)
+    whole = whole_rows_layout(list(batches), alignment)
+    if whole is not None:
+        table, origins = whole_rows_tables(batches[0], whole)
+        return _ChunksLaunch(table=torch.from_numpy(table).to(device), work=torch.from_numpy(origins).to(device),
+                             rows_table=rows_table, work_items=whole.blocks, columns=counts_all.shape[1], shape=shape,
+                             segments=0, whole_rows=whole)
     table: list[tuple[int, ...]] = []
     programs: list[int] = []
-    counts, starts = [], []
     column = 0  # the group's first plane's column in the rows table
     widest = 1
     for batch in batches:
@@ -639,8 +658,6 @@ def _build_chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, 
                 table.append((*geometry.rows[first : first + _GEOMETRY_FIELDS], region, widths[plane],
                               regions.row_pitch[plane], column + plane))
                 programs.append(-(-int(largest[plane]) // rows_per_program(shape.tile, widths[plane])))
-        counts.append(rows.counts)
-        starts.append(rows.starts)
         column += planes
         widest = max(widest, *geometry.row_bytes)
     programs_array = np.asarray(programs, dtype=np.int64)
@@ -648,13 +665,10 @@ def _build_chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, 
     work[:, 0] = np.repeat(np.arange(len(table), dtype=np.int32), programs_array)
     work[:, 1] = np.arange(len(work), dtype=np.int64) - np.repeat(np.cumsum(programs_array) - programs_array,
                                                                   programs_array)
-    counts_all, starts_all = np.concatenate(counts, axis=1), np.concatenate(starts, axis=1)
-    device = batches[0].group.device
-    # Blocking copies from arrays of their own, once per launch's rows (not per call).
     return _ChunksLaunch(
         table=torch.tensor(table, dtype=torch.int64).to(device),
         work=torch.from_numpy(work).to(device),
-        rows_table=torch.from_numpy(np.ascontiguousarray(np.concatenate([counts_all, starts_all], axis=1))).to(device),
+        rows_table=rows_table,
         work_items=len(work),
         columns=counts_all.shape[1],
         shape=shape,
@@ -729,6 +743,9 @@ def _chunks_launch_arguments(launch: _ChunksLaunch, batches: list[ResolvedChunkB
     """The arguments of `_launch` for `batches` launched as `launch`, whose chunks lie at `addresses`
     (device, int64) from `anchor_tensor`'s first byte."""
     first = batches[0]
+    whole = launch.whole_rows
+    if whole is not None:
+        anchor_tensor = element_view(anchor_tensor, whole.element)  # the same first byte
     anchor = anchor_tensor.data_ptr()
     slot_address, addresses_address = first.slots.data_ptr(), addresses.data_ptr()
     table_address, work_address, rows_address = (launch.table.data_ptr(), launch.work.data_ptr(),
@@ -747,6 +764,9 @@ def _chunks_launch_arguments(launch: _ChunksLaunch, batches: list[ResolvedChunkB
         integer_type(anchor),
     )
     pointers = {0: anchor, 2: slot_address, 3: table_address, 4: work_address, 5: addresses_address, 6: rows_address}
+    if whole is not None:
+        return (whole_rows_kernel, (whole.blocks, whole.layers, first.num_chunks), arguments, pointers, signature,
+                whole.constexprs(first.store), WHOLE_ROWS_WARPS, first.group.device)
     constexprs = (("STORE", first.store), ("ROWS_PER_ID", first.rows_per_id), ("TILE", launch.shape.tile),
                   ("SEGMENT", launch.shape.segment), ("SEGMENTS", launch.segments))
     return (_paged_chunks_kernel, (launch.work_items, first.num_chunks, 1), arguments, pointers, signature, constexprs,

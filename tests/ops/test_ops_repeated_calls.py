@@ -117,6 +117,64 @@ def _block_calls(device: str, count: int = 3) -> int:
     return repeated
 
 
+BUNDLE = 17  # NL_X_NP_X_NB_BS_ONE_HS: per layer a tuple of planes, side by side in an object's token rows
+BUNDLE_PLANES = ((24, torch.uint8), (4, torch.bfloat16), (1, torch.float16))  # 34-byte rows: moved whole
+BUNDLE_ROW = sum(width * dtype.itemsize for width, dtype in BUNDLE_PLANES)
+
+
+def _bundle_desc() -> ops.PageBufferShapeDesc:
+    desc = ops.PageBufferShapeDesc()
+    desc.kv_size, desc.nl, desc.nb, desc.bs, desc.nh, desc.hs = 1, LAYERS, BLOCKS, BS, 1, BUNDLE_PLANES[0][0]
+    desc.element_size, desc.dtype = 1, None
+    return desc
+
+
+def _bundle_rows(caches: list[tuple[torch.Tensor, ...]], slots: torch.Tensor) -> torch.Tensor:
+    """[layers, slots, row bytes]: each slot's planes' bytes side by side, read from the caches."""
+    return torch.stack([torch.cat([plane.reshape(BLOCKS * BS, -1).view(torch.uint8)[slots.cpu()].cpu()
+                                   for plane in layer], dim=1) for layer in caches])
+
+
+def _bundle_calls(device: str, count: int = 3) -> int:
+    """Stores, then loads, of `count` bundle objects of 2 blocks (the last one half full) with new objects
+    and block ids each call (a list, then a device tensor); returns the calls a kept repeat ran."""
+    generator = torch.Generator().manual_seed(3)
+    caches = [tuple(torch.randint(0, 256, (BLOCKS, BS, 1, width * dtype.itemsize), dtype=torch.uint8,
+                                  generator=generator).view(dtype).to(device) for width, dtype in BUNDLE_PLANES)
+              for _ in range(LAYERS)]
+    repeated = 0
+    for direction in (D2H, H2D):
+        for call in range(6):
+            ids = torch.randperm(BLOCKS, generator=generator)[:2 * count - 1]
+            block_ids = ids.tolist() if call % 2 else ids.to(device)
+            slots = (ids[:, None] * BS + torch.arange(BS)).reshape(-1)
+            if direction == D2H:
+                objects = [torch.full((LAYERS, 2 * BS, BUNDLE_ROW), 0xA5, dtype=torch.uint8, device=device)
+                           for _ in range(count)]
+            else:
+                objects = [torch.randint(0, 256, (LAYERS, 2 * BS, BUNDLE_ROW), dtype=torch.uint8,
+                                         generator=generator).to(device) for _ in range(count)]
+                others = torch.ones(BLOCKS * BS, dtype=torch.bool)
+                others[slots] = False
+                untouched = _bundle_rows(caches, torch.arange(BLOCKS * BS)[others])
+            before = launch_counter.triton
+            key = block_ops._block_repeat_key(moves._backend(), objects, block_ids, (
+                device, direction, 2 * BS, BUNDLE, 0,
+                *(getattr(_bundle_desc(), field, None) for field in block_ops._SHAPE_DESC_FIELDS)))
+            kept = moves._repeats.lookup(caches, key)[1]
+            ops.multi_layer_block_kv_transfer(caches, objects, block_ids, device, direction, _bundle_desc(), 2 * BS,
+                                              BUNDLE, 0)
+            repeated += kept is not None and kept is not moves._never and launch_counter.triton == before + 1
+            moved = torch.cat([obj.cpu() for obj in objects], dim=1)[:, : len(slots)]
+            assert torch.equal(moved, _bundle_rows(caches, slots)), (direction, call)
+            if direction == D2H:
+                assert (objects[-1][:, BS:] == 0xA5).all(), f"call {call}: rows past the request's blocks were written"
+            else:
+                assert torch.equal(_bundle_rows(caches, torch.arange(BLOCKS * BS)[others]), untouched), (
+                    f"load {call} wrote other slots")
+    return repeated
+
+
 @pytest.fixture(params=[True, False], ids=["raw launcher", "compiled kernel's runner (as on an NPU)"])
 def relaunch_through(request):
     """Repeats through CUDA's raw launcher, and through the compiled kernel's runner (what an NPU uses)."""
@@ -143,6 +201,12 @@ def test_repeated_block_calls_move_the_right_bytes_on_cuda(count, relaunch_throu
     assert _block_calls("cuda", count) == (5 if count == 1 else 4)
 
 
+@cuda
+def test_repeated_bundle_calls_move_the_right_bytes_on_cuda(relaunch_through):
+    # per direction two keys (ids as a list, as a device tensor), each repeated from its second call on
+    assert _bundle_calls("cuda") == 8
+
+
 def test_an_argument_that_cannot_be_hashed_takes_the_whole_path():
     """A repeat is looked up by the call's arguments; one that cannot be hashed (a shape descriptor
     field holding a list) must leave the call to the whole path, not fail it."""
@@ -159,3 +223,4 @@ def test_on_the_cpu_every_call_takes_the_whole_path():
     assert _token_calls("cpu") == 0
     assert _block_calls("cpu") == 0
     assert _block_calls("cpu", 1) == 0
+    assert _bundle_calls("cpu") == 0

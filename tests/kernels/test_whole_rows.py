@@ -1,0 +1,124 @@
+"""Chunks of token rows moved whole (`kernels.whole_rows`): byte for byte as the torch reference moves them.
+
+The chunks are LMCache's plane-tuple objects in small: per layer, token rows that hold every
+plane side by side (gaps between planes included, which nothing may write), three chunks of two
+8-row blocks each, the last one moving one block; rows short and long enough to take one, four
+and eight steps a block. The block ids come on the device and include
+one only the first plane's cache holds (the other planes' columns of that block stay as they
+were), one -1 (nothing moves), and a block moved twice (by two chunks: a load writes it from
+either; the test keeps those bytes equal in both chunks). Chunks and caches start poisoned and are
+compared whole against the reference's run of the same call; a layout whose rows the per-plane
+kernel moves 16 bytes wide is the control that takes the per-plane kernel. The Triton kernel runs
+under TRITON_INTERPRET=1 on the CPU (in a subprocess) and on a CUDA device when there is one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lmcache_ascend.kernels import PagedGroup, PagedPlane, chunk_rows, resolve_chunk_batch, transfer_chunk_batches
+from lmcache_ascend.kernels.spec import strided_chunk_regions
+from lmcache_ascend.kernels.upload import stream_table
+
+REPO = Path(__file__).resolve().parents[2]
+BLOCK_SIZE = 8
+LAYERS = 3
+# (each plane's row bytes, gap bytes after each plane, the element width whole rows move with; 0: the
+# per-plane kernel moves the layout)
+LAYOUTS = (
+    ((16, 8, 2), (0, 0, 0), 2),  # DeepSeek-V4's bundle in small: fp8 latent, bf16 rope, fp16 scale
+    ((12, 4, 1), (1, 0, 2), 1),
+    ((8, 16), (0, 8), 8),
+    ((4, 8, 4), (4, 0, 0), 4),
+    ((512, 128, 2), (0, 0, 0), 2),  # 321-element rows: two a step, four steps a block
+    ((1040, 64, 2), (0, 0, 0), 2),  # 553-element rows: one a step, eight steps a block
+    ((32, 16), (0, 0), 0),  # every offset a multiple of 16: the per-plane kernel moves 16 bytes at a time
+)
+
+
+def _layout(widths, gaps, device: str, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    # the first plane's caches hold one block more than the others': block 5 is only theirs
+    caches = [[torch.randint(0, 256, (6 if plane == 0 else 5, BLOCK_SIZE, width), dtype=torch.uint8,
+                             generator=generator).to(device) for _ in range(LAYERS)]
+              for plane, width in enumerate(widths)]
+    group = PagedGroup(tuple(PagedPlane(tuple(per_layer), BLOCK_SIZE, width, name=f"p{plane}")
+                             for plane, (per_layer, width) in enumerate(zip(caches, widths))))
+    starts = [sum(widths[:plane]) + sum(gaps[:plane]) for plane in range(len(widths))]
+    pitch = sum(widths) + sum(gaps)
+    return group, [cache for per_plane in caches for cache in per_plane], starts, pitch
+
+
+def _move(widths, gaps, device: str, backend: str, store: bool, seed: int = 0):
+    """(chunks and caches before the call, after it, the batch) of one call of every chunk."""
+    group, caches, starts, pitch = _layout(widths, gaps, device, seed)
+    tokens = 2 * BLOCK_SIZE
+    regions = strided_chunk_regions(widths, (tokens,) * len(widths), starts, (pitch,) * len(widths), tokens * pitch,
+                                    LAYERS)
+    generator = torch.Generator().manual_seed(seed + 1)
+    chunks = [torch.randint(0, 256, (LAYERS * tokens * pitch,), dtype=torch.uint8, generator=generator).to(device)
+              for _ in range(3)]
+    if not store:  # block 2 is loaded from chunks 0 and 2: the same bytes in both, so either write is right
+        chunks[2].view(LAYERS, tokens, pitch)[:, :BLOCK_SIZE] = chunks[0].view(LAYERS, tokens, pitch)[:, :BLOCK_SIZE]
+    ids = torch.tensor([2, 5, 0, -1, 2], dtype=torch.int64, device=device)
+    planes = len(widths)
+    rows = chunk_rows(group, regions, np.array([[0], [tokens], [2 * tokens]]).repeat(planes, axis=1),
+                      np.array([[tokens], [tokens], [BLOCK_SIZE]]).repeat(planes, axis=1))
+    before = [t.cpu().clone() for t in (*chunks, *caches)]
+    batch = resolve_chunk_batch(ids, chunks, rows, store=store, rows_per_id=BLOCK_SIZE)
+    assert transfer_chunk_batches([batch], backend=backend) == 1
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return before, [t.cpu().clone() for t in (*chunks, *caches)], batch
+
+
+def _whole_rows_of(batch):
+    """The whole-row shape of the launch the Triton backend kept for `batch` (None: the per-plane kernel's)."""
+    from lmcache_ascend.kernels import triton_transfer
+
+    alignment = math.gcd(batch.buffers.address_gcd, stream_table(batch.group.device, len(batch.buffers)).data_ptr())
+    shape = triton_transfer.chunk_launch_shape(batch.rows.max_region_bytes)
+    return triton_transfer._chunks_launch([batch], alignment, shape).whole_rows
+
+
+def _assert_whole_rows_move_as_the_reference(device: str) -> None:
+    for widths, gaps, element in LAYOUTS:
+        for store in (True, False):
+            before, ours, batch = _move(widths, gaps, device, "triton", store)
+            whole = _whole_rows_of(batch)
+            assert (whole.element if whole is not None else 0) == element, (widths, gaps, whole)
+            _, reference, _ = _move(widths, gaps, "cpu", "torch", store)
+            for index, (a, b) in enumerate(zip(ours, reference)):
+                assert torch.equal(a, b), (widths, gaps, store, index, int((a != b).sum()))
+            written = slice(0, 3) if store else slice(3, None)
+            assert not all(torch.equal(a, b) for a, b in zip(ours[written], before[written])), "nothing moved"
+
+
+def test_whole_rows_are_chosen_only_where_rows_lack_a_wide_divisor():
+    whole_rows_layout = pytest.importorskip("lmcache_ascend.kernels.whole_rows").whole_rows_layout
+    for widths, gaps, element in LAYOUTS:
+        _, _, batch = _move(widths, gaps, "cpu", "torch", True)
+        whole = whole_rows_layout([batch], 16)
+        assert (whole.element if whole is not None else 0) == element, (widths, gaps, whole)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_whole_rows_move_as_the_reference_on_cuda():
+    _assert_whole_rows_move_as_the_reference("cuda")
+
+
+def test_whole_rows_move_as_the_reference_interpreted():
+    pytest.importorskip("triton")
+    code = ("from tests.kernels.test_whole_rows import _assert_whole_rows_move_as_the_reference as check\n"
+            "check('cpu')\nprint('ok')\n")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
