@@ -122,3 +122,34 @@ def test_whole_rows_move_as_the_reference_interpreted():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_whole_rows_refuse_what_they_do_not_move_whole():
+    """Slots rather than block ids, parts of blocks, planes moving different rows and launches of several
+    layer groups take the per-plane kernel."""
+    whole_rows_layout = pytest.importorskip("lmcache_ascend.kernels.whole_rows").whole_rows_layout
+    widths, gaps = LAYOUTS[0][:2]
+    group, _, starts, pitch = _layout(widths, gaps, "cpu", 0)
+    tokens = 2 * BLOCK_SIZE
+    regions = strided_chunk_regions(widths, (tokens,) * len(widths), starts, (pitch,) * len(widths), tokens * pitch,
+                                    LAYERS)
+    chunks = [torch.zeros(LAYERS * tokens * pitch, dtype=torch.uint8) for _ in range(2)]
+    ids = torch.tensor([2, 0, 1, 3], dtype=torch.int64)
+    planes = len(widths)
+
+    def batch(first_rows, counts, rows_per_id=BLOCK_SIZE, slots=ids):
+        rows = chunk_rows(group, regions, np.array(first_rows), np.array(counts))
+        return resolve_chunk_batch(slots, chunks, rows, store=True, rows_per_id=rows_per_id)
+
+    whole = batch([[0] * planes, [tokens] * planes], [[tokens] * planes, [tokens] * planes])
+    assert whole_rows_layout([whole], 16) is not None
+    slots = torch.arange(4 * BLOCK_SIZE, dtype=torch.int64)
+    refused = {
+        "slots": batch([[0] * planes, [tokens] * planes], [[tokens] * planes] * 2, rows_per_id=1, slots=slots),
+        "part of a block": batch([[0] * planes, [tokens] * planes], [[tokens] * planes, [3] * planes]),
+        "planes moving different rows": batch([[0] * planes, [tokens] * planes],
+                                              [[tokens] * planes, [BLOCK_SIZE] + [tokens] * (planes - 1)]),
+    }
+    for name, refused_batch in refused.items():
+        assert whole_rows_layout([refused_batch], 16) is None, name
+    assert whole_rows_layout([whole, whole], 16) is None, "two layer groups"
