@@ -15,10 +15,6 @@ under TRITON_INTERPRET=1 on the CPU (in a subprocess) and on a CUDA device when 
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +24,6 @@ from lmcache_ascend.kernels import PagedGroup, PagedPlane, chunk_rows, resolve_c
 from lmcache_ascend.kernels.spec import strided_chunk_regions
 from lmcache_ascend.kernels.upload import stream_table
 
-REPO = Path(__file__).resolve().parents[2]
 BLOCK_SIZE = 8
 LAYERS = 3
 # (each plane's row bytes, gap bytes after each plane, the element width whole rows move with; 0: the
@@ -115,13 +110,9 @@ def test_whole_rows_move_as_the_reference_on_cuda():
     _assert_whole_rows_move_as_the_reference("cuda")
 
 
-def test_whole_rows_move_as_the_reference_interpreted():
-    pytest.importorskip("triton")
-    code = ("from tests.kernels.test_whole_rows import _assert_whole_rows_move_as_the_reference as check\n"
-            "check('cpu')\nprint('ok')\n")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+def test_whole_rows_move_as_the_reference_interpreted(interpreted):
+    interpreted("from tests.kernels.test_whole_rows import _assert_whole_rows_move_as_the_reference as check\n"
+                "check('cpu')")
 
 
 def test_whole_rows_refuse_what_they_do_not_move_whole():
