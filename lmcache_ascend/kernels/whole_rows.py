@@ -47,7 +47,6 @@ _STEP_ELEMENTS = 1024
 _MAX_COLUMNS = 2048
 NUM_WARPS = 4
 _ELEMENT_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_TABLE_FIELDS = 5
 
 
 @dataclass(frozen=True)
