@@ -613,7 +613,7 @@ class _ChunksLaunch:
     relaunches: dict = field(default_factory=dict, compare=False, repr=False)
 
 
-# Multi-chunk launches by ((rows, chunk offset) of each group, alignment mod 16, shape).
+# Multi-chunk launches by ((rows, chunk offset) of each group, alignment mod 16, shape, rows per id, mapped host).
 _chunks_launches: BoundedCache[_ChunksLaunch] = BoundedCache(_MAX_CACHED_TABLES)
 
 
@@ -625,7 +625,10 @@ def _chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape:
 
 
 def _chunks_launch_key(batches: Sequence[ResolvedChunkBatch], alignment: int, shape: LaunchShape) -> tuple:
-    return tuple((batch.rows, batch.chunk_offset) for batch in batches), alignment % 16, shape
+    # with what else `whole_rows_layout` reads: block ids or slots, and mapped host chunks
+    first = batches[0]
+    return (tuple((batch.rows, batch.chunk_offset) for batch in batches), alignment % 16, shape, first.rows_per_id,
+            first.buffers.mapped_host)
 
 
 def _build_chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, shape: LaunchShape) -> _ChunksLaunch:

@@ -95,6 +95,31 @@ def _assert_whole_rows_move_as_the_reference(device: str) -> None:
                 assert torch.equal(a, b), (widths, gaps, store, index, int((a != b).sum()))
             written = slice(0, 3) if store else slice(3, None)
             assert not all(torch.equal(a, b) for a, b in zip(ours[written], before[written])), "nothing moved"
+    _assert_slots_after_block_ids_take_their_own_launch(device)
+
+
+def _assert_slots_after_block_ids_take_their_own_launch(device: str) -> None:
+    """The same rows moved by block ids (whole rows), then by the slots those ids stand for: the
+    second launch must read slots, not reuse the first one's kernel."""
+    widths, gaps, _ = LAYOUTS[0]
+    group, caches, starts, pitch = _layout(widths, gaps, device, 0)
+    tokens = 2 * BLOCK_SIZE
+    regions = strided_chunk_regions(widths, (tokens,) * len(widths), starts, (pitch,) * len(widths), tokens * pitch,
+                                    LAYERS)
+    rows = chunk_rows(group, regions, np.array([[0], [tokens]]).repeat(len(widths), axis=1),
+                      np.array([[tokens], [tokens]]).repeat(len(widths), axis=1))
+    ids = torch.tensor([3, 0, 4, 1], dtype=torch.int64)
+    slots = (ids[:, None] * BLOCK_SIZE + torch.arange(BLOCK_SIZE)).reshape(-1)
+    moved = []
+    for values, per_id in ((ids, BLOCK_SIZE), (slots, 1)):
+        chunks = [torch.full((LAYERS * tokens * pitch,), 0xA5, dtype=torch.uint8, device=device) for _ in range(2)]
+        batch = resolve_chunk_batch(values.to(device), chunks, rows, store=True, rows_per_id=per_id)
+        assert transfer_chunk_batches([batch], backend="triton") == 1
+        assert (_whole_rows_of(batch) is not None) == (per_id > 1), per_id
+        moved.append([chunk.cpu() for chunk in chunks])
+    for by_ids, by_slots in zip(*moved):
+        assert torch.equal(by_ids, by_slots)
+    assert not all(bool((chunk == 0xA5).all()) for chunk in moved[0]), "nothing moved"
 
 
 def test_whole_rows_are_chosen_only_where_rows_lack_a_wide_divisor():
