@@ -638,7 +638,7 @@ def _build_chunks_launch(batches: Sequence[ResolvedChunkBatch], alignment: int, 
     starts_all = np.concatenate([batch.rows.starts for batch in batches], axis=1)
     # Blocking copies from arrays of their own, once per launch's rows (not per call).
     rows_table = torch.from_numpy(np.ascontiguousarray(np.concatenate([counts_all, starts_all], axis=1))).to(device)
-    whole = whole_rows_layout(list(batches), alignment)
+    whole = whole_rows_layout(list(batches), alignment, _group_geometry(batches[0].group).plane_gcds)
     if whole is not None:
         table, origins = whole_rows_tables(batches[0], whole)
         return _ChunksLaunch(table=torch.from_numpy(table).to(device), work=torch.from_numpy(origins).to(device),

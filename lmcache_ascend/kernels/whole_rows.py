@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -68,9 +68,11 @@ class WholeRows:
                 ("ROWS_PER_STEP", self.rows_per_step))
 
 
-def whole_rows_layout(batches: "list[ResolvedChunkBatch]", alignment: int) -> WholeRows | None:
+def whole_rows_layout(batches: "list[ResolvedChunkBatch]", alignment: int,
+                      plane_gcds: Sequence[int]) -> WholeRows | None:
     """The whole-row shape of a launch of `batches` whose chunk addresses have gcd `alignment` with
-    the anchor, or None where the per-plane kernel moves them (not one group of token rows moved in
+    the anchor (`plane_gcds`: per plane, the gcd of its row bytes, cache addresses and block strides),
+    or None where the per-plane kernel moves them (not one group of token rows moved in
     whole blocks; rows the per-plane kernel moves 16 bytes wide anyway; chunks in mapped host memory;
     a device other than CUDA, or the CPU under the interpreter)."""
     if len(batches) != 1:
@@ -91,11 +93,8 @@ def whole_rows_layout(batches: "list[ResolvedChunkBatch]", alignment: int) -> Wh
     if ((counts != counts[:, :1]).any() or (first_rows != first_rows[:, :1]).any()
             or (counts % block_size).any() or (first_rows % block_size).any()):
         return None  # planes that move different rows, or parts of blocks
-    quantities = [pitch, alignment, batch.chunk_offset + min(regions.plane_offsets), regions.layer_stride,
-                  *starts, *regions.row_bytes]
-    for per_layer in group.geometry:
-        for geometry in per_layer:
-            quantities += (geometry.address, geometry.block_stride_bytes)
+    quantities = (pitch, alignment, batch.chunk_offset + min(regions.plane_offsets), regions.layer_stride,
+                  *starts, *plane_gcds)
     if widest_element_width(*quantities) == 16:
         return None  # the per-plane kernel moves these 16 bytes at a time already
     element = widest_element_width(*quantities, widths=(8, 4, 2, 1))

@@ -122,11 +122,22 @@ def _assert_slots_after_block_ids_take_their_own_launch(device: str) -> None:
     assert not all(bool((chunk == 0xA5).all()) for chunk in moved[0]), "nothing moved"
 
 
+def _decision():
+    """`whole_rows_layout` for chunks aligned to 16 bytes, given the planes' gcds as the Triton backend gives them."""
+    triton_transfer = pytest.importorskip("lmcache_ascend.kernels.triton_transfer")
+
+    def decide(batches):
+        return triton_transfer.whole_rows_layout(batches, 16,
+                                                 triton_transfer._group_geometry(batches[0].group).plane_gcds)
+
+    return decide
+
+
 def test_whole_rows_are_chosen_only_where_rows_lack_a_wide_divisor():
-    whole_rows_layout = pytest.importorskip("lmcache_ascend.kernels.whole_rows").whole_rows_layout
+    whole_rows_layout = _decision()
     for widths, gaps, element in LAYOUTS:
         _, _, batch = _move(widths, gaps, "cpu", "torch", True)
-        whole = whole_rows_layout([batch], 16)
+        whole = whole_rows_layout([batch])
         assert (whole.element if whole is not None else 0) == element, (widths, gaps, whole)
 
 
@@ -143,7 +154,7 @@ def test_whole_rows_move_as_the_reference_interpreted(interpreted):
 def test_whole_rows_refuse_what_they_do_not_move_whole():
     """Slots rather than block ids, parts of blocks, planes moving different rows and launches of several
     layer groups take the per-plane kernel."""
-    whole_rows_layout = pytest.importorskip("lmcache_ascend.kernels.whole_rows").whole_rows_layout
+    whole_rows_layout = _decision()
     widths, gaps = LAYOUTS[0][:2]
     group, _, starts, pitch = _layout(widths, gaps, "cpu", 0)
     tokens = 2 * BLOCK_SIZE
@@ -158,7 +169,7 @@ def test_whole_rows_refuse_what_they_do_not_move_whole():
         return resolve_chunk_batch(slots, chunks, rows, store=True, rows_per_id=rows_per_id)
 
     whole = batch([[0] * planes, [tokens] * planes], [[tokens] * planes, [tokens] * planes])
-    assert whole_rows_layout([whole], 16) is not None
+    assert whole_rows_layout([whole]) is not None
     slots = torch.arange(4 * BLOCK_SIZE, dtype=torch.int64)
     refused = {
         "slots": batch([[0] * planes, [tokens] * planes], [[tokens] * planes] * 2, rows_per_id=1, slots=slots),
@@ -167,5 +178,5 @@ def test_whole_rows_refuse_what_they_do_not_move_whole():
                                               [[tokens] * planes, [BLOCK_SIZE] + [tokens] * (planes - 1)]),
     }
     for name, refused_batch in refused.items():
-        assert whole_rows_layout([refused_batch], 16) is None, name
-    assert whole_rows_layout([whole, whole], 16) is None, "two layer groups"
+        assert whole_rows_layout([refused_batch]) is None, name
+    assert whole_rows_layout([whole, whole]) is None, "two layer groups"
