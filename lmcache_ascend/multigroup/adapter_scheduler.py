@@ -21,7 +21,7 @@ from lmcache_ascend.multigroup.connector_state import (
 from lmcache_ascend.multigroup.reuse_verdict import reuse_blocker
 from lmcache_ascend.multigroup.tracker import GroupBlockTracker
 
-__all__ = ["advance_trackers", "connector_kv_groups", "connector_reuse_blocker", "track_new_requests"]
+__all__ = ["advance_trackers", "connector_kv_groups", "connector_reuse_blocker", "retires", "track_new_requests"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def connector_kv_groups(connector):
     return kv_groups
 
 
-def advance_trackers(block_trackers, scheduler_output, kv_groups) -> None:
+def advance_trackers(block_trackers, scheduler_output, kv_groups, retire_from=None) -> None:
     """Bring the multi-group block trackers (`GroupBlockTracker` by request id) up to date with a
     scheduler step, before upstream's loop over its requests runs.
 
@@ -71,16 +71,28 @@ def advance_trackers(block_trackers, scheduler_output, kv_groups) -> None:
     computed tokens) needs nothing here: vLLM keeps its blocks, and upstream truncates its tokens
     to what group 0's table holds, counted in group 0's block size for the step (the step
     wrapper's). A request with no block tracker is left alone.
+
+    `retire_from`: upstream's ``RequestTracker`` by request id, where the connector stores nothing
+    while a request decodes (see `retires`); None keeps every tracker. A request of those that
+    brings new blocks while decoding has its entry set to None (retired) instead: its blocks are
+    never read again, and a resumed request gets a fresh tracker from its new table.
     """
-    for req_id in scheduler_output.finished_req_ids:
-        block_trackers.pop(req_id, None)
+    finished = scheduler_output.finished_req_ids
+    if finished:
+        for req_id in finished:
+            block_trackers.pop(req_id, None)
     cached = scheduler_output.scheduled_cached_reqs
     if isinstance(cached, list):
         # vLLM < 0.9.2: one record per request.
+        num_groups = kv_groups.num_groups
         for request_data in cached:
-            groups = block_trackers.get(request_data.req_id)
-            if groups is not None:
-                _apply_new_blocks(groups, request_data.new_block_ids, request_data.resumed_from_preemption)
+            req_id = request_data.req_id
+            if request_data.resumed_from_preemption:
+                _resume(block_trackers, req_id, request_data.new_block_ids, num_groups)
+                continue
+            groups = block_trackers.get(req_id)
+            if groups is not None and request_data.new_block_ids is not None:
+                groups.append_new_blocks(request_data.new_block_ids)
         return
     req_ids = cached.req_ids
     if not req_ids:
@@ -92,15 +104,13 @@ def advance_trackers(block_trackers, scheduler_output, kv_groups) -> None:
         if flags is None:
             return  # upstream refuses a step that does not say which requests resumed
         resumed = {req_id for req_id, flag in zip(req_ids, flags) if flag}
-    num_groups = kv_groups.num_groups
     new_block_ids = cached.new_block_ids
+    num_groups = kv_groups.num_groups
     if resumed:
         # A step that resumes a request (rare): every request takes the general test.
         for req_id, request_new_ids in zip(req_ids, new_block_ids):
             if req_id in resumed:
-                groups = block_trackers.get(req_id)
-                if groups is not None:
-                    groups.reset_after_preemption(request_new_ids)
+                _resume(block_trackers, req_id, request_new_ids, num_groups)
             elif not _brings_nothing(request_new_ids, num_groups):
                 groups = block_trackers.get(req_id)
                 if groups is not None:
@@ -112,17 +122,24 @@ def advance_trackers(block_trackers, scheduler_output, kv_groups) -> None:
     # list per group: appended here, touching only the groups that got a block, rather than
     # through `GroupBlockTracker.append_new_blocks`, whose call alone cost about a quarter of this
     # loop at a server's batch (docs/design-decisions.md, section 3). Any other form takes that
-    # checked path.
+    # checked path. A decoding request whose blocks are never read again is retired at its first
+    # new block (`retires`), so from then on its turn is the lookup that finds None.
+    if not any(new_block_ids):  # (most steps of a small batch: no iterators made)
+        return
     for req_id, request_new_ids in compress(zip(req_ids, new_block_ids), new_block_ids):
         if type(request_new_ids) is tuple and len(request_new_ids) == num_groups and type(request_new_ids[0]) is list:
             if not any(request_new_ids):
                 continue
             groups = block_trackers.get(req_id)
-            if groups is not None:
-                # Only the groups that got a block are touched (most get none on a decode step).
-                tables = groups.block_ids_by_group
-                for group in compress(_GROUP_INDICES, request_new_ids):  # (as many as there are groups)
-                    tables[group].extend(request_new_ids[group])
+            if groups is None:
+                continue
+            if retire_from is not None and retires(retire_from.get(req_id)):
+                block_trackers[req_id] = None
+                continue
+            # Only the groups that got a block are touched (most get none on a decode step).
+            tables = groups.block_ids_by_group
+            for group in compress(_GROUP_INDICES, request_new_ids):  # (as many as there are groups)
+                tables[group].extend(request_new_ids[group])
         elif not _brings_nothing(request_new_ids, num_groups):
             groups = block_trackers.get(req_id)
             if groups is not None:
@@ -150,12 +167,20 @@ def track_new_requests(block_trackers, scheduler_output, upstream_trackers, num_
             block_trackers[request.req_id] = GroupBlockTracker.for_new_request(request.block_ids, num_groups)
 
 
-def _apply_new_blocks(groups, new_block_ids, preempted) -> None:
-    # What ``RequestTracker.update(new_token_ids, new_block_ids, preempted)`` does to group 0, for every group.
-    if preempted:
-        groups.reset_after_preemption(new_block_ids)
-    elif new_block_ids is not None:
-        groups.append_new_blocks(new_block_ids)
+def retires(upstream_tracker) -> bool:
+    """Whether a request's block tracker may be retired: upstream's ``RequestTracker`` says it is
+    decoding and not a disaggregated transfer. Upstream's rule (``ReqMeta.from_request_tracker``):
+    such a request is saved again only where the connector saves decode KV (the caller passes
+    `advance_trackers` no trackers then), and ``is_decode_phase`` is never cleared; it is loaded
+    again only after a preemption, whose resumed step brings the whole new table."""
+    return upstream_tracker is not None and upstream_tracker.is_decode_phase and upstream_tracker.disagg_spec is None
+
+
+def _resume(block_trackers, req_id, block_ids, num_groups: int) -> None:
+    """A request resumed after preemption (tracked, or retired): its old blocks are gone, the
+    fresh table it brings is its tracker now."""
+    if req_id in block_trackers:
+        block_trackers[req_id] = GroupBlockTracker.for_new_request(block_ids, num_groups)
 
 
 def _decide_reuse(connector, kv_groups) -> None:

@@ -3,8 +3,8 @@
 LMCache's ``RequestTracker`` keeps ``block_ids[0]`` only; this tracker keeps
 one int64 array per group and follows vLLM's scheduler outputs: a new request brings
 its full block table, a running request appends the newly allocated blocks of
-each group, and a request resumed after preemption brings a fresh table that
-replaces the old one. Block id 0 is vLLM's null block (a hole, e.g. a
+each group (a request resumed after preemption brings a fresh table: a new
+tracker). Block id 0 is vLLM's null block (a hole, e.g. a
 sliding-window block that fell out of the window); it is kept in place so that
 block positions stay aligned with token positions.
 """
@@ -136,11 +136,6 @@ class GroupBlockTracker:
                     f"the {len(tracked)} tracked blocks {tracked[:8].tolist()}...; blocks are only appended"
                 )
             tracked.extend(table[len(tracked) :])
-
-    def reset_after_preemption(self, block_ids: Sequence[Sequence[int] | None] | None) -> None:
-        """A preempted request resumed: its old blocks are gone, the new table replaces them."""
-        groups = normalize_group_block_ids(block_ids, self.num_groups, "resumed request block_ids")
-        self.block_ids_by_group = tuple(array(_TYPECODE, ids) for ids in groups)
 
     def num_blocks_by_group(self) -> tuple[int, ...]:
         return tuple(map(len, self.block_ids_by_group))

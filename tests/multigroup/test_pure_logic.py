@@ -187,7 +187,8 @@ def test_tracker_follows_new_cached_and_resumed_requests():
     tracker.append_new_blocks(([3], None, [9]))
     tracker.append_new_blocks(None)
     assert tracker.block_id_lists() == [[1, 2, 3], [0, 5], [9]]
-    tracker.reset_after_preemption(([7], [8], [0, 10]))
+    # A resumed request's fresh table is a new tracker (adapter_scheduler._resume).
+    tracker = GroupBlockTracker.for_new_request(([7], [8], [0, 10]), 3)
     assert tracker.block_id_lists() == [[7], [8], [0, 10]]
     assert tracker.num_blocks_by_group() == (1, 1, 2)
 
@@ -293,7 +294,7 @@ def test_packed_block_ids_follow_every_table_change():
     big = 2**40 + 7  # ids past 32 bits keep every byte
     tracker.append_new_blocks(([big], [], []))
     assert ids((0,), (3,)) == [1, 2, big]
-    tracker.reset_after_preemption(([1, 2], [3, 4, 5], [6]))
+    tracker = GroupBlockTracker.for_new_request(([1, 2], [3, 4, 5], [6]), 3)
     tracker.append_new_blocks(([7], [8], []))
     assert ids((0, 1), (3, 4)) == [1, 2, 7, 3, 4, 5, 8]
     assert unpack_block_ids(first).tolist() == [1, 2, 3, 4]  # the earlier step's bytes are left as they were
@@ -301,7 +302,7 @@ def test_packed_block_ids_follow_every_table_change():
     assert ids((0, 1), (1, 2)) == [1, 3, 4]
     assert ids((0, 1), (2, 4)) == [1, 2, 3, 4, 5, 8]
     assert ids((1, 2), (3, 1)) == [3, 4, 5, 6]
-    tracker.reset_after_preemption(([20, 21, 22], [23, 24, 25, 26], [27]))
+    tracker = GroupBlockTracker.for_new_request(([20, 21, 22], [23, 24, 25, 26], [27]), 3)
     assert ids((1, 2), (3, 1)) == [23, 24, 25, 27]
     assert ids((0, 1, 2), (0, 0, 0)) == []
     with pytest.raises(ValueError, match=r"counts \(4, 1\) of groups \(0, 2\) exceed the tracked blocks \(3, 4, 1\)"):
@@ -520,7 +521,7 @@ def test_shipped_ids_follow_appends_and_resets(rows_per_block, compress_ratio, s
     tracker = GroupBlockTracker.for_new_request(([],), 1)
     for index, new_ids in enumerate(steps):
         if index == reset_at:
-            tracker.reset_after_preemption((list(reversed(tracker.block_ids_by_group[0])),))
+            tracker = GroupBlockTracker.for_new_request((list(reversed(tracker.block_ids_by_group[0])),), 1)
         tracker.append_new_blocks((new_ids,))
         ids = tracker.block_id_lists()[0]
         for num_tokens in {0, len(ids) * block_size // 2, len(ids) * block_size}:

@@ -313,15 +313,18 @@ class _Tables:
         return tuple(new)
 
 
-def _request_life(fixture):
+def _request_life(fixture, save_decode_cache: bool = False):
     """Two requests in shared steps: chunked prefill, a rollback with new blocks, decode steps
     bringing nothing (vLLM's None, or an empty list per group), decode steps bringing blocks to
     some groups, a rollback while decoding, a preemption with a fresh table. Every step's
     metadata and trackers are checked against vLLM's tables (the test's) and the reference slot
-    rule; returns what each step produced."""
+    rule; a block tracker may be retired (None) only while its request decodes on a connector
+    that saves nothing then. Returns what each step produced and the requests ever retired."""
     from tests.multigroup.scheduler_driver import step_together
 
     impl = make_connector_impl(fixture, chunk_size=256)
+    impl.config.save_decode_cache = save_decode_cache
+    retired = set()
     a = RequestDriver(impl, "req-a", [(3 * i) % 997 + 1 for i in range(766)])
     b = RequestDriver(impl, "req-b", [(5 * i) % 991 + 1 for i in range(600)])
     tables = {"req-a": _Tables(fixture, 1), "req-b": _Tables(fixture, 100_000)}
@@ -335,7 +338,12 @@ def _request_life(fixture):
             if tracker is None:
                 continue
             model = tables[driver.req_id].tables
-            assert _block_tracker(impl, driver.req_id).block_id_lists() == model
+            groups = _block_tracker(impl, driver.req_id)
+            if groups is None:  # retired: never read again
+                assert tracker.is_decode_phase and not save_decode_cache
+                retired.add(driver.req_id)
+            else:
+                assert groups.block_id_lists() == model
             assert tracker.allocated_block_ids == model[0]  # upstream's own field: group 0
             assert not [name for name in vars(tracker) if "ascend" in name]  # nothing of ours on it
             assert tracker.token_ids == driver.request.all_token_ids[: driver.request.num_computed_tokens]
@@ -350,6 +358,11 @@ def _request_life(fixture):
             ))
         record.append(step)
         return meta
+
+    def decode_step(meta):
+        """A decode step stores only where the connector saves decode KV (A at its 768th token)."""
+        assert all(req.save_spec.can_save and req.load_spec is None for req in meta.requests)
+        assert save_decode_cache or not meta.requests
 
     brought = []  # per decode part: "blocks", "none" or "lists"
 
@@ -375,7 +388,7 @@ def _request_life(fixture):
     for step in range(6):
         forms = ("none", "lists") if step % 2 else ("lists", "none")
         parts = [running(a, 1, forms[0], next(token)), running(b, 1, forms[1], next(token))]
-        assert check(step_together(impl, parts)).requests == []
+        decode_step(check(step_together(impl, parts)))
     assert {"blocks", "none", "lists"} <= set(brought)
     # A rolled back by one token while decoding; B preempted, resuming with a fresh table and
     # loading 512 tokens from LMCache (256 still in vLLM).
@@ -389,18 +402,82 @@ def _request_life(fixture):
     assert [req.req_id for req in meta.requests] == ["req-b"]
     for step in range(4):
         parts = [running(a, 1, "none", next(token)), running(b, 1, "lists", next(token))]
-        assert check(step_together(impl, parts)).requests == []
+        decode_step(check(step_together(impl, parts)))
     a.finish()
     b.finish()
     assert impl._request_trackers == {} and SCHEDULER_STATE.get(impl).block_trackers == {}
-    return record
+    return record, retired
+
+
+@pytest.mark.parametrize("make_fixture, retiring", [
+    (dsv4_cuda_kv_cache_config, {"req-a", "req-b"}),
+    (dsv4_ascend_kv_cache_config, {"req-a"}),  # B gets no block while decoding in these groups
+])
+def test_shared_steps_agree_with_vllm_tables(patched, make_fixture, retiring):
+    record, retired = _request_life(make_fixture())
+    # Steps that built metadata: A's prefill, B's prefill, both after A's rollback, B's resume.
+    assert sum(1 for step in record for entry in step if len(entry) > 4) == 5
+    # The decoding requests that got a block were retired (with the CUDA groups B before its
+    # preemption: its resume loaded from a fresh tracker). A connector that saves decode KV keeps
+    # every tracker: A's decode save at its 768th token was checked row by row like every other.
+    assert retired == retiring
+    record, retired = _request_life(make_fixture(), save_decode_cache=True)
+    assert sum(1 for step in record for entry in step if len(entry) > 4) == 6 and not retired
+
+
+def test_trackers_retire_only_under_the_decode_save_rule_they_were_checked_against(patched, monkeypatch):
+    """The pinned LMCache's rule is one retiring was checked against; where upstream's source is
+    another, no tracker is retired and the same steps still agree with vLLM's tables."""
+    from lmcache_ascend.patches.lmcache import adapter_multigroup
+
+    fixture = dsv4_cuda_kv_cache_config()
+    impl = make_connector_impl(fixture)
+    RequestDriver(impl, "req-rule", list(range(1, 17))).start(16, _cuda_tables(16))
+    assert SCHEDULER_STATE.get(impl).decode_rule_read
+    monkeypatch.setitem(adapter_multigroup._DECODE_SAVE_RULE, "ReqMeta.from_request_tracker", ("another",))
+    _, retired = _request_life(fixture)
+    assert retired == set()
+
+
+def _decode_past_a_chunk(impl, fixture, req_id: str, flip_save_decode_cache_at: int | None = None):
+    """A 250-token prompt, then decode steps up to 260 tokens, each growing the tables as vLLM
+    would: the 256th token ends LMCache's first chunk. Returns the step that saves it, with the
+    tables then, and the tables at the end."""
+    tables = _Tables(fixture, 1)
+    driver = RequestDriver(impl, req_id, [(11 * i) % 983 + 1 for i in range(250)])
+    assert driver.start(250, tables.grow_to(250)).requests[0].save_spec.can_save  # (nothing whole to save yet)
+    saving = None
+    for token in range(1, 11):
+        if token == flip_save_decode_cache_at:
+            impl.config.save_decode_cache = True
+        new = tables.grow_to(driver.request.num_computed_tokens + 1)
+        meta = driver.advance(1, new if any(new) else None, output_token=token)
+        if meta.requests:
+            saving = (meta.requests[0], [list(t) for t in tables.tables])
+    return saving, tables.tables
 
 
 @pytest.mark.parametrize("make_fixture", [dsv4_cuda_kv_cache_config, dsv4_ascend_kv_cache_config])
-def test_shared_steps_agree_with_vllm_tables(patched, make_fixture):
-    record = _request_life(make_fixture())
-    # Steps that built metadata: A's prefill, B's prefill, both after A's rollback, B's resume.
-    assert sum(1 for step in record for entry in step if len(entry) > 4) == 5
+def test_decode_saves_carry_every_group_s_blocks(patched, make_fixture):
+    """With save_decode_cache on, upstream saves a decoding request at its chunk boundary; its
+    tracker followed every block (none retired), and every row of the save is vLLM's."""
+    fixture = make_fixture()
+    impl = make_connector_impl(fixture, chunk_size=256)
+    impl.config.save_decode_cache = True
+    (req, tables), final_tables = _decode_past_a_chunk(impl, fixture, "req-dec")
+    assert req.save_spec.can_save and len(req.token_ids) == 256
+    _assert_rows(req, fixture, tables)
+    assert _block_tracker(impl, "req-dec").block_id_lists() == final_tables
+
+
+def test_a_retired_request_that_upstream_saves_is_refused(patched):
+    """A save for a request whose tracker was retired (here: save_decode_cache turned on while it
+    decodes) is refused at the step, naming the request, rather than shipped without its blocks."""
+    fixture = dsv4_cuda_kv_cache_config()
+    impl = make_connector_impl(fixture, chunk_size=256)
+    with pytest.raises(RuntimeError, match="request 'req-late' makes LMCache store KV while decoding, after its "
+                                           "block tracker was retired"):
+        _decode_past_a_chunk(impl, fixture, "req-late", flip_save_decode_cache_at=5)
 
 
 def _cuda_tables(num_tokens: int) -> tuple[list[int], ...]:

@@ -4,7 +4,9 @@ The loop skips a request with nothing to do (no new block, not resumed) without 
 tracker; every other request takes the full path: replace (resumed) or extend (new blocks) its
 tables, as ``RequestTracker.update`` does to group 0. Finished requests' trackers are dropped, as
 upstream drops its own. Both are compared here on the same random steps (block trackers and
-duck-typed scheduler outputs, as the scheduler hands them over).
+duck-typed scheduler outputs, as the scheduler hands them over). Where the loop may retire
+trackers (upstream's trackers handed in), a tracker it sets to None must be one `retires`
+allows; every other tracker is the full path's.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmcache_ascend.multigroup.adapter_scheduler import advance_trackers, track_new_requests
+from lmcache_ascend.multigroup.adapter_scheduler import advance_trackers, retires, track_new_requests
 from lmcache_ascend.multigroup.specs import KVGroupSpec, kv_groups_from_specs
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 from lmcache_ascend.multigroup.tracker import GroupBlockTracker
@@ -29,20 +31,19 @@ KV_GROUPS = kv_groups_from_specs(
 
 
 def full_path(block_trackers, scheduler_output, kv_groups) -> None:
-    """Finished requests dropped; then every request with a block tracker, in order: replace or
-    extend its tables."""
+    """Finished requests dropped; then every request with a block tracker (or a retired one, None),
+    in order: a new tracker from its table (resumed), or its tables extended (new blocks)."""
     for req_id in scheduler_output.finished_req_ids:
         block_trackers.pop(req_id, None)
     cached = scheduler_output.scheduled_cached_reqs
     for index, req_id in enumerate(cached.req_ids):
-        groups = block_trackers.get(req_id)
-        if groups is None:
+        if req_id not in block_trackers:
             continue
         new_block_ids = cached.new_block_ids[index]
         if req_id in cached.resumed_req_ids:
-            groups.reset_after_preemption(new_block_ids)
-        elif new_block_ids is not None:
-            groups.append_new_blocks(new_block_ids)
+            block_trackers[req_id] = GroupBlockTracker.for_new_request(new_block_ids, kv_groups.num_groups)
+        elif new_block_ids is not None and block_trackers[req_id] is not None:
+            block_trackers[req_id].append_new_blocks(new_block_ids)
 
 
 def _new_block_ids(draw, index: int):
@@ -71,15 +72,19 @@ def _output(req_ids, new_block_ids, resumed=(), finished=()):
 
 @st.composite
 def steps(draw):
-    """Block trackers of a few requests and one step of the scheduler: some of them running (with
-    or without a tracker), some finished."""
-    block_trackers = {}
+    """Block trackers of a few requests (some retired) and one step of the scheduler: some of them
+    running (with or without a tracker), some finished; upstream's trackers of the requests
+    (decoding or not, disaggregated or not), or None where the connector saves decode KV."""
+    block_trackers, upstream = {}, {}
     req_ids, new_block_ids, resumed, finished = [], [], set(), set()
     for index in range(draw(st.integers(1, 5))):
         req_id = f"r{index}"
         if draw(st.booleans()) or index == 0:  # tracked per group (else: a request with none)
             tables = [draw(st.lists(st.integers(1, 99), max_size=8)) for _ in BLOCK_SIZES]
-            block_trackers[req_id] = GroupBlockTracker([list(t) for t in tables])
+            block_trackers[req_id] = None if draw(st.integers(0, 5)) == 0 else GroupBlockTracker([list(t) for t in tables])
+            upstream[req_id] = types.SimpleNamespace(
+                is_decode_phase=draw(st.booleans()), disagg_spec=draw(st.sampled_from([None, None, "spec"]))
+            )
         if draw(st.integers(0, 5)) == 0:
             finished.add(req_id)
             continue
@@ -87,24 +92,49 @@ def steps(draw):
         new_block_ids.append(_new_block_ids(draw, index))
         if draw(st.integers(0, 4)) == 0:
             resumed.add(req_id)
-    return block_trackers, _output(req_ids, new_block_ids, resumed, finished)
+    return block_trackers, _output(req_ids, new_block_ids, resumed, finished), draw(st.sampled_from([upstream, None]))
 
 
-def _outcome(step, block_trackers, scheduler_output):
+def _outcome(step, block_trackers, scheduler_output, *retire_from):
     try:
-        step(block_trackers, scheduler_output, KV_GROUPS)
+        step(block_trackers, scheduler_output, KV_GROUPS, *retire_from)
     except ValueError as error:
         return ("refused", str(error))
-    return ("done", {req_id: groups.block_id_lists() for req_id, groups in block_trackers.items()})
+    return ("done", {req_id: groups and groups.block_id_lists() for req_id, groups in block_trackers.items()})
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(steps())
 def test_the_step_loop_leaves_every_tracker_as_the_full_path_does(case):
-    block_trackers, scheduler_output = case
+    block_trackers, scheduler_output, retire_from = case
     fast_trackers, fast_output = copy.deepcopy((block_trackers, scheduler_output))
     expected = _outcome(full_path, block_trackers, scheduler_output)
-    assert _outcome(advance_trackers, fast_trackers, fast_output) == expected
+    outcome = _outcome(advance_trackers, fast_trackers, fast_output, retire_from)
+    if outcome[0] == "done" and expected[0] == "done":
+        # A tracker the loop retired is one it may retire, and it was not resumed this step.
+        for req_id, lists in outcome[1].items():
+            if lists is None and expected[1][req_id] is not None:
+                assert retire_from is not None and retires(retire_from[req_id])
+                assert req_id not in fast_output.scheduled_cached_reqs.resumed_req_ids
+                outcome[1][req_id] = expected[1][req_id]
+    assert outcome == expected
+
+
+def test_a_decoding_request_is_retired_at_its_next_block_and_comes_back_when_resumed():
+    upstream = {"d": types.SimpleNamespace(is_decode_phase=True, disagg_spec=None),
+                "p": types.SimpleNamespace(is_decode_phase=False, disagg_spec=None),
+                "x": types.SimpleNamespace(is_decode_phase=True, disagg_spec="spec")}
+    block_trackers = {req_id: GroupBlockTracker([[1], [2], [3]]) for req_id in upstream}
+    step = _output(["d", "p", "x"], [None] * 3)
+    advance_trackers(block_trackers, step, KV_GROUPS, upstream)  # nothing new: nothing retired
+    assert all(block_trackers.values())
+    advance_trackers(block_trackers, _output(["d", "p", "x"], [([], [5], [])] * 3), KV_GROUPS, None)
+    assert [groups.block_id_lists() for groups in block_trackers.values()] == [[[1], [2, 5], [3]]] * 3
+    advance_trackers(block_trackers, _output(["d", "p", "x"], [([], [6], [])] * 3), KV_GROUPS, upstream)
+    assert block_trackers["d"] is None  # decoding, no transfer: its blocks are never read again
+    assert block_trackers["p"].block_id_lists() == block_trackers["x"].block_id_lists() == [[1], [2, 5, 6], [3]]
+    advance_trackers(block_trackers, _output(["d"], [([7], [8], [9])], resumed={"d"}), KV_GROUPS, upstream)
+    assert block_trackers["d"].block_id_lists() == [[7], [8], [9]]
 
 
 def test_a_step_that_brings_nothing_looks_up_no_tracker():

@@ -8,12 +8,15 @@ has ``discard_partial_chunks`` and a chunk size every compress ratio divides.
 
 Only the step is wrapped (``build_connector_meta``); upstream's per-request loop runs unwrapped
 and its trackers carry nothing of ours (an attribute added to them, or their dict asked for,
-slows every read of their fields), so a decoding request costs what it costs upstream plus one
-turn of `advance_trackers`. Around upstream's step:
+slows every read of their fields), so a decoding request costs what it costs upstream, plus one
+turn of `advance_trackers` on a step that brings it a block (once it is retired, a lookup).
+Around upstream's step:
 
 - before it, the block trackers of the step's requests are brought up to date from the
   scheduler output (finished requests dropped, new blocks appended, a resumed request's fresh
-  table: `lmcache_ascend.multigroup.adapter_scheduler.advance_trackers`);
+  table: `lmcache_ascend.multigroup.adapter_scheduler.advance_trackers`); where the connector
+  saves nothing while a request decodes (upstream's rule, on the sources it was checked
+  against), a decoding request's tracker is retired at its next block instead;
 - during it, the connector's ``_block_size`` is group 0's block size. ``RequestTracker`` keeps
   group 0's table (``block_ids[0]``), so upstream's one slot mapping, and its cap of a rolled-back
   tracker, count that table's tokens rightly. Our connector does not read that slot mapping for
@@ -30,17 +33,22 @@ byte-identical).
 
 from __future__ import annotations
 
+import logging
+import sys
 import types
 
 from lmcache_ascend.compat.signatures import parameter
 from lmcache_ascend.multigroup.attachments import CONNECTOR_GROUPS, SCHEDULER_STATE, STEP_BLOCK_IDS
 from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
+logger = logging.getLogger(__name__)
+
 # The multi-group logic (numpy), imported on the first wrapped call rather than with this
 # declaration; kept here after that, since an import statement costs microseconds per step.
 _logic: types.SimpleNamespace | None = None
 
 _UNDECIDED = object()  # a connector whose layout is not decided yet (CONNECTOR_GROUPS unset)
+_UNTRACKED = object()  # a request with no block tracker (upstream's metadata is left as it is)
 
 
 def _load_logic() -> types.SimpleNamespace:
@@ -60,10 +68,13 @@ class _SchedulerState:
     """A multi-group connector's scheduler side, made at its first step (its groups are fixed at
     its start): its groups, chunk size, group 0's block size (the one upstream's loop is handed
     for a step: the table ``RequestTracker`` keeps is group 0's) and a `GroupBlockTracker` per
-    request upstream tracks, by request id (made with upstream's tracker, dropped with it).
+    request upstream tracks, by request id (made with upstream's tracker, dropped with it; None
+    once retired: a decoding request whose blocks upstream never saves or loads again,
+    `adapter_scheduler.retires`). `decode_rule_read`: upstream's decode save rule is one that
+    retiring was checked against (`_DECODE_SAVE_RULE`).
     """
 
-    __slots__ = ("connector", "kv_groups", "chunk_size", "table_block_size", "block_trackers")
+    __slots__ = ("connector", "kv_groups", "chunk_size", "table_block_size", "block_trackers", "decode_rule_read")
 
     def __init__(self, connector, kv_groups) -> None:
         self.connector = connector
@@ -71,6 +82,30 @@ class _SchedulerState:
         self.chunk_size = connector._lmcache_chunk_size
         self.table_block_size = kv_groups.groups[0].block_size
         self.block_trackers: dict = {}
+        self.decode_rule_read = _decode_save_rule_read(connector)
+
+
+# Where upstream decides that a decoding request is saved no more (``ReqMeta.from_request_tracker``:
+# decode phase, no disaggregated transfer, the connector's ``save_decode_cache`` off) and that the
+# decode phase, once set, stays (``RequestTracker.update``): the sources retiring was checked
+# against (LMCache 0.4.5 and 0.5.6). Elsewhere every tracker follows its request to the end.
+_DECODE_SAVE_RULE = {
+    "ReqMeta.from_request_tracker": ("96e75ac5d1d4",),
+    "RequestTracker.update": ("abc2a75342ea",),
+}
+
+
+def _decode_save_rule_read(connector) -> bool:
+    from lmcache_ascend.compat.source import fingerprint
+
+    module = sys.modules.get(type(connector).__module__)
+    for path, known in _DECODE_SAVE_RULE.items():
+        owner, name = path.split(".")
+        if fingerprint(getattr(getattr(module, owner, None), name, None)) not in known:
+            logger.info("lmcache-ascend: %s is not a source this version read; decoding requests keep their "
+                        "block trackers", path)
+            return False
+    return True
 
 
 _scheduler_output = None  # build_connector_meta's parameter (compat.signatures.Parameter), located once
@@ -96,7 +131,9 @@ def build_connector_meta_wrapper(wrapped, instance, args, kwargs):
     # Every group's blocks of the step's requests, before upstream builds their ReqMeta.
     scheduler_output = args[0] if args and output.position == 0 else output.read(args, kwargs)
     logic = _logic or _load_logic()
-    logic.advance_trackers(state.block_trackers, scheduler_output, state.kv_groups)
+    # Upstream reads save_decode_cache off the config each step: so does the choice to retire.
+    retire_from = instance._request_trackers if state.decode_rule_read and not instance.config.save_decode_cache else None
+    logic.advance_trackers(state.block_trackers, scheduler_output, state.kv_groups, retire_from)
     # Upstream's loop builds every slot mapping from group 0's table with ``self._block_size``,
     # and caps a rolled-back tracker at that table's blocks times it: for the step, group 0's
     # block size (vLLM's may be another group's). Upstream reads it nowhere else in the step.
@@ -122,8 +159,8 @@ def _attach_step_block_ids(state, requests, step_block_ids) -> None:
     block_trackers = state.block_trackers
     producer = state.connector.kv_role == "kv_producer"
     for req_meta in requests:
-        groups = block_trackers.get(req_meta.req_id)
-        if groups is None:  # not tracked per group: upstream's metadata as is (a worker refuses to move it)
+        groups = block_trackers.get(req_meta.req_id, _UNTRACKED)
+        if groups is _UNTRACKED:  # not tracked per group: upstream's metadata as is (a worker refuses to move it)
             continue
         slot_mapping = req_meta.slot_mapping
         if slot_mapping.untyped_storage().nbytes() > slot_mapping.numel() * slot_mapping.element_size():
@@ -137,6 +174,12 @@ def _attach_step_block_ids(state, requests, step_block_ids) -> None:
             # workers store where the save spec can save, or always for a producer, and load
             # where the load spec can load.
             continue
+        if groups is None:
+            raise RuntimeError(
+                f"lmcache-ascend: request {req_meta.req_id!r} makes LMCache {'load' if loads else 'store'} KV while "
+                "decoding, after its block tracker was retired (upstream's rule: a decoding request is not saved "
+                "unless save_decode_cache is on); refusing to move KV whose blocks are no longer known"
+            )
         vllm_cached = load_spec.vllm_cached_tokens if loads else 0
         STEP_BLOCK_IDS.set(
             req_meta, step_block_ids(state.kv_groups, groups, len(req_meta.token_ids), state.chunk_size, vllm_cached)
