@@ -269,7 +269,7 @@ def host_breakdown(case: "RequestCase", store: bool = True, calls: int = 20) -> 
 
 # Launch shapes the request-level tuning tries on every layer group (rows per program, row bytes
 # per step, warps).
-TUNE_SHAPES = ((64, 128, 4), (32, 128, 4), (16, 128, 4), (32, 256, 4), (16, 512, 4), (64, 128, 8), (32, 128, 8),
+TUNE_SHAPES = ((64, 128, 4), (32, 128, 4), (16, 128, 4), (16, 256, 4), (32, 256, 4), (16, 512, 4), (64, 128, 8), (32, 128, 8),
                (128, 128, 8), (16, 256, 2), (64, 256, 8))
 
 

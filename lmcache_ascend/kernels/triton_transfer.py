@@ -104,20 +104,33 @@ class LaunchShape:
 
 
 DEFAULT_LAUNCH_SHAPE = LaunchShape(ROWS_PER_TILE, ROW_SEGMENT_BYTES, NUM_WARPS)
+# On CUDA a launch takes 16 rows by 256 bytes a step: each row's bytes in half the steps, and
+# four times the programs, so more of a row's loads are in flight at once (a step's load
+# waits before its store). One H100, kernel time against DEFAULT_LAUNCH_SHAPE: block calls of
+# K/V rows (2048 bytes) 0.89 -> 0.96 of a same-byte copy, MLA rows (1152) 0.89 -> 0.92, the
+# connector's requests 0.86-0.89 -> 0.87-0.92 of the copy kernel (docs/design-decisions.md,
+# "Launch shape on CUDA"). Elsewhere (an NPU, the interpreter) the default stays: untimed there.
+CUDA_LAUNCH_SHAPE = LaunchShape(16, 256, 4)
 # A multi-chunk launch picks its shape by the most bytes one region of any of its groups
-# moves: (up to this many region bytes, shape), the first that fits; larger regions take
-# DEFAULT_LAUNCH_SHAPE. Where every region is small (a few KiB: DSv4's indexer scales and
-# compressed groups), smaller tiles spread them over more programs instead of leaving most
-# rows of a 64-row tile masked.
+# moves: (up to this many region bytes, shape), the first that fits; larger regions take the
+# device's `default_launch_shape`. Where every region is small (a few KiB: DSv4's indexer
+# scales and compressed groups), smaller tiles spread them over more programs instead of
+# leaving most rows of a 64-row tile masked.
 CHUNK_LAUNCH_SHAPES: tuple[tuple[int, LaunchShape], ...] = ((8192, LaunchShape(16, ROW_SEGMENT_BYTES, 4)),)
 
 
-def chunk_launch_shape(max_region_bytes: int) -> LaunchShape:
-    """The launch shape of a multi-chunk launch whose largest region (of any group) moves `max_region_bytes`."""
+def default_launch_shape(device: torch.device) -> LaunchShape:
+    """The shape of a launch on `device` (one chunk, or many whose regions are not small)."""
+    return CUDA_LAUNCH_SHAPE if device.type == "cuda" else DEFAULT_LAUNCH_SHAPE
+
+
+def chunk_launch_shape(max_region_bytes: int, device: torch.device) -> LaunchShape:
+    """The launch shape of a multi-chunk launch on `device` whose largest region (of any group)
+    moves `max_region_bytes`."""
     for limit, shape in CHUNK_LAUNCH_SHAPES:
         if max_region_bytes <= limit:
             return shape
-    return DEFAULT_LAUNCH_SHAPE
+    return default_launch_shape(device)
 
 
 def rows_per_program(tile: int, width: int) -> int:
@@ -508,18 +521,19 @@ def _check_shape(shape: LaunchShape) -> None:
             raise ValueError(f"launch shape {name}={value!r} is not allowed; allowed: a power of two")
 
 
-def triton_transfer(transfer: ResolvedTransfer, *, shape: LaunchShape = DEFAULT_LAUNCH_SHAPE) -> None:
-    """Run one validated transfer in a single kernel launch (no host-to-device copy after the first)."""
-    launch = _single_chunk_launch(transfer, shape)
+def triton_transfer(transfer: ResolvedTransfer, *, shape: LaunchShape | None = None) -> None:
+    """Run one validated transfer in a single kernel launch (no host-to-device copy after the first),
+    in `shape` (tuning) or else the device's `default_launch_shape`."""
+    launch = _single_chunk_launch(transfer, shape or default_launch_shape(transfer.group.device))
     if launch is not None:
         _launch(*launch)
 
 
-def prepare_relaunch(transfer: ResolvedTransfer, *, shape: LaunchShape = DEFAULT_LAUNCH_SHAPE) -> "Relaunch | None":
-    """The launch `triton_transfer(transfer)` made, ready to be made again over another chunk buffer
-    and slot tensor (`Relaunch`), or None where no compiled kernel can be launched directly (not
-    CUDA, not launched yet, or nothing to move)."""
-    launch = _single_chunk_launch(transfer, shape)
+def prepare_relaunch(transfer: ResolvedTransfer, *, shape: LaunchShape | None = None) -> "Relaunch | None":
+    """The launch `triton_transfer(transfer, shape=shape)` made, ready to be made again over another
+    chunk buffer and slot tensor (`Relaunch`), or None where no compiled kernel can be launched
+    directly (not CUDA, not launched yet, or nothing to move)."""
+    launch = _single_chunk_launch(transfer, shape or default_launch_shape(transfer.group.device))
     if launch is None:
         return None
     # the chunk's address is argument 0 (its pointer) and 1 (the anchor integer); the slots' is 2
@@ -697,7 +711,8 @@ def triton_transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, shap
             key = (batch.buffers.addresses.tobytes(), batch.slots.data_ptr(), batch.rows_per_id, batch.store)
             sets.setdefault(key, []).append(batch)
     for members in sets.values():
-        _launch_chunks(members, shape or chunk_launch_shape(max(batch.rows.max_region_bytes for batch in members)))
+        _launch_chunks(members, shape or chunk_launch_shape(max(batch.rows.max_region_bytes for batch in members),
+                                                            members[0].group.device))
     return len(sets)
 
 
@@ -785,7 +800,7 @@ def prepare_chunks_relaunch(batch: ResolvedChunkBatch) -> "ChunksRelaunch | None
     # The launch `_launch_chunks` kept for these rows, at the table it anchored them on.
     device = batch.group.device
     alignment = math.gcd(batch.buffers.address_gcd, stream_table(device, len(batch.buffers)).data_ptr())
-    shape = chunk_launch_shape(batch.rows.max_region_bytes)
+    shape = chunk_launch_shape(batch.rows.max_region_bytes, device)
     launch = _chunks_launches.get(_chunks_launch_key([batch], alignment, shape))
     relaunch = None if launch is None else launch.relaunches.get((batch.store, batch.rows_per_id, False))
     if relaunch is None:

@@ -210,9 +210,9 @@ def test_chunks_of_a_pool_move_like_separate_chunks(backend: str = "torch"):
 
 
 # Launch shapes every multi-chunk launch is checked under (each forced on every region) as (rows
-# per program, row bytes per step, warps): the default, the small-region one, one whose rows take
-# several steps, and one whose step is wider than every row.
-_SHAPES = ((64, 128, 4), (16, 128, 4), (8, 16, 2), (4, 512, 4))
+# per program, row bytes per step, warps): the default, CUDA's, the small-region one, one whose rows
+# take several steps, and one whose step is wider than every row.
+_SHAPES = ((64, 128, 4), (16, 256, 4), (16, 128, 4), (8, 16, 2), (4, 512, 4))
 
 
 def _run_shapes(device: str, store: bool, chunk_offset: int = 32):
@@ -227,7 +227,7 @@ def _run_shapes(device: str, store: bool, chunk_offset: int = 32):
         # The first group's largest region is 64 bytes, the second's 48: the launch takes the shape
         # of the largest region of all.
         small = tt.LaunchShape(8, 32, 2)
-        for limit, picked in ((50, tt.DEFAULT_LAUNCH_SHAPE), (64, small)):
+        for limit, picked in ((50, tt.default_launch_shape(torch.device(device))), (64, small)):
             tt.CHUNK_LAUNCH_SHAPES = ((limit, small),)
             tt._chunks_launches.clear()
             _assert_same(_run_groups(device, "triton", store, chunk_offset))
@@ -240,11 +240,15 @@ def test_launch_shape_is_picked_by_the_largest_region():
     pytest.importorskip("triton")
     from lmcache_ascend.kernels import triton_transfer as tt
 
-    small = tt.chunk_launch_shape(1152)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # (devices are only named: nothing runs)
+    small = tt.chunk_launch_shape(1152, cpu)
     assert small.tile < tt.DEFAULT_LAUNCH_SHAPE.tile
-    assert tt.chunk_launch_shape(8192) == small
-    assert tt.chunk_launch_shape(8193) == tt.DEFAULT_LAUNCH_SHAPE
-    assert tt.chunk_launch_shape(294912) == tt.DEFAULT_LAUNCH_SHAPE
+    for device in (cpu, cuda):
+        assert tt.chunk_launch_shape(8192, device) == small
+    assert tt.chunk_launch_shape(8193, cpu) == tt.chunk_launch_shape(294912, cpu) == tt.DEFAULT_LAUNCH_SHAPE
+    # CUDA's wider steps, and the NPU's (triton-ascend) default, untimed there
+    assert tt.chunk_launch_shape(8193, cuda) == tt.chunk_launch_shape(294912, cuda) == tt.CUDA_LAUNCH_SHAPE
+    assert tt.default_launch_shape(torch.device("privateuseone")) == tt.DEFAULT_LAUNCH_SHAPE  # torch_npu's backend
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

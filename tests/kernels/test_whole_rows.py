@@ -80,7 +80,7 @@ def _whole_rows_of(batch):
     from lmcache_ascend.kernels import triton_transfer
 
     alignment = math.gcd(batch.buffers.address_gcd, stream_table(batch.group.device, len(batch.buffers)).data_ptr())
-    shape = triton_transfer.chunk_launch_shape(batch.rows.max_region_bytes)
+    shape = triton_transfer.chunk_launch_shape(batch.rows.max_region_bytes, batch.group.device)
     return triton_transfer._chunks_launch([batch], alignment, shape).whole_rows
 
 
