@@ -102,8 +102,8 @@ def _decode_save_rule_read(connector) -> bool:
     for path, known in _DECODE_SAVE_RULE.items():
         owner, name = path.split(".")
         if fingerprint(getattr(getattr(module, owner, None), name, None)) not in known:
-            logger.info("lmcache-ascend: %s is not a source this version read; decoding requests keep their "
-                        "block trackers", path)
+            logger.info("lmcache-ascend: LMCache's %s is not a source whose decode save rule was checked; "
+                        "decoding requests keep their block trackers", path)
             return False
     return True
 
