@@ -1,12 +1,12 @@
 """Per-request block IDs of every KV-cache group.
 
 LMCache's ``RequestTracker`` keeps ``block_ids[0]`` only; this tracker keeps
-one int64 array per group and follows vLLM's scheduler outputs: a new request brings
-its full block table, a running request appends the newly allocated blocks of
-each group (a request resumed after preemption brings a fresh table: a new
-tracker). Block id 0 is vLLM's null block (a hole, e.g. a
-sliding-window block that fell out of the window); it is kept in place so that
-block positions stay aligned with token positions.
+one int64 array per group and follows vLLM's scheduler outputs: a new request
+brings its full block table, a running request appends the newly allocated
+blocks of each group, and a request resumed after preemption brings a fresh
+table, which becomes a new tracker. Block id 0 is vLLM's null block (a hole,
+e.g. a sliding-window block that fell out of the window); it is kept in place so
+that block positions stay aligned with token positions.
 """
 
 from __future__ import annotations
