@@ -6,7 +6,9 @@ tables, as ``RequestTracker.update`` does to group 0. Finished requests' tracker
 upstream drops its own. Both are compared here on the same random steps (block trackers and
 duck-typed scheduler outputs, as the scheduler hands them over). Where the loop may retire
 trackers (upstream's trackers handed in), a tracker it sets to None must be one `retires`
-allows; every other tracker is the full path's.
+allows; every other tracker is the full path's. The same holds for the step wrapper of
+``lmcache-adapter-multigroup``, which does not call `advance_trackers` on a step that brings nothing
+(no request finished, resumed or given a block).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lmcache_ascend.multigroup.adapter_scheduler import advance_trackers, retires, track_new_requests
+from lmcache_ascend.multigroup.attachments import SCHEDULER_STATE
 from lmcache_ascend.multigroup.specs import KVGroupSpec, kv_groups_from_specs
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 from lmcache_ascend.multigroup.tracker import GroupBlockTracker
+from lmcache_ascend.patches.lmcache import adapter_multigroup
 
 # Block sizes of a hybrid model whose vLLM block size is their GCD (4).
 BLOCK_SIZES = (16, 4, 8)
@@ -67,7 +71,7 @@ def _new_block_ids(draw, index: int):
 
 def _output(req_ids, new_block_ids, resumed=(), finished=()):
     cached = types.SimpleNamespace(req_ids=list(req_ids), resumed_req_ids=set(resumed), new_block_ids=list(new_block_ids))
-    return types.SimpleNamespace(scheduled_cached_reqs=cached, finished_req_ids=set(finished))
+    return types.SimpleNamespace(scheduled_cached_reqs=cached, finished_req_ids=set(finished), scheduled_new_reqs=[])
 
 
 @st.composite
@@ -103,13 +107,39 @@ def _outcome(step, block_trackers, scheduler_output, *retire_from):
     return ("done", {req_id: groups and groups.block_id_lists() for req_id, groups in block_trackers.items()})
 
 
-@settings(max_examples=600, deadline=None)
-@given(steps())
-def test_the_step_loop_leaves_every_tracker_as_the_full_path_does(case):
+class _Connector:
+    """What the step wrapper reads of LMCache's connector (multi-group: `KV_GROUPS`); its upstream
+    step returns metadata with no request. Upstream's trackers, or None where it saves decode KV."""
+
+    def __init__(self, block_trackers, upstream_trackers) -> None:
+        self._block_size = 4
+        self._lmcache_chunk_size = 16
+        self._request_trackers = upstream_trackers if upstream_trackers is not None else {}
+        self.config = types.SimpleNamespace(save_decode_cache=upstream_trackers is None)
+        state = adapter_multigroup._SchedulerState(self, KV_GROUPS)
+        state.block_trackers = block_trackers
+        state.decode_rule_read = True  # (retiring as on the checked sources)
+        SCHEDULER_STATE.set(self, state)
+        self.block_sizes_seen = []
+
+    def build_connector_meta(self, scheduler_output):
+        self.block_sizes_seen.append(self._block_size)
+        return types.SimpleNamespace(requests=[])
+
+
+def wrapper_step(block_trackers, scheduler_output, kv_groups, retire_from=None):
+    """The step of LMCache's connector under ``lmcache-adapter-multigroup``'s wrapper."""
+    assert kv_groups is KV_GROUPS
+    connector = _Connector(block_trackers, retire_from)
+    adapter_multigroup.build_connector_meta_wrapper(connector.build_connector_meta, connector, (scheduler_output,), {})
+    assert connector.block_sizes_seen == [BLOCK_SIZES[0]] and connector._block_size == 4
+
+
+def _agrees_with_the_full_path(step, case):
     block_trackers, scheduler_output, retire_from = case
     fast_trackers, fast_output = copy.deepcopy((block_trackers, scheduler_output))
     expected = _outcome(full_path, block_trackers, scheduler_output)
-    outcome = _outcome(advance_trackers, fast_trackers, fast_output, retire_from)
+    outcome = _outcome(step, fast_trackers, fast_output, retire_from)
     if outcome[0] == "done" and expected[0] == "done":
         # A tracker the loop retired is one it may retire, and it was not resumed this step.
         for req_id, lists in outcome[1].items():
@@ -118,6 +148,73 @@ def test_the_step_loop_leaves_every_tracker_as_the_full_path_does(case):
                 assert req_id not in fast_output.scheduled_cached_reqs.resumed_req_ids
                 outcome[1][req_id] = expected[1][req_id]
     assert outcome == expected
+
+
+@settings(max_examples=600, deadline=None)
+@given(steps())
+def test_the_step_loop_leaves_every_tracker_as_the_full_path_does(case):
+    _agrees_with_the_full_path(advance_trackers, case)
+
+
+@settings(max_examples=600, deadline=None)
+@given(steps(), st.booleans())
+def test_the_step_wrapper_leaves_every_tracker_as_the_full_path_does(case, quiet):
+    if quiet:  # no running request gets a block: the wrapper's own test decides, on the other fields
+        cached = case[1].scheduled_cached_reqs
+        cached.new_block_ids = [None] * len(cached.req_ids)
+    _agrees_with_the_full_path(wrapper_step, case)
+
+
+class _Advanced(Exception):
+    pass
+
+
+def _step_without_advance(connector, scheduler_output):
+    """The wrapper's step with `advance_trackers` refused: whether it passed the step over."""
+    state = SCHEDULER_STATE.get(connector)
+
+    def refused(*args):
+        raise _Advanced
+
+    state.logic = types.SimpleNamespace(**{**vars(state.logic), "advance_trackers": refused})
+    try:
+        adapter_multigroup.build_connector_meta_wrapper(connector.build_connector_meta, connector, (scheduler_output,), {})
+    except _Advanced:
+        return False
+    return True
+
+
+def test_the_step_wrapper_passes_over_only_a_step_that_brings_nothing():
+    def connector():
+        return _Connector({"a": GroupBlockTracker([[1], [2], [3]]), "b": GroupBlockTracker([[4], [5], [6]])}, None)
+
+    # Decode steps with no block for anyone (vLLM's None, or no running request): nothing to do.
+    assert _step_without_advance(connector(), _output(["a", "b"], [None, None]))
+    assert _step_without_advance(connector(), _output([], []))
+    # A finished request only, a resumed one only, a block for one group of one request only, vLLM's
+    # empty tables, or an older vLLM's form of the running requests: each goes to advance_trackers.
+    assert not _step_without_advance(connector(), _output([], [], finished=["a"]))
+    assert not _step_without_advance(connector(), _output(["a", "b"], [None, None], resumed=["b"]))
+    assert not _step_without_advance(connector(), _output(["a", "b"], [None, ([], [7], [])]))
+    assert not _step_without_advance(connector(), _output(["a"], [([], [], [])]))
+    flags = types.SimpleNamespace(req_ids=["a"], resumed_from_preemption=[False], new_block_ids=[None])
+    older = types.SimpleNamespace(scheduled_cached_reqs=flags, finished_req_ids=set(), scheduled_new_reqs=[])
+    assert not _step_without_advance(connector(), older)
+    older.scheduled_cached_reqs = []  # vLLM < 0.9.2: one record per running request
+    assert not _step_without_advance(connector(), older)
+
+
+def test_the_step_wrapper_drops_a_finished_tracker_and_renews_a_resumed_one():
+    block_trackers = {"a": GroupBlockTracker([[1], [2], [3]]), "b": GroupBlockTracker([[4], [5], [6]])}
+    wrapper_step(block_trackers, _output([], [], finished=["a"]), KV_GROUPS)
+    assert list(block_trackers) == ["b"]
+    wrapper_step(block_trackers, _output(["b"], [([8], [9], [10])], resumed=["b"]), KV_GROUPS)
+    assert block_trackers["b"].block_id_lists() == [[8], [9], [10]]
+    # Older vLLM: resumed requests as one flag per request.
+    flags = types.SimpleNamespace(req_ids=["b"], resumed_from_preemption=[True], new_block_ids=[([11], [12], [13])])
+    older = types.SimpleNamespace(scheduled_cached_reqs=flags, finished_req_ids=set(), scheduled_new_reqs=[])
+    wrapper_step(block_trackers, older, KV_GROUPS)
+    assert block_trackers["b"].block_id_lists() == [[11], [12], [13]]
 
 
 def test_a_decoding_request_is_retired_at_its_next_block_and_comes_back_when_resumed():

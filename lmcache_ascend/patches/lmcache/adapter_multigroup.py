@@ -14,7 +14,8 @@ Around upstream's step:
 
 - before it, the block trackers of the step's requests are brought up to date from the
   scheduler output (finished requests dropped, new blocks appended, a resumed request's fresh
-  table: `lmcache_ascend.multigroup.adapter_scheduler.advance_trackers`); where the connector
+  table: `lmcache_ascend.multigroup.adapter_scheduler.advance_trackers`, not called for a step
+  that brings none of these, as most decode steps of a small batch do); where the connector
   saves nothing while a request decodes (upstream's rule, on the sources it was checked
   against), a decoding request's tracker is retired at its next block instead;
 - during it, the connector's ``_block_size`` is group 0's block size. ``RequestTracker`` keeps
@@ -71,10 +72,15 @@ class _SchedulerState:
     request upstream tracks, by request id (made with upstream's tracker, dropped with it; None
     once retired: a decoding request whose blocks upstream never saves or loads again,
     `adapter_scheduler.retires`). `decode_rule_read`: upstream's decode save rule is one that
-    retiring was checked against (`_DECODE_SAVE_RULE`).
+    retiring was checked against (`_DECODE_SAVE_RULE`). `output_first`: upstream's step takes the
+    scheduler output as its first argument (located at the connector's first step:
+    `_read_scheduler_output`). `logic`: the multi-group logic (`_load_logic`).
     """
 
-    __slots__ = ("connector", "kv_groups", "chunk_size", "table_block_size", "block_trackers", "decode_rule_read")
+    __slots__ = (
+        "connector", "kv_groups", "chunk_size", "table_block_size", "block_trackers", "decode_rule_read",
+        "output_first", "logic",
+    )
 
     def __init__(self, connector, kv_groups) -> None:
         self.connector = connector
@@ -83,6 +89,8 @@ class _SchedulerState:
         self.table_block_size = kv_groups.groups[0].block_size
         self.block_trackers: dict = {}
         self.decode_rule_read = _decode_save_rule_read(connector)
+        self.output_first = False
+        self.logic = _logic or _load_logic()
 
 
 # Where upstream decides that a decoding request is saved no more (``ReqMeta.from_request_tracker``:
@@ -108,9 +116,6 @@ def _decode_save_rule_read(connector) -> bool:
     return True
 
 
-_scheduler_output = None  # build_connector_meta's parameter (compat.signatures.Parameter), located once
-
-
 def init_connector_state_wrapper(wrapped, instance, args, kwargs):
     logic = _logic or _load_logic()
     wrapped(*args, **kwargs)
@@ -118,39 +123,56 @@ def init_connector_state_wrapper(wrapped, instance, args, kwargs):
 
 
 def build_connector_meta_wrapper(wrapped, instance, args, kwargs):
-    global _scheduler_output
     # Decided once per connector (at its start): a single-group model's step costs this one read.
     state = getattr(instance, _SCHEDULER_STATE, None)  # (`SCHEDULER_STATE.get`, inlined)
     if state is None:
         state = _scheduler_state(instance)
     if state is _SINGLE_GROUP:
         return wrapped(*args, **kwargs)
-    output = _scheduler_output
-    if output is None or output.function is not wrapped.__func__:
-        output = _scheduler_output = parameter(wrapped, "scheduler_output")
-    # Every group's blocks of the step's requests, before upstream builds their ReqMeta.
-    scheduler_output = args[0] if args and output.position == 0 else output.read(args, kwargs)
-    logic = _logic or _load_logic()
-    # Upstream reads save_decode_cache off the config each step: so does the choice to retire.
-    retire_from = instance._request_trackers if state.decode_rule_read and not instance.config.save_decode_cache else None
-    logic.advance_trackers(state.block_trackers, scheduler_output, state.kv_groups, retire_from)
+    # The scheduler output: vLLM passes it first. Where upstream's step takes it was located at the
+    # connector's first step; the function wrapped is the same for as long as the connector lives.
+    if args and state.output_first:
+        scheduler_output = args[0]
+    else:
+        scheduler_output = _read_scheduler_output(state, wrapped, args, kwargs)
+    # Every group's blocks of the step's requests, before upstream builds their ReqMeta. A step on
+    # which no request finished or resumed and no running request got a block (vLLM's None; most
+    # decode steps of a small batch) changes no block tracker: `advance_trackers` returns at its own
+    # test of the same fields, so it is not called. Any other step takes it, as does a scheduler
+    # output that says otherwise which requests resumed (no ``resumed_req_ids``: older vLLM).
+    cached = scheduler_output.scheduled_cached_reqs
+    resumed = getattr(cached, "resumed_req_ids", None)
+    if scheduler_output.finished_req_ids or resumed is None or resumed or any(cached.new_block_ids):
+        # Upstream reads save_decode_cache off the config each step: so does the choice to retire.
+        retire_from = (
+            instance._request_trackers if state.decode_rule_read and not instance.config.save_decode_cache else None
+        )
+        state.logic.advance_trackers(state.block_trackers, scheduler_output, state.kv_groups, retire_from)
     # Upstream's loop builds every slot mapping from group 0's table with ``self._block_size``,
     # and caps a rolled-back tracker at that table's blocks times it: for the step, group 0's
     # block size (vLLM's may be another group's). Upstream reads it nowhere else in the step.
     vllm_block_size = instance._block_size
     try:
         instance._block_size = state.table_block_size
-        meta = wrapped(*args, **kwargs)
+        meta = wrapped(*args, **kwargs) if kwargs else wrapped(*args)  # (``**kwargs`` copies even an empty dict)
     finally:
         instance._block_size = vllm_block_size
     if scheduler_output.scheduled_new_reqs:
-        logic.track_new_requests(
+        state.logic.track_new_requests(
             state.block_trackers, scheduler_output, instance._request_trackers, state.kv_groups.num_groups
         )
     requests = getattr(meta, "requests", None)
     if requests:  # (none on a decode step)
-        _attach_step_block_ids(state, requests, logic.step_block_ids)
+        _attach_step_block_ids(state, requests, state.logic.step_block_ids)
     return meta
+
+
+def _read_scheduler_output(state, wrapped, args, kwargs):
+    """The scheduler output of a step the wrapper did not read at once: the connector's first step
+    (which locates upstream's parameter), or one that passes it otherwise than first."""
+    output = parameter(wrapped, "scheduler_output")
+    state.output_first = output.position == 0
+    return output.read(args, kwargs)
 
 
 def _attach_step_block_ids(state, requests, step_block_ids) -> None:
