@@ -78,8 +78,8 @@ def advance_trackers(block_trackers, scheduler_output, kv_groups, retire_from=No
     never read again, and a resumed request gets a fresh tracker from its new table.
 
     A step with no finished request, an empty ``resumed_req_ids`` and every running request's new
-    block ids None (or empty) changes nothing here, and the ``lmcache-adapter-multigroup`` step
-    wrapper does not call this for it: a field this comes to read must be read by that test too.
+    block ids None (vLLM's "no new block") changes nothing here, and the ``lmcache-adapter-multigroup``
+    step wrapper does not call this for it: a field this comes to read must be read by that test too.
     """
     finished = scheduler_output.finished_req_ids
     if finished:
