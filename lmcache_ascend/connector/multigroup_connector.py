@@ -36,6 +36,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
+from lmcache_ascend.kernels import alike_flat_bytes
 from lmcache_ascend.kv_worker import ChunkPlanner, ChunkMover, LayerPlanes, KVCacheShapeError
 from lmcache_ascend.kv_worker.device_slots import DeviceSlots
 
@@ -44,7 +45,6 @@ __all__ = ["MultiGroupGPUConnector"]
 logger = logging.getLogger(__name__)
 
 _raw_tensor_of = attrgetter("raw_tensor")
-_dtype_of = attrgetter("dtype")
 _size_of = methodcaller("get_size")
 
 
@@ -188,19 +188,16 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
     def _full_chunks(self, memory_objs: list, starts: list[int], total: int) -> list[torch.Tensor]:
         """`_memory_bytes` of the full chunks of a call, LMCache's tensor memory objects read in one
         pass (a request has tens of them, each otherwise a dozen reads): their flat uint8 raw
-        tensors, every logical size checked at once. Anything else, or a check that fails, takes
+        tensors, all of one size (one C++ check, `alike_flat_bytes`), every logical size checked at once. Anything else, or a check that fails, takes
         `_memory_bytes` object by object (which names the object). Placement and contiguity are the
         mover's to check (`chunk_buffers`)."""
         try:
             raws = list(map(_raw_tensor_of, memory_objs))
-            alike = set(map(type, raws)) == {torch.Tensor} and set(map(_dtype_of, raws)) == {torch.uint8} and set(
-                map(torch.Tensor.stride, raws)) == {(1,)}
             # (the logical size bounds the bytes used; the raw tensor may be the larger allocation)
-            alike = alike and min(map(torch.Tensor.numel, raws)) >= total and min(map(_size_of, memory_objs)) >= total
+            if raws and alike_flat_bytes(raws) and raws[0].numel() >= total and min(map(_size_of, memory_objs)) >= total:
+                return raws
         except (AttributeError, TypeError, ValueError):
-            alike = False
-        if alike:
-            return raws
+            pass
         chunk_size = self.chunk_size
         return [self._memory_bytes(memory_obj, start, start + chunk_size, total)
                 for memory_obj, start in zip(memory_objs, starts)]

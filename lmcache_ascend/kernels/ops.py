@@ -9,10 +9,7 @@ from typing import Sequence
 import torch
 
 from lmcache_ascend.kernels.reference import reference_transfer, reference_transfer_chunks
-from lmcache_ascend.kernels.paged import (
-    PagedGroup,
-    PagedPlane,
-)
+from lmcache_ascend.kernels.paged import PagedGroup
 from lmcache_ascend.kernels.resolve import (
     PlaneSlots,
     ResolvedChunkBatch,

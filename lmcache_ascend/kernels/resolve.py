@@ -12,7 +12,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from lmcache_ascend.bounded_cache import BoundedCache
 from lmcache_ascend.kernels.paged import PagedGroup
+from lmcache_ascend.kernels.same_layout import SameLayout
 from lmcache_ascend.kernels.spec import (
     DEFAULT_REGION_ALIGNMENT,
     ChunkRegions,
@@ -266,9 +268,7 @@ def _chunk_problem(index: int, chunk: object, first: torch.Tensor, mapped_host: 
             f"chunks[{index}] = {getattr(chunk, 'dtype', type(chunk).__name__)} "
             f"{tuple(getattr(chunk, 'shape', ()))}: allowed: a contiguous flat uint8 tensor"
         )
-    if (chunk.is_cuda, chunk.get_device()) != (first.is_cuda, first.get_device()) or (
-        mapped_host and not chunk.is_pinned()
-    ):
+    if chunk.device != first.device or (mapped_host and not chunk.is_pinned()):
         return (
             f"chunks[{index}] is on {chunk.device} (pinned: {chunk.is_cpu and chunk.is_pinned()}) but chunks[0] "
             f"is on {first.device} (pinned: {mapped_host}); all chunks of a batch must lie alike"
@@ -279,6 +279,24 @@ def _chunk_problem(index: int, chunk: object, first: torch.Tensor, mapped_host: 
 _dtype_of = attrgetter("dtype")
 _device_of = attrgetter("device")
 
+# A call's chunks are most often buffers of one size (LMCache's memory objects of full chunks): they
+# are checked against the first in one C++ call, by (count, bytes, device); bounded (docs/hot-path.md).
+_alike_chunks: BoundedCache[SameLayout] = BoundedCache(64)
+
+
+def alike_flat_bytes(chunks: Sequence[object]) -> bool:
+    """Whether `chunks` (a non-empty sequence) are plain contiguous flat uint8 tensors, all of the
+    first one's size and device: one C++ check of them all (`SameLayout`), kept per (count, size,
+    device). False says only that they are not all alike."""
+    first = chunks[0]
+    if type(first) is not torch.Tensor or first.dtype is not torch.uint8 or first.stride() != (1,):
+        return False
+    key = (len(chunks), first.numel(), first.device)
+    same = _alike_chunks.get(key)
+    if same is None:
+        same = _alike_chunks.put(key, SameLayout(first, key[0]))
+    return same(chunks)
+
 
 def chunk_buffers(chunks: Sequence[torch.Tensor], *, mapped: bool = True) -> ChunkBuffers:
     """Check flat uint8 chunk buffers once: contiguous, one placement (one device, or pinned host).
@@ -286,7 +304,8 @@ def chunk_buffers(chunks: Sequence[torch.Tensor], *, mapped: bool = True) -> Chu
     `mapped=False`: host chunks that kernels will not reach (they are copied, e.g. through
     staging) need not be pinned, and are not marked `mapped_host`.
 
-    A request has tens of chunks, checked on every call: each property is read for all
+    A request has tens of chunks, checked on every call: chunks of one size are compared
+    with the first in one C++ call (`SameLayout`); others have each property read for all
     chunks at once (C-level maps, no per-chunk Python frame); only a failing batch is
     walked chunk by chunk, to name the first bad one.
     """
@@ -300,6 +319,11 @@ def chunk_buffers(chunks: Sequence[torch.Tensor], *, mapped: bool = True) -> Chu
         raise TransferError(f"chunks[0] is a {type(first).__name__}; allowed: a flat uint8 torch.Tensor")
     mapped_host = mapped and first.is_cpu and first.is_pinned()
     Tensor = torch.Tensor
+    if alike_flat_bytes(chunks) and (not mapped_host or all(map(Tensor.is_pinned, chunks))):
+        addresses = np.fromiter(map(Tensor.data_ptr, chunks), dtype=np.int64, count=count)
+        size = first.numel()
+        return ChunkBuffers(chunks, addresses, np.full(count, size, dtype=np.int64), size, mapped_host,
+                            _address_gcd(addresses))
     try:
         # (stride (1,): 1-D and contiguous at once; a 1- or 0-byte chunk takes the walk below)
         alike = (

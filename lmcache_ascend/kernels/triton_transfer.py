@@ -45,8 +45,6 @@ from lmcache_ascend.kernels.paged import (
     PagedGroup,
 )
 from lmcache_ascend.kernels.resolve import (
-    ChunkBuffers,
-    ChunkRows,
     ResolvedChunkBatch,
     ResolvedTransfer,
 )

@@ -27,7 +27,6 @@ from lmcache_ascend.kernels import (
     align_up,
     chunk_buffers,
     chunk_rows,
-    pool_chunk_buffers,
     resolve_chunk_batches,
     transfer_chunk_batches,
     transfer_group,

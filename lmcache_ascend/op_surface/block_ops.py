@@ -20,6 +20,7 @@ from lmcache_ascend.kernels.resolve import (
     chunk_rows,
     resolve_chunk_batch,
 )
+from lmcache_ascend.kernels.same_layout import SameLayout
 from lmcache_ascend.kernels.spec import MAX_PLANES, TransferError
 from lmcache_ascend.kernels.upload import to_device
 from lmcache_ascend.op_surface.arguments import (
@@ -214,7 +215,8 @@ def multi_layer_block_kv_transfer(
         launch = _move(group, PlaneSlots(ids, first * bs, (end - first) * bs, rows_per_id=bs), obj_bytes, offsets,
                        pitch, layer_stride, store, op, f"lmcache_objects_ptrs[{index}]", backend, repeatable)
         if launch is not None and launch is not _never:
-            _repeats.keep(handle, _BlockRepeat(launch, True, batch_shape[:4], index, index + 1, bs, rows, group.device))
+            _repeats.keep(handle, _BlockRepeat(launch, True, SameLayout(objects[index], len(objects)), index,
+                                               index + 1, bs, rows, group.device))
             return
     elif batch:
         offsets, pitch, layer_stride = batch_regions
@@ -225,8 +227,8 @@ def multi_layer_block_kv_transfer(
         transfer_chunk_batches([resolved], backend=backend)
         launch = prepare_chunks_relaunch(resolved, backend=backend) if repeatable else None
         if launch is not None:
-            _repeats.keep(handle, _BlockRepeat(launch, False, batch_shape[:4], batch[0][0], batch[-1][0] + 1, bs, rows,
-                                               group.device))
+            _repeats.keep(handle, _BlockRepeat(launch, False, SameLayout(objects[batch[0][0]], len(objects)),
+                                               batch[0][0], batch[-1][0] + 1, bs, rows, group.device))
             return
     _repeats.keep(handle, _never)
 
@@ -265,23 +267,21 @@ def _block_id_tensor(block_ids: object, bs: int, rows: int, op: str) -> torch.Te
 
 class _BlockRepeat:
     """A block call's repeat: the launch that moved its objects [first, end), made again (see
-    "repeated calls" in `moves`) when every object has the kept shape, strides, dtype and device, and block
-    ids given as a list are inside the caches; else the call takes the whole path. `single`: the
+    "repeated calls" in `moves`) when every object has the kept shape, strides, dtype and device (`alike`), and
+    block ids given as a list are inside the caches; else the call takes the whole path. `single`: the
     launch is one object's (object address, block id address), else many objects' (addresses,
     block ids: a device tensor, or an array uploaded with the addresses)."""
 
-    __slots__ = ("_launch", "_single", "_described", "_first", "_end", "_bs", "_rows", "_device")
+    __slots__ = ("_launch", "_single", "_alike", "_first", "_end", "_bs", "_rows", "_device")
 
-    def __init__(self, launch, single: bool, described: tuple, first: int, end: int, bs: int, rows: int,
+    def __init__(self, launch, single: bool, alike: SameLayout, first: int, end: int, bs: int, rows: int,
                  device: torch.device):
-        self._launch, self._single, self._described, self._first, self._end = launch, single, described, first, end
+        self._launch, self._single, self._alike, self._first, self._end = launch, single, alike, first, end
         self._bs, self._rows, self._device = bs, rows, device
 
     def __call__(self, objects: list, block_ids: object) -> bool:
-        described, tensor = self._described, torch.Tensor
-        for obj in objects:
-            if type(obj) is not tensor or (obj.shape, obj.stride(), obj.dtype, obj.device) != described:
-                return False
+        if not self._alike(objects):
+            return False
         if isinstance(block_ids, list):
             # ids from the host (LMCache's own callers)
             try:
@@ -299,7 +299,7 @@ class _BlockRepeat:
         if self._single:
             return self._launch(objects[self._first].data_ptr(), ids.data_ptr())
         reached = objects[self._first:self._end]
-        return self._launch(np.fromiter(map(tensor.data_ptr, reached), dtype=np.int64, count=len(reached)), ids)
+        return self._launch(np.fromiter(map(torch.Tensor.data_ptr, reached), dtype=np.int64, count=len(reached)), ids)
 
 
 def _block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,

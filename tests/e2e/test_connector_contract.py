@@ -40,10 +40,11 @@ def _connector(caches):
     return connector
 
 
-def _memory_obj(shape):
+def _memory_obj(shape, raw_bytes: int | None = None):
+    """A real TensorMemoryObj of `shape` (uint8) over a raw allocation of `raw_bytes` (its own size by default)."""
     from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
 
-    raw = torch.full((int(torch.Size(shape).numel()),), 0xA5, dtype=torch.uint8)
+    raw = torch.full((raw_bytes or int(torch.Size(shape).numel()),), 0xA5, dtype=torch.uint8)
     metadata = MemoryObjMetadata(
         shape=torch.Size(shape), dtype=torch.uint8, address=0, phy_size=raw.numel(), ref_count=1, fmt=MemoryFormat.KV_2LTD
     )
@@ -99,6 +100,26 @@ def test_connector_errors_name_the_problem():
     with pytest.raises(KVCacheShapeError, match="memory object of 16 bytes cannot hold tokens \\[16, 32\\)"):
         connector.batched_from_gpu([memory, small], [0, CHUNK], [CHUNK, 2 * CHUNK],
                                    slot_mappings_by_group=[torch.arange(2 * CHUNK), torch.arange(8)])
+
+
+def test_a_batch_of_alike_allocations_is_bounded_by_each_objects_own_size():
+    """Full chunks whose raw allocations are all alike are read in one pass; an object whose own
+    (logical) size is smaller than its allocation is still refused by its tokens, nothing moved."""
+    caches = _caches()
+    connector = _connector(caches)
+    shape = connector.get_shape(CHUNK)
+    full = int(torch.Size(shape).numel())
+    objects = [_memory_obj(shape) for _ in range(3)]
+    slots = [torch.arange(3 * CHUNK, dtype=torch.int64) % 24, torch.arange(12, dtype=torch.int64) % 8]
+    connector.batched_from_gpu(objects, [0, CHUNK, 2 * CHUNK], [CHUNK, 2 * CHUNK, 3 * CHUNK],
+                               slot_mappings_by_group=slots)
+    assert all(int((obj.raw_tensor != 0xA5).sum()) > 0 for obj in objects)
+    narrowed = [_memory_obj(shape), _memory_obj((1, 1, CHUNK, 1), raw_bytes=full), _memory_obj(shape)]
+    assert len({obj.raw_tensor.numel() for obj in narrowed}) == 1  # the allocations look alike
+    with pytest.raises(KVCacheShapeError, match="memory object of 16 bytes cannot hold tokens \\[16, 32\\)"):
+        connector.batched_from_gpu(narrowed, [0, CHUNK, 2 * CHUNK], [CHUNK, 2 * CHUNK, 3 * CHUNK],
+                                   slot_mappings_by_group=slots)
+    assert all(bool((obj.raw_tensor == 0xA5).all()) for obj in narrowed), "a refused batch moved bytes"
 
 
 @pytest.fixture
