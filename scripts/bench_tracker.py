@@ -29,7 +29,8 @@ region.
 A server decodes many requests per step, so the decode step is also timed
 with ``--batch`` N requests decoding together: each is prefilled on its own
 (untimed), then every decode step schedules all N in one scheduler output
-(built before the timed call, as every step's is). Request k's prompt is
+(built before the timed call, as every step's is; the prefill's garbage is collected before the
+first timed step). Request k's prompt is
 ``k % 64`` tokens shorter, so a step mixes requests that get a new block in
 some group with requests that get none, as a server's steps do. The step's
 time divided by N is the per-request decode cost: what the step-level work
@@ -212,6 +213,11 @@ def run_batch(case: Case, req_id: str, prompts: list[list[int]], prefill_chunk: 
     drivers = [RequestDriver(impl, f"{req_id}-{k}", prompt) for k, prompt in enumerate(prompts)]
     allocators = [BlockAllocator(case.fixture, first_id=1 + k * BLOCK_ID_STRIDE) for k in range(len(prompts))]
     done = [prefill(driver, blocks, prompt, prefill_chunk) for driver, blocks, prompt in zip(drivers, allocators, prompts)]
+    # The caller keeps the collector off through the timed steps; what the untimed prefill of N
+    # requests left behind is collected first, so that every case's decode steps start from a clean
+    # heap: left there, it slowed the steps of the cases that leave more of it (more groups) and
+    # widened their spread (docs/design-decisions.md, section 3).
+    gc.collect()
     impl.build_connector_meta = timed
     try:
         for i in range(decode_steps):
