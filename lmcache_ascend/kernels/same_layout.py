@@ -3,7 +3,8 @@
 A call of LMCache's block op, or a request of the connector, hands over tens of
 buffers that must all look alike (shape, strides, dtype, device) for one launch to
 move them. Reading those four properties from Python costs about a microsecond a
-tensor, which made the check most of a repeated call's host time. torch ships a
+tensor on a GPU host: of a repeated call's host time, the part that grows with the
+buffer count (67 of 147 us for 64 objects on one H100 host). torch ships a
 C++ check of exactly these properties for a list of tensors, the one that guards
 compiled graphs (`torch._C._dynamo.guards.TensorGuards`): it compares each tensor's
 Python type, dispatch keys (device type and layout), device index, dtype,
