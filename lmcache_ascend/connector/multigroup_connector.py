@@ -36,7 +36,6 @@ from typing import Any, Mapping, Sequence
 import torch
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
-from lmcache_ascend.kernels import alike_flat_bytes
 from lmcache_ascend.kv_worker import ChunkPlanner, ChunkMover, LayerPlanes, KVCacheShapeError
 from lmcache_ascend.kv_worker.device_slots import DeviceSlots
 
@@ -187,14 +186,17 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
 
     def _full_chunks(self, memory_objs: list, starts: list[int], total: int) -> list[torch.Tensor]:
         """`_memory_bytes` of the full chunks of a call, LMCache's tensor memory objects read in one
-        pass (a request has tens of them, each otherwise a dozen reads): their flat uint8 raw
-        tensors, all of one size (one C++ check, `alike_flat_bytes`), every logical size checked at once. Anything else, or a check that fails, takes
-        `_memory_bytes` object by object (which names the object). Placement and contiguity are the
-        mover's to check (`chunk_buffers`)."""
+        pass (a request has tens of them, each otherwise a dozen reads): their raw tensors where the
+        first is a flat uint8 one, every logical size checked at once. Anything else, or a size that
+        fails, takes `_memory_bytes` object by object (which names the object). That every raw tensor
+        is flat uint8 like the first, on one device and holding its chunk, is the mover's check
+        (`chunk_buffers`, one C++ call for alike buffers; `resolve_chunk_batches`), made once."""
         try:
             raws = list(map(_raw_tensor_of, memory_objs))
+            first = raws[0] if raws else None
             # (the logical size bounds the bytes used; the raw tensor may be the larger allocation)
-            if raws and alike_flat_bytes(raws) and raws[0].numel() >= total and min(map(_size_of, memory_objs)) >= total:
+            if (type(first) is torch.Tensor and first.dtype is torch.uint8 and first.stride() == (1,)
+                    and first.numel() >= total and min(map(_size_of, memory_objs)) >= total):
                 return raws
         except (AttributeError, TypeError, ValueError):
             pass

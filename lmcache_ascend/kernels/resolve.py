@@ -284,7 +284,7 @@ _device_of = attrgetter("device")
 _alike_chunks: BoundedCache[SameLayout] = BoundedCache(64)
 
 
-def alike_flat_bytes(chunks: Sequence[object]) -> bool:
+def _alike_flat_bytes(chunks: Sequence[object]) -> bool:
     """Whether `chunks` (a non-empty sequence) are plain contiguous flat uint8 tensors, all of the
     first one's size and device: one C++ check of them all (`SameLayout`), kept per (count, size,
     device). False says only that they are not all alike."""
@@ -319,7 +319,7 @@ def chunk_buffers(chunks: Sequence[torch.Tensor], *, mapped: bool = True) -> Chu
         raise TransferError(f"chunks[0] is a {type(first).__name__}; allowed: a flat uint8 torch.Tensor")
     mapped_host = mapped and first.is_cpu and first.is_pinned()
     Tensor = torch.Tensor
-    if alike_flat_bytes(chunks) and (not mapped_host or all(map(Tensor.is_pinned, chunks))):
+    if _alike_flat_bytes(chunks) and (not mapped_host or all(map(Tensor.is_pinned, chunks))):
         addresses = np.fromiter(map(Tensor.data_ptr, chunks), dtype=np.int64, count=count)
         size = first.numel()
         return ChunkBuffers(chunks, addresses, np.full(count, size, dtype=np.int64), size, mapped_host,

@@ -83,11 +83,6 @@ class SameLayout:
             except Exception:  # noqa: BLE001 - a tensor the guard cannot describe: the Python check serves
                 self._guard = None
 
-    @property
-    def described(self) -> tuple:
-        """(shape, strides, dtype, device) every tensor must have."""
-        return self._described
-
     def __call__(self, tensors: Sequence[object]) -> bool:
         if len(tensors) != self._count:
             return False

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.kv_worker._geometry import geometry as group_geometry
+from lmcache_ascend.kernels import TransferError
 from lmcache_ascend.kv_worker import KVCacheShapeError, plan_kv_caches
 from tests.fixtures.kv_caches import LATENT_DIMS
 
@@ -120,6 +121,15 @@ def test_a_batch_of_alike_allocations_is_bounded_by_each_objects_own_size():
         connector.batched_from_gpu(narrowed, [0, CHUNK, 2 * CHUNK], [CHUNK, 2 * CHUNK, 3 * CHUNK],
                                    slot_mappings_by_group=slots)
     assert all(bool((obj.raw_tensor == 0xA5).all()) for obj in narrowed), "a refused batch moved bytes"
+    # One raw tensor unlike the first's (int16 over the same bytes) is refused by the mover's one
+    # check of them all, naming it, before any byte moves.
+    odd = _memory_obj(shape)
+    odd.raw_data = odd.raw_tensor.view(torch.int16)
+    mixed = [_memory_obj(shape), odd, _memory_obj(shape)]
+    with pytest.raises(TransferError, match=r"chunks\[1\] = torch.int16"):
+        connector.batched_from_gpu(mixed, [0, CHUNK, 2 * CHUNK], [CHUNK, 2 * CHUNK, 3 * CHUNK],
+                                   slot_mappings_by_group=slots)
+    assert bool((mixed[0].raw_tensor == 0xA5).all()) and bool((mixed[2].raw_tensor == 0xA5).all())
 
 
 @pytest.fixture
