@@ -7,6 +7,7 @@ that share a layout and placement move in one launch, and a repeated call makes 
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 import torch
@@ -148,7 +149,7 @@ def multi_layer_block_kv_transfer(
     backend = _backend()
     key = _block_repeat_key(backend, lmcache_objects_ptrs, block_ids, (
         device, direction, lmcache_chunk_size, engine_kv_format, skip_prefix_n_blocks,
-        *(getattr(shape_desc, field, None) for field in _SHAPE_DESC_FIELDS)))
+        *_shape_desc_values(shape_desc)))
     handle, repeat = _repeats.lookup(paged_buffer_ptrs_tensor, key) if key is not None else (None, None)
     if repeat is not None and repeat(lmcache_objects_ptrs, block_ids):
         return
@@ -234,6 +235,16 @@ def multi_layer_block_kv_transfer(
 
 
 _SHAPE_DESC_FIELDS = ("nb", "nl", "bs", "nh", "hs", "dtype", "element_size", "block_stride_elems", "kv_size")
+_shape_desc_fields = operator.attrgetter(*_SHAPE_DESC_FIELDS)
+
+
+def _shape_desc_values(shape_desc: object) -> tuple:
+    """The fields of `shape_desc` a repeat's key holds, None for one it lacks: one C call where it
+    has them all (every call of the op builds its key)."""
+    try:
+        return _shape_desc_fields(shape_desc)
+    except AttributeError:
+        return tuple(getattr(shape_desc, field, None) for field in _SHAPE_DESC_FIELDS)
 
 
 def _block_repeat_key(backend: str, objects: object, block_ids: object, scalars: tuple) -> tuple | None:

@@ -104,6 +104,29 @@ def test_a_new_list_of_the_same_tensors_is_the_same_description():
     assert sum(key[0] == tuple(map(id, caches)) for key in arguments._tables._entries) == 1, "described twice"
 
 
+def test_a_description_without_every_field_is_keyed_and_moved():
+    """Every block call keys its repeat on the description's fields; one an older LMCache's description
+    lacks (`block_stride_elems`) is None in the key, and the call moves what a full description moves."""
+    import types
+
+    from lmcache_ascend.op_surface import block_ops
+
+    full = _desc()
+    partial = types.SimpleNamespace(**{field: getattr(full, field) for field in block_ops._SHAPE_DESC_FIELDS
+                                       if field != "block_stride_elems"})
+    assert block_ops._shape_desc_values(full) == tuple(getattr(full, f) for f in block_ops._SHAPE_DESC_FIELDS)
+    assert block_ops._shape_desc_values(partial) == tuple(
+        None if field == "block_stride_elems" else getattr(full, field) for field in block_ops._SHAPE_DESC_FIELDS)
+    caches = [torch.arange(BLOCKS * BLOCK * HIDDEN, dtype=torch.float32).reshape(BLOCKS, BLOCK, HIDDEN) + layer
+              for layer in range(LAYERS)]
+    moved = []
+    for desc in (full, partial):
+        objects = [torch.full((LAYERS, 2 * BLOCK, HIDDEN), -1.0)]
+        ops.multi_layer_block_kv_transfer(caches, objects, [4, 1], "cpu", D2H, desc, 2 * BLOCK, MLA, 0)
+        moved.append(objects[0])
+    slots = torch.cat([torch.arange(4 * BLOCK, 5 * BLOCK), torch.arange(BLOCK, 2 * BLOCK)])
+    assert torch.equal(moved[0], _rows(caches, slots)) and torch.equal(moved[1], moved[0])
+
 def test_the_op_surface_reads_the_backend_flag_on_every_call(monkeypatch):
     """LMCACHE_ASCEND_TRANSFER_BACKEND is the op surface's to read (the kernels take the backend from it)."""
     import pytest

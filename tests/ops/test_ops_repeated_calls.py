@@ -96,7 +96,7 @@ def _block_calls(device: str, count: int = 3) -> int:
                    for _ in range(count)]
         before = launch_counter.triton
         key = block_ops._block_repeat_key(moves._backend(), objects, block_ids, (
-            device, D2H, 2 * BS, MLA, 0, *(getattr(_desc(), field, None) for field in block_ops._SHAPE_DESC_FIELDS)))
+            device, D2H, 2 * BS, MLA, 0, *block_ops._shape_desc_values(_desc())))
         kept = moves._repeats.lookup(caches, key)[1]
         ops.multi_layer_block_kv_transfer(caches, objects, block_ids, device, D2H, _desc(), 2 * BS, MLA, 0)
         repeated += kept is not None and kept is not moves._never and launch_counter.triton == before + 1
@@ -160,7 +160,7 @@ def _bundle_calls(device: str, count: int = 3) -> int:
             before = launch_counter.triton
             key = block_ops._block_repeat_key(moves._backend(), objects, block_ids, (
                 device, direction, 2 * BS, BUNDLE, 0,
-                *(getattr(_bundle_desc(), field, None) for field in block_ops._SHAPE_DESC_FIELDS)))
+                *block_ops._shape_desc_values(_bundle_desc())))
             kept = moves._repeats.lookup(caches, key)[1]
             ops.multi_layer_block_kv_transfer(caches, objects, block_ids, device, direction, _bundle_desc(), 2 * BS,
                                               BUNDLE, 0)
