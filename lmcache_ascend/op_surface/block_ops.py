@@ -148,8 +148,7 @@ def multi_layer_block_kv_transfer(
     op = "multi_layer_block_kv_transfer"
     backend = _backend()
     key = _block_repeat_key(backend, lmcache_objects_ptrs, block_ids, (
-        device, direction, lmcache_chunk_size, engine_kv_format, skip_prefix_n_blocks,
-        *_shape_desc_values(shape_desc)))
+        device, direction, lmcache_chunk_size, engine_kv_format, skip_prefix_n_blocks), shape_desc)
     handle, repeat = _repeats.lookup(paged_buffer_ptrs_tensor, key) if key is not None else (None, None)
     if repeat is not None and repeat(lmcache_objects_ptrs, block_ids):
         return
@@ -247,11 +246,14 @@ def _shape_desc_values(shape_desc: object) -> tuple:
         return tuple(getattr(shape_desc, field, None) for field in _SHAPE_DESC_FIELDS)
 
 
-def _block_repeat_key(backend: str, objects: object, block_ids: object, scalars: tuple) -> tuple | None:
-    """A block call's repeat key (see "repeated calls" in `moves`): the arguments, and the description of the
-    block ids and of the first object (a repeat checks that every object has it)."""
+def _block_repeat_key(backend: str, objects: object, block_ids: object, arguments: tuple,
+                      shape_desc: object) -> tuple | None:
+    """A block call's repeat key (see "repeated calls" in `moves`): its other `arguments` (device, direction,
+    chunk size, format, skipped blocks) and `shape_desc`'s fields, and the description of the block ids and
+    of the first object (a repeat checks that every object has it)."""
     if not isinstance(objects, list) or not objects or type(objects[0]) is not torch.Tensor:
         return None
+    scalars = (*arguments, *_shape_desc_values(shape_desc))
     first = objects[0]
     if isinstance(block_ids, list):
         ids = ("list", len(block_ids))

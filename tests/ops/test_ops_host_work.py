@@ -127,6 +127,7 @@ def test_a_description_without_every_field_is_keyed_and_moved():
     slots = torch.cat([torch.arange(4 * BLOCK, 5 * BLOCK), torch.arange(BLOCK, 2 * BLOCK)])
     assert torch.equal(moved[0], _rows(caches, slots)) and torch.equal(moved[1], moved[0])
 
+
 def test_the_op_surface_reads_the_backend_flag_on_every_call(monkeypatch):
     """LMCACHE_ASCEND_TRANSFER_BACKEND is the op surface's to read (the kernels take the backend from it)."""
     import pytest

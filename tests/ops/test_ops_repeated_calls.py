@@ -95,8 +95,8 @@ def _block_calls(device: str, count: int = 3) -> int:
         objects = [torch.full((LAYERS, 2 * BS, HIDDEN), POISON, dtype=torch.bfloat16, device=device)
                    for _ in range(count)]
         before = launch_counter.triton
-        key = block_ops._block_repeat_key(moves._backend(), objects, block_ids, (
-            device, D2H, 2 * BS, MLA, 0, *block_ops._shape_desc_values(_desc())))
+        key = block_ops._block_repeat_key(moves._backend(), objects, block_ids, (device, D2H, 2 * BS, MLA, 0),
+                                          _desc())
         kept = moves._repeats.lookup(caches, key)[1]
         ops.multi_layer_block_kv_transfer(caches, objects, block_ids, device, D2H, _desc(), 2 * BS, MLA, 0)
         repeated += kept is not None and kept is not moves._never and launch_counter.triton == before + 1
@@ -158,9 +158,8 @@ def _bundle_calls(device: str, count: int = 3) -> int:
                 others[slots] = False
                 untouched = _bundle_rows(caches, torch.arange(BLOCKS * BS)[others])
             before = launch_counter.triton
-            key = block_ops._block_repeat_key(moves._backend(), objects, block_ids, (
-                device, direction, 2 * BS, BUNDLE, 0,
-                *block_ops._shape_desc_values(_bundle_desc())))
+            key = block_ops._block_repeat_key(moves._backend(), objects, block_ids,
+                                              (device, direction, 2 * BS, BUNDLE, 0), _bundle_desc())
             kept = moves._repeats.lookup(caches, key)[1]
             ops.multi_layer_block_kv_transfer(caches, objects, block_ids, device, direction, _bundle_desc(), 2 * BS,
                                               BUNDLE, 0)
