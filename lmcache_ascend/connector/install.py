@@ -97,6 +97,9 @@ def plan_for_engine(
 ):
     """Register `kv_caches` with a MultiGroupGPUConnector and make `engine` use it.
 
+    `backend`: the transfer backend (LMCACHE_ASCEND_TRANSFER_BACKEND), for a connector
+    built here and for one the engine already has (None: a connector built here reads
+    the flag itself, one the engine has keeps its own).
     `backend_dims`: the attention backend's `BackendDims` of each layer
     registered as a single tensor (see `connector.backend_dims`). `model`: the
     model's identity (`kv_worker.chunk_identity.model_identity`), folded with the
@@ -119,6 +122,9 @@ def plan_for_engine(
     connector = engine.gpu_connector
     if not isinstance(connector, MultiGroupGPUConnector):
         connector = MultiGroupGPUConnector(chunk_size, backend=backend)
+    elif backend is not None:
+        # The connector LMCache's factory built: the mover `register` builds takes this backend.
+        connector.backend = backend
     connector.register(layers, planner)
     engine.gpu_connector = connector
     CHUNK_PLANNER.set(engine.metadata, planner)  # read by the lmcache-metadata-chunk-bytes patch

@@ -62,8 +62,15 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
     """Stores and loads LMCache chunks of multi-group / multi-plane KV caches."""
 
     def __init__(self, chunk_size: int, backend: str | None = None):
+        """`backend`: the transfer backend (auto, triton or torch); None reads the user's
+        LMCACHE_ASCEND_TRANSFER_BACKEND (the environment, else LMCache's configuration file),
+        so that no path building this connector leaves the user's choice out."""
         if chunk_size <= 0:
             raise KVCacheShapeError(f"chunk_size={chunk_size} must be a positive int")
+        if backend is None:
+            from lmcache_ascend.flags import flag_value
+
+            backend = flag_value("LMCACHE_ASCEND_TRANSFER_BACKEND")
         self.chunk_size = chunk_size
         self.backend = backend
         self.layers: tuple[LayerPlanes, ...] = ()

@@ -42,9 +42,11 @@ def _token_layers(key_value_ptrs: object, layers: int, facts: FormatFacts, dtype
     if isinstance(key_value_ptrs, (list, tuple)):
         if len(key_value_ptrs) != entries:
             raise TransferError(f"{op}: key_value_ptrs has {len(key_value_ptrs)} tensors; allowed: exactly {entries}")
+        expected = _listed_layer_shape(facts, per_layer, hidden)
         for index, tensor in enumerate(key_value_ptrs):
             _tensor(tensor, f"key_value_ptrs[{index}]", op)
             _same_dtype(tensor, dtype, f"key_value_ptrs[{index}]", "key_value", op)
+            _check_listed_shape(tensor, expected, f"key_value_ptrs[{index}]", hidden, op)
         return list(key_value_ptrs)
     pointers = _pointer_list(key_value_ptrs, entries, "key_value_ptrs", op)
     if per_layer == 2 or facts.mla:
@@ -64,6 +66,41 @@ def _token_layers(key_value_ptrs: object, layers: int, facts: FormatFacts, dtype
     stride = block_stride_elems or 2 * block_size * hidden
     return [_at_pointer(p, (nb, 2, block_size, hidden), dtype, device, (stride, block_size * hidden, hidden, 1))
             for p in pointers]
+
+
+def _listed_layer_shape(facts: FormatFacts, per_layer: int, hidden: int) -> tuple:
+    """The shape LMCache's torch baseline indexes a listed paged tensor with, the one it builds over a
+    pointer; None: a size it leaves free (slots or blocks, bounded by the slot range check; the block
+    size, which `_kv_planes` checks against the `block_size` argument)."""
+    if per_layer == 2 or facts.mla:
+        return (None, hidden)
+    if facts.two_major:
+        return (2, None, hidden)
+    return (None, 2, None, hidden)
+
+
+def _check_listed_shape(tensor: torch.Tensor, expected: tuple, what: str, hidden: int, op: str) -> None:
+    """A listed paged tensor of another shape is refused, as the baseline refuses it: with another
+    row width (key_value's hidden size, its last dim) the rows would be cut at shifted offsets."""
+    shape = tensor.shape
+    if len(shape) != len(expected) or any(want is not None and got != want for got, want in zip(shape, expected)):
+        allowed = ", ".join("*" if want is None else str(want) for want in expected)
+        raise TransferError(
+            f"{op}: {what} has shape {tuple(shape)}; allowed: [{allowed}] (rows of key_value's hidden size "
+            f"{hidden}, its last dim)"
+        )
+
+
+def _check_row_width(tensor: torch.Tensor, what: str, dims: int, head_dims: int, hidden: int, reference: str,
+                     op: str) -> None:
+    """`tensor` must have `dims` dims whose last `head_dims` hold `hidden` elements (a row of
+    `reference`), as the baseline's reshape and indexing need: another width would cut its blocks
+    into rows at shifted offsets."""
+    if tensor.dim() != dims or math.prod(tensor.shape[dims - head_dims:]) != hidden:
+        raise TransferError(
+            f"{op}: {what} has shape {tuple(tensor.shape)}; allowed: {dims} dims whose last {head_dims} hold "
+            f"{hidden} elements ({reference}'s hidden size, its last dim)"
+        )
 
 
 def _kv_planes(layers: list[torch.Tensor], facts: FormatFacts, block_size: int, op: str) -> list[list[torch.Tensor]]:
@@ -282,6 +319,7 @@ def single_layer_kv_transfer(
         planes = [[paged]]
         if lmc.dim() != 2 or lmc.shape[0] != tokens:
             raise TransferError(f"{op}: lmc_key_value_cache has shape {tuple(lmc.shape)}; allowed: [{tokens}, H]")
+        _check_row_width(paged, "vllm_key_value_cache", 3, 1, lmc.shape[1], "lmc_key_value_cache", op)
         hidden_bytes = lmc.shape[1] * lmc.element_size()
         strides = _byte_strides(lmc, "lmc_key_value_cache", op)
         offsets, pitch = [0], strides[0]
@@ -293,6 +331,7 @@ def single_layer_kv_transfer(
                 f"{op}: lmc_key_value_cache has shape {tuple(lmc.shape)}; allowed: "
                 f"[{', '.join(str(d) for d in expected)}] (token_major={token_major})"
             )
+        _check_row_width(paged, "vllm_key_value_cache", 5, 2, lmc.shape[2], "lmc_key_value_cache", op)
         hidden_bytes = lmc.shape[2] * lmc.element_size()
         strides = _byte_strides(lmc, "lmc_key_value_cache", op)
         if token_major:
@@ -320,9 +359,10 @@ def _flash(op: str, key_value: torch.Tensor, key_cache: torch.Tensor, value_cach
             f"{op}: key_value has shape {tuple(key_value.shape)} with layer_idx={layer_idx}; "
             "allowed: [2, L, T, H] with layer_idx < L"
         )
+    tokens, hidden = key_value.shape[2], key_value.shape[3]
     for what, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
         _same_dtype(cache, key_value.dtype, what, "key_value", op)
-    tokens, hidden = key_value.shape[2], key_value.shape[3]
+        _check_row_width(cache, what, 4, 2, hidden, "key_value", op)
     if slot_mapping.numel() != tokens:
         raise TransferError(
             f"{op}: slot_mapping has {slot_mapping.numel()} slots but key_value holds {tokens} tokens; "

@@ -113,12 +113,95 @@ def test_model_identity_follows_the_weights_not_the_path(tmp_path):
 
     # Same shapes, same header, same size, other values: rewritten in place.
     rewritten = model_identity(str(_write_checkpoint(tmp_path / "a", bytes(reversed(values)))))
-    assert rewritten["weights"]["model.safetensors"]["header_sha256"] == first["weights"]["model.safetensors"]["header_sha256"]
+    assert rewritten["weights"]["model.safetensors"]["size"] == first["weights"]["model.safetensors"]["size"]
     assert rewritten != first
     assert _digest(_planner(), rewritten) != _digest(_planner(), first)
 
     other_config = model_identity(str(_write_checkpoint(tmp_path / "b", values, {"hidden_size": 256})))
     assert other_config["weights"] == first["weights"] and other_config != first
+
+
+def _checkpoint_of_projections(directory: Path, layers: int, tensor_bytes: int, redrawn: dict[int, bytes]) -> Path:
+    """A safetensors checkpoint of k_proj and v_proj per layer (ramp values); `redrawn`: bytes put at
+    these offsets of the data (the same size, shapes and header)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    names = [f"model.layers.{layer}.self_attn.{proj}.weight" for layer in range(layers) for proj in ("k_proj", "v_proj")]
+    header = json.dumps({
+        name: {"dtype": "F16", "shape": [tensor_bytes // 2], "data_offsets": [i * tensor_bytes, (i + 1) * tensor_bytes]}
+        for i, name in enumerate(names)
+    }).encode()
+    data = bytearray(bytes(range(251)) * (len(names) * tensor_bytes // 251 + 1))[: len(names) * tensor_bytes]
+    for offset, replacement in redrawn.items():
+        data[offset: offset + len(replacement)] = replacement
+    (directory / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(data))
+    (directory / "config.json").write_text(json.dumps({"hidden_size": 128}))
+    return directory
+
+
+def _sampled_windows(size: int, start: int, count: int = 16, window: int = 4096) -> list[range]:
+    """The file ranges an identity reading `count` evenly spread windows of the data would read."""
+    span = size - start
+    return [range(start + (span - window) * i // (count - 1), start + (span - window) * i // (count - 1) + window)
+            for i in range(count)]
+
+
+def test_bytes_changed_between_sampled_windows_change_the_identity(tmp_path):
+    """K/V projections of three layers redrawn in the middle of their tensors, nowhere near the
+    evenly spread windows a sampling identity reads: another checkpoint, another identity."""
+    tensor_bytes, file = 64 << 10, "model.safetensors"
+    plain = _checkpoint_of_projections(tmp_path / "plain", 8, tensor_bytes, {})
+    raw_plain = (plain / file).read_bytes()
+    start = 8 + int.from_bytes(raw_plain[:8], "little")
+    windows = _sampled_windows(len(raw_plain), start)
+    redrawn_at = {}
+    for layer in (1, 4, 6):  # from the middle of the layer's k_proj and v_proj on, the first spot no window reads
+        for tensor in (2 * layer, 2 * layer + 1):
+            offset = tensor * tensor_bytes + tensor_bytes // 2
+            while any(start + offset + i in window for window in windows for i in (0, 15)):
+                offset += 1024
+            assert offset + 16 <= (tensor + 1) * tensor_bytes
+            redrawn_at[offset] = b"\x13\x37" * 8
+    redrawn = _checkpoint_of_projections(tmp_path / "redrawn", 8, tensor_bytes, redrawn_at)
+
+    raw_redrawn = (redrawn / file).read_bytes()
+    assert len(raw_plain) == len(raw_redrawn) and raw_plain != raw_redrawn
+    assert raw_plain[:start] == raw_redrawn[:start], "the header (names, shapes, offsets) is the same"
+    differing = [i for i in range(len(raw_plain)) if raw_plain[i] != raw_redrawn[i]]
+    assert not any(i in window for i in differing for window in windows), "a change a sample would have seen"
+
+    first, second = model_identity(str(plain)), model_identity(str(redrawn))
+    assert first["config"] == second["config"] and first["weights"][file]["size"] == second["weights"][file]["size"]
+    assert first != second
+    assert _digest(_planner(), first) != _digest(_planner(), second)
+
+
+def test_a_file_is_hashed_once_per_process_until_it_changes(tmp_path, monkeypatch):
+    import os
+
+    from lmcache_ascend.kv_worker import chunk_identity
+
+    directory = _checkpoint_of_projections(tmp_path / "m", 2, 16 << 10, {})
+    hashed = []
+    real_hash = chunk_identity._hash_file
+    monkeypatch.setattr(chunk_identity, "_hash_file", lambda path: hashed.append(path) or real_hash(path))
+
+    first = model_identity(str(directory))
+    assert model_identity(str(directory)) == first, "the same file read twice gives the same identity"
+    assert len(hashed) == 1, "the second read came from the process's memory"
+    monkeypatch.setattr(chunk_identity, "_file_identities", {})
+    assert model_identity(str(directory)) == first and len(hashed) == 2, "hashed again: the same identity"
+
+    # Rewritten in place, same size, its mtime put back: the inode and size hold, the ctime does not.
+    path = directory / "model.safetensors"
+    before = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    with open(path, "r+b") as handle:
+        handle.write(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    assert model_identity(str(directory)) != first and len(hashed) == 3
 
 
 def test_model_identity_of_a_hub_name_has_no_weights():

@@ -3,9 +3,9 @@
 ``CreateGPUConnector`` returns lmcache-ascend's ``MultiGroupGPUConnector``
 for vLLM when LMCache has no connector for the active device (``npu``, or no
 accelerator at all, which LMCache 0.4.x reports as ``cuda``); every other
-device and engine gets upstream's choice. The
-connector learns the KV caches later, when the worker adapter patch registers
-them.
+device and engine gets upstream's choice. The connector moves bytes on the
+backend LMCACHE_ASCEND_TRANSFER_BACKEND names (read with LMCache's config) and
+learns the KV caches later, when the worker adapter patch registers them.
 """
 
 from __future__ import annotations
@@ -34,8 +34,13 @@ def create_gpu_connector_wrapper(wrapped, instance, args, kwargs):
     if call["engine"] != EngineType.VLLM or _upstream_serves(getattr(gpu_connector, "torch_device_type", None)):
         return wrapped(*args, **kwargs)
     from lmcache_ascend.connector.multigroup_connector import MultiGroupGPUConnector
+    from lmcache_ascend.flags import flag_value
 
-    return MultiGroupGPUConnector(chunk_size=call["config"].chunk_size)
+    config = call["config"]
+    # The transfer backend as the user set it: the environment, else LMCache's configuration
+    # (its YAML and the connector's extra config, which only this config object holds).
+    backend = flag_value("LMCACHE_ASCEND_TRANSFER_BACKEND", lmcache_config=config)
+    return MultiGroupGPUConnector(chunk_size=config.chunk_size, backend=backend)
 
 
 PATCH = Patch(
