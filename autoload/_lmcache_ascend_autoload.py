@@ -8,8 +8,12 @@ overlay patches; only then, when ``site`` has long finished and ``sys.path``
 is final, does it import ``lmcache_ascend`` and call ``activate()``, which in
 turn registers post-import hooks for the patch targets.
 
-``LMCACHE_ASCEND_AUTOLOAD=0`` turns the hook off; anything that goes wrong is
-printed to stderr and never stops the interpreter or the user's import.
+``LMCACHE_ASCEND_AUTOLOAD=0`` turns the hook off.  Anything that goes wrong is
+printed to stderr and never stops the interpreter or the user's import, with one
+exception: a bad lmcache-ascend flag where the process uses LMCache (the import
+that fired the hook is LMCache's, or LMCache is loaded already).  That import
+then raises the flag error, as `lmcache_ascend.activate_on_start` decides: LMCache
+must not run silently without the overlay.
 """
 
 import os
@@ -35,8 +39,11 @@ class _ActivateOnFirstImport:
         try:
             import lmcache_ascend
 
-            lmcache_ascend.activate(source="autoload")
-        except Exception as error:  # never break the user's import
+            lmcache_ascend.activate_on_start("autoload", importing=fullname)
+        except Exception as error:  # never break the user's import, but for LMCache without the overlay
+            flags = sys.modules.get("lmcache_ascend.flags")
+            if flags is not None and isinstance(error, flags.FlagError):
+                raise
             print(f"lmcache-ascend: autoload did not activate: {error}", file=sys.stderr)
         return None  # let the regular finders import the package
 

@@ -8,6 +8,18 @@ as well (the file named by ``LMCACHE_CONFIG_FILE``, read here at activation too,
 so that even patches enabled by a flag follow it); as in LMCache, the
 environment wins over the file.
 
+``LMCACHE_CONFIG_FILE`` is LMCache's variable, not ours: its file is read only for
+the keys of our rows, whose values only LMCache-facing code uses.  A file that
+can't be read (missing, not YAML, not a mapping, no PyYAML) is a `ConfigFileError`
+that names it as LMCache's configuration file; activation without it
+(`values_for_activation`) goes on with the environment and the defaults, and
+`lmcache_ascend.activate_on_start` raises the error where LMCache is first used.
+
+A set but empty variable is an error naming the flag (an empty value is far more
+often a broken script than a wish for the default), except for a list flag, where
+it is the empty list, and for upstream's variables (``owned_by_patches``), which
+follow upstream's own reading.
+
 Standard library only: this module is imported by the start-up path.
 """
 
@@ -21,21 +33,28 @@ from typing import Callable, Mapping
 
 __all__ = [
     "AUXILIARY_VARIABLES",
+    "ConfigFileError",
     "FLAGS",
     "Flag",
     "FlagError",
     "FlagKind",
     "coerce_flag",
+    "flag_origin",
     "flag_value",
     "parse_flag",
     "report_unknown_variables",
     "unknown_variables",
     "validate_all",
+    "values_for_activation",
 ]
 
 
 class FlagError(ValueError):
     """A flag has a value outside what it allows."""
+
+
+class ConfigFileError(FlagError):
+    """LMCache's configuration file (``LMCACHE_CONFIG_FILE``) can't be read for lmcache-ascend's keys."""
 
 
 class FlagKind(enum.Enum):
@@ -80,12 +99,37 @@ class Flag(
         return f"'auto' or an integer 0..{_INT_MAXIMUM} (0: latest boundary only)"
 
     def default_text(self) -> str:
-        if self.kind is FlagKind.BOOL:
-            return "1" if self.default else "0"
-        if self.kind is FlagKind.NAME_LIST:
-            return ",".join(self.default) if self.default else "(empty)"
-        return str(self.default)
+        if self.kind is FlagKind.NAME_LIST and not self.default:
+            return "(empty)"
+        return self.value_text(self.default)
 
+    def value_text(self, value: object) -> str:
+        """A typed value as the user writes it (a boolean as 1/0, a list comma-separated)."""
+        if self.kind is FlagKind.BOOL:
+            return "1" if value else "0"
+        if self.kind is FlagKind.NAME_LIST:
+            return ",".join(value) if value else "(empty list)"
+        return str(value)
+
+    def empty_is_default(self) -> bool:
+        """Whether a set but empty variable means the default: only for upstream's variables,
+        read by upstream's own rules (a list flag's empty value is the empty list)."""
+        return self.owned_by_patches or not self.name.startswith(FLAG_PREFIX)
+
+
+# The spec types that hold state a prefix reuse does not need (`multigroup.spec_kinds.SpecKind.SKIP`,
+# i.e. `multigroup.state_skip.DEFAULT_STATE_SPEC_CLASS_NAMES`; a test keeps the two equal): the only
+# names LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST may hold.  Any other name would leave out KV that
+# reuse needs (a sliding window's, say), and the reused outputs would silently be wrong.
+STATE_SPEC_NAMES: tuple[str, ...] = (
+    "C128AttnKVState",
+    "C128AttnScoreState",
+    "C4AttnKVState",
+    "C4AttnScoreState",
+    "C4IndexerKVState",
+    "C4IndexerScoreState",
+    "EncoderOnlyAttentionSpec",
+)
 
 FLAGS: tuple[Flag, ...] = (
     Flag(
@@ -124,7 +168,8 @@ FLAGS: tuple[Flag, ...] = (
         "LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST",
         FlagKind.NAME_LIST,
         (),
-        "Spec class names to skip as state groups, replacing the built-in DeepSeek-V4 set; empty keeps the built-in set.",
+        "State spec class names to skip as state groups, replacing the built-in set (all of them); empty keeps the built-in set.",
+        allowed=STATE_SPEC_NAMES,
         lmcache_config_key="ascend_skip_state_spec_allowlist",
     ),
     Flag(
@@ -158,6 +203,13 @@ FLAGS: tuple[Flag, ...] = (
         False,
         "Hole-mode CacheBlend: reuse cached KV across non-contiguous prefixes, recomputing only holes and deviating tokens.",
         lmcache_config_key="ascend_blend_holes",
+    ),
+    Flag(
+        "LMCACHE_ASCEND_CHUNK_SEAL",
+        FlagKind.BOOL,
+        True,
+        "Seal chunks sent to LMCache's remote backends (length + xxHash3) and treat one that fails the check as a miss.",
+        lmcache_config_key="ascend_chunk_seal",
     ),
 )
 
@@ -197,14 +249,29 @@ def _parse_int_choice(flag: Flag, raw: str) -> int:
     return int(text)
 
 
-def _parse_name_list(flag: Flag, raw: str) -> tuple[str, ...]:
+def _parse_name_list(flag: Flag, raw: str, shown: object = None) -> tuple[str, ...]:
+    """`raw` split at commas; `shown`: the value as the user gave it, for the message (`raw` by default)."""
+    shown = raw if shown is None else shown
     names = tuple(part.strip() for part in raw.split(",") if part.strip())
     for name in names:
         if name != "*" and not all(ch.isalnum() or ch in "_-." for ch in name):
-            raise FlagError(f"{flag.name}={raw!r}: {name!r} is not a name; allowed: {flag.allowed_text()}")
+            raise FlagError(f"{flag.name}={shown!r}: {name!r} is not a name; allowed: {flag.allowed_text()}")
         if flag.allowed and name not in flag.allowed:
-            raise FlagError(f"{flag.name}={raw!r}: {name!r} is unknown; allowed: {flag.allowed_text()}")
+            raise FlagError(_name_not_allowed(flag, shown, name))
     return names
+
+
+def _name_not_allowed(flag: Flag, shown: object, name: str) -> str:
+    if flag.allowed is not STATE_SPEC_NAMES:
+        return f"{flag.name}={shown!r}: {name!r} is not allowed; allowed: {flag.allowed_text()}"
+    from lmcache_ascend.multigroup.spec_kinds import known_spec_names  # standard library only; on error only
+
+    if name in known_spec_names():
+        why = ("which is no state spec: its groups hold KV that reuse needs, and skipping them would "
+               "silently change the outputs")
+    else:
+        why = "which is no known KV-cache spec type (a misspelt name would move every state group)"
+    return f"{flag.name}={shown!r} names {name}, {why}; allowed: {flag.allowed_text()}"
 
 
 # Integers are ASCII digits (int() also takes other scripts' digits and "_") up to
@@ -247,10 +314,22 @@ def get_flag(name: str) -> Flag:
 
 
 def parse_flag(name: str, raw: str | None) -> object:
-    """The typed value of flag `name` for the raw text `raw` (None or blank = default)."""
+    """The typed value of flag `name` for the raw text `raw`.
+
+    None (unset) is the default.  Blank text is the empty list for a list flag, the default
+    for upstream's variables (`Flag.empty_is_default`), and an error for every other flag.
+    """
     flag = get_flag(name)
-    if raw is None or raw.strip() == "":
+    if raw is None:
         return flag.default
+    if raw.strip() == "":
+        if flag.kind is FlagKind.NAME_LIST:
+            return ()
+        if flag.empty_is_default():
+            return flag.default
+        raise FlagError(
+            f"{name}={raw!r} is empty; allowed: {flag.allowed_text()} (unset it for the default, {flag.default_text()})"
+        )
     return _PARSERS[flag.kind](flag, raw)
 
 
@@ -262,15 +341,16 @@ def coerce_flag(name: str, value: object) -> object:
 
     The one validation of every source: text (the environment, ``LMCACHE_<KEY>``), a
     value of LMCache's YAML (a boolean, a number, a list) or of an LMCache config
-    object (already typed, so this is idempotent).  None or blank text is the default.
-    A list is only a value of a list flag: anywhere else it is refused, naming the
-    flag, the value and what is allowed.
+    object (already typed, so this is idempotent).  None is the default; text follows
+    `parse_flag` (blank text is an error but for list flags).  A list is only a value
+    of a list flag: anywhere else it is refused, naming the flag, the value and what
+    is allowed.
     """
     flag = get_flag(name)
     if value is None:
         return flag.default
     if isinstance(value, str):
-        return flag.default if value.strip() == "" else _parse_memoized(name, value)
+        return _parse_memoized(name, value)
     if isinstance(value, bool):
         if flag.kind is FlagKind.BOOL:
             return value
@@ -280,10 +360,18 @@ def coerce_flag(name: str, value: object) -> object:
             raise FlagError(f"{name}={value!r} is a list, but {name} takes one value; allowed: {flag.allowed_text()}")
         if not all(isinstance(item, str) for item in value):
             raise FlagError(f"{name}={value!r} holds a non-text item; allowed: {flag.allowed_text()}")
-        return _parse_memoized(name, ",".join(value))
+        joined = ",".join(value)
+        try:
+            return _parse_memoized(name, joined)  # read on every KV transfer: memoized
+        except FlagError:
+            return _parse_name_list(flag, joined, shown=value)  # refused again, naming the value as given
     if isinstance(value, int):  # YAML `ascend_blend_holes: 1`: the same as the text "1"
         return _parse_memoized(name, str(value))
     raise FlagError(f"{name}={value!r} is a {type(value).__name__}; allowed: {flag.allowed_text()}")
+
+
+def _config_file_error(path: str, problem: str) -> ConfigFileError:
+    return ConfigFileError(f"LMCache's configuration file {CONFIG_FILE_VARIABLE}={path!r} {problem}")
 
 
 @functools.lru_cache(maxsize=4)
@@ -293,21 +381,20 @@ def _config_file_values(path: str, modified: float) -> dict[str, object]:
         import yaml  # LMCache's own dependency; only needed when its config file is used
     except ImportError:
         # Silence here would run with defaults where the file may set other values.
-        raise FlagError(
-            f"{CONFIG_FILE_VARIABLE}={path!r} is set but PyYAML is not installed, so the lmcache-ascend "
-            "keys it may hold can't be read; install it: pip install 'lmcache-ascend[yaml]'"
+        raise _config_file_error(
+            path, "is set but PyYAML is not installed, so the lmcache-ascend keys it may hold can't be read; "
+            "install it: pip install 'lmcache-ascend[yaml]'"
         ) from None
     try:
         with open(path, encoding="utf-8") as handle:
             document = yaml.safe_load(handle)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        raise FlagError(f"{CONFIG_FILE_VARIABLE}={path!r} can't be read: {error}") from None
+        raise _config_file_error(path, f"can't be read: {error}") from None
     if document is None:
         return {}
     if not isinstance(document, dict):
-        raise FlagError(
-            f"{CONFIG_FILE_VARIABLE}={path!r} holds a YAML {type(document).__name__}; "
-            "LMCache's configuration is a mapping of keys to values"
+        raise _config_file_error(
+            path, f"holds a YAML {type(document).__name__}; LMCache's configuration is a mapping of keys to values"
         )
     return {
         flag.name: document[flag.lmcache_config_key]
@@ -334,7 +421,7 @@ def _configured(flag: Flag, env: Mapping[str, str], lmcache_config: object) -> t
     try:
         modified = os.stat(path).st_mtime
     except OSError as error:
-        raise FlagError(f"{CONFIG_FILE_VARIABLE}={path!r} can't be read: {error}") from None
+        raise _config_file_error(path, f"can't be read: {error}") from None
     value = _config_file_values(path, modified).get(flag.name)
     return value, f"LMCache key {flag.lmcache_config_key!r} in {path}"
 
@@ -381,7 +468,7 @@ def flag_value(name: str, environ: Mapping[str, str] | None = None, lmcache_conf
     flag = get_flag(name)
     env = _environ if environ is None else environ
     raw = env.get(name)
-    if raw is not None and raw.strip() != "":
+    if raw is not None:
         return _parse_memoized(name, raw)
     if flag.lmcache_config_key is None:
         return flag.default
@@ -392,22 +479,94 @@ def flag_value(name: str, environ: Mapping[str, str] | None = None, lmcache_conf
         raise FlagError(f"{error} (set by {source})") from None
 
 
-def validate_all(environ: Mapping[str, str] | None = None) -> dict[str, object]:
-    """Parse every flag activation checks (all but those owned by patches); raise one FlagError listing every bad value."""
+def flag_origin(name: str, environ: Mapping[str, str] | None = None) -> str:
+    """Where flag `name`'s value comes from: ``"environment"``, ``"PATH: KEY"`` (LMCache's
+    configuration file and the key in it) or ``"default"``; raises `ConfigFileError` where
+    that file can't be read."""
+    flag = get_flag(name)
     env = os.environ if environ is None else environ
+    if env.get(name) is not None:
+        return "environment"
+    if flag.lmcache_config_key is not None and _configured(flag, env, None)[0] is not None:
+        return f"{env[CONFIG_FILE_VARIABLE].strip()}: {flag.lmcache_config_key}"
+    return "default"
+
+
+DISABLED_PATCHES = "LMCACHE_ASCEND_DISABLED_PATCHES"
+
+
+def _unknown_patch_names(env: Mapping[str, str], disabled: tuple[str, ...]) -> str | None:
+    """The problem with names in LMCACHE_ASCEND_DISABLED_PATCHES that are no patch (a typo would
+    leave the patch on), or None.  The catalogue is only read when a name is given."""
+    names = [name for name in disabled if name != "*"]
+    if not names:
+        return None
+    import difflib
+
+    from lmcache_ascend.patches.catalogue import CATALOGUE
+
+    known = [entry.name for entry in CATALOGUE]
+    unknown = [name for name in names if name not in known]
+    if not unknown:
+        return None
+    hints = [f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
+             for name in unknown for close in [difflib.get_close_matches(name, known, n=1)]]
+    return (f"{DISABLED_PATCHES}={env.get(DISABLED_PATCHES)!r} names no patch {', '.join(hints)}; "
+            "allowed: '*' or patch names (`lmcache-ascend-patches` lists them)")
+
+
+def _validate(env: Mapping[str, str]) -> tuple[dict[str, object], list[str], ConfigFileError | None]:
+    """(values, the flag problems, the problem of LMCache's configuration file or None).
+
+    Where the file can't be read, the flags it could set take their environment value or
+    their default."""
     values: dict[str, object] = {}
     problems: list[str] = []
+    file_problem: ConfigFileError | None = None
     for flag in FLAGS:
         if flag.owned_by_patches:
             continue
         try:
             values[flag.name] = flag_value(flag.name, env)
+        except ConfigFileError as error:
+            file_problem = error
+            without_file = {key: value for key, value in env.items() if key != CONFIG_FILE_VARIABLE}
+            values[flag.name] = flag_value(flag.name, without_file)  # its environment value was valid
         except FlagError as error:
-            if str(error) not in problems:  # an unreadable config file is one problem, not one per key
-                problems.append(str(error))
+            problems.append(str(error))
+    unknown_patches = _unknown_patch_names(env, values.get(DISABLED_PATCHES, ()))
+    if unknown_patches:
+        problems.append(unknown_patches)
+    return values, problems, file_problem
+
+
+def _flag_problems_text(problems: list[str]) -> str:
+    return "invalid lmcache-ascend flag: " + "; ".join(problems)
+
+
+def validate_all(environ: Mapping[str, str] | None = None) -> dict[str, object]:
+    """Parse every flag activation checks (all but those owned by patches); raise one FlagError
+    listing every bad value, and the problem of LMCache's configuration file if any (a
+    `ConfigFileError` when that is the only one)."""
+    env = os.environ if environ is None else environ
+    values, problems, file_problem = _validate(env)
     if problems:
-        raise FlagError("invalid lmcache-ascend flag: " + "; ".join(problems))
+        raise FlagError(_flag_problems_text(problems) + (f"; {file_problem}" if file_problem else ""))
+    if file_problem is not None:
+        raise ConfigFileError(str(file_problem))
     return values
+
+
+def values_for_activation(environ: Mapping[str, str] | None = None) -> tuple[dict[str, object], ConfigFileError | None]:
+    """(every flag activation checks, the problem of LMCache's configuration file or None).
+
+    Raises FlagError listing every bad flag value; a configuration file that can't be read is
+    returned, not raised: activation goes on without it (see the module's docstring)."""
+    env = os.environ if environ is None else environ
+    values, problems, file_problem = _validate(env)
+    if problems:
+        raise FlagError(_flag_problems_text(problems))
+    return values, file_problem
 
 
 def unknown_variables(environ: Mapping[str, str] | None = None) -> list[tuple[str, tuple[str, ...]]]:

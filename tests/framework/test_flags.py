@@ -15,7 +15,32 @@ def test_defaults_when_unset_or_blank():
     assert values["LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"] == ()
     assert flag_value("VLLM_ASCEND_DSV4_COMPRESSED_KV_BLOCK_SIZE", {}) == 128
     assert flag_value("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", {}) == "auto"
-    assert validate_all({"LMCACHE_ASCEND_BLEND_HOLES": "  "})["LMCACHE_ASCEND_BLEND_HOLES"] is False
+
+
+ONE_VALUE_FLAGS = [f for f in flag_table.FLAGS if f.name.startswith("LMCACHE_ASCEND_") and f.kind.value != "name-list"]
+
+
+@pytest.mark.parametrize("flag", ONE_VALUE_FLAGS, ids=[f.name for f in ONE_VALUE_FLAGS])
+@pytest.mark.parametrize("raw", ["", "  "], ids=["empty", "blank"])
+def test_an_empty_value_is_an_error_naming_the_flag_and_what_is_allowed(flag, raw):
+    """`LMCACHE_ASCEND_BUNDLE_MULTI_SPEC=` is a broken script far more often than a wish for the default."""
+    with pytest.raises(FlagError) as caught:
+        validate_all({flag.name: raw})
+    assert f"{flag.name}={raw!r} is empty; allowed: {flag.allowed_text()}" in str(caught.value)
+    with pytest.raises(FlagError, match=f"{flag.name}={raw!r} is empty"):
+        flag_value(flag.name, {flag.name: raw})
+
+
+def test_an_empty_name_list_is_the_empty_list_and_upstream_variables_keep_their_reading(tmp_path):
+    for name in ("LMCACHE_ASCEND_DISABLED_PATCHES", "LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"):
+        assert validate_all({name: ""})[name] == ()
+    # Set, it is a value like any other: it wins over LMCache's file.
+    config = tmp_path / "lmcache.yaml"
+    config.write_text("ascend_skip_state_spec_allowlist: [C4AttnKVState]\n")
+    environ = {"LMCACHE_CONFIG_FILE": str(config), "LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST": ""}
+    assert flag_value("LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST", environ) == ()
+    # vLLM reads VLLM_PREFIX_CACHE_RETENTION_INTERVAL itself: its empty value stays the default here.
+    assert flag_value("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", {"VLLM_PREFIX_CACHE_RETENTION_INTERVAL": ""}) == "auto"
 
 
 @pytest.mark.parametrize("raw, expected", [("1", True), ("TRUE", True), ("on", True), ("0", False), ("no", False)])
@@ -114,6 +139,87 @@ def test_bad_value_in_the_config_file_names_the_key_and_the_file(tmp_path):
         validate_all({"LMCACHE_CONFIG_FILE": str(config)})
     with pytest.raises(FlagError, match="LMCACHE_CONFIG_FILE=.*can't be read"):
         validate_all({"LMCACHE_CONFIG_FILE": str(tmp_path / "missing.yaml")})
+
+
+def test_an_unreadable_config_file_is_named_as_lmcaches_not_as_a_flag(tmp_path):
+    missing = str(tmp_path / "missing.yaml")
+    with pytest.raises(flag_table.ConfigFileError) as caught:
+        validate_all({"LMCACHE_CONFIG_FILE": missing})
+    message = str(caught.value)
+    assert message.startswith(f"LMCache's configuration file LMCACHE_CONFIG_FILE={missing!r} can't be read: ")
+    assert "No such file" in message and "invalid lmcache-ascend flag" not in message
+    # Activation goes on without it: the environment and the defaults, and the problem for later.
+    values, problem = flag_table.values_for_activation({"LMCACHE_CONFIG_FILE": missing, "LMCACHE_ASCEND_BLEND_HOLES": "1"})
+    assert values["LMCACHE_ASCEND_BLEND_HOLES"] is True and values["LMCACHE_ASCEND_TRANSFER_BACKEND"] == "auto"
+    assert str(problem) == message
+    # A bad flag beside it is still refused, and both are named.
+    with pytest.raises(FlagError) as both:
+        validate_all({"LMCACHE_CONFIG_FILE": missing, "LMCACHE_ASCEND_BLEND_HOLES": "2"})
+    assert "LMCACHE_ASCEND_BLEND_HOLES='2' is not a boolean" in str(both.value) and missing in str(both.value)
+    with pytest.raises(FlagError, match="LMCACHE_ASCEND_BLEND_HOLES='2'"):
+        flag_table.values_for_activation({"LMCACHE_CONFIG_FILE": missing, "LMCACHE_ASCEND_BLEND_HOLES": "2"})
+
+
+def test_where_a_value_comes_from(tmp_path):
+    config = tmp_path / "lmcache.yaml"
+    config.write_text("ascend_blend_holes: true\n")
+    environ = {"LMCACHE_CONFIG_FILE": str(config), "LMCACHE_ASCEND_TRANSFER_BACKEND": "torch"}
+    assert flag_table.flag_origin("LMCACHE_ASCEND_BLEND_HOLES", environ) == f"{config}: ascend_blend_holes"
+    assert flag_table.flag_origin("LMCACHE_ASCEND_TRANSFER_BACKEND", environ) == "environment"
+    assert flag_table.flag_origin("LMCACHE_ASCEND_BUNDLE_MULTI_SPEC", environ) == "default"
+
+
+@pytest.mark.parametrize("raw, unknown, close", [
+    ("vllm-free-queue-prepen", "vllm-free-queue-prepen", "vllm-free-queue-prepend"),
+    ("lmcache-reuse-guard, no-such-thing", "no-such-thing", None),
+])
+def test_a_disabled_patch_that_is_no_patch_is_refused(raw, unknown, close):
+    """A typo would leave the patch on: refused by the flag check itself, so every command sees it."""
+    with pytest.raises(FlagError) as caught:
+        validate_all({"LMCACHE_ASCEND_DISABLED_PATCHES": raw})
+    message = str(caught.value)
+    assert f"LMCACHE_ASCEND_DISABLED_PATCHES={raw!r} names no patch {unknown!r}" in message
+    assert ("did you mean" in message) is (close is not None) and (close is None or repr(close) in message)
+    assert "allowed: '*' or patch names" in message
+    assert validate_all({"LMCACHE_ASCEND_DISABLED_PATCHES": "*, lmcache-reuse-guard"})["LMCACHE_ASCEND_DISABLED_PATCHES"] == (
+        "*", "lmcache-reuse-guard")
+
+
+def test_the_state_spec_names_are_those_the_state_skip_treats_as_state():
+    from lmcache_ascend.multigroup.spec_kinds import SPEC_KINDS, SpecKind
+    from lmcache_ascend.multigroup.state_skip import DEFAULT_STATE_SPEC_CLASS_NAMES
+
+    assert set(flag_table.STATE_SPEC_NAMES) == set(DEFAULT_STATE_SPEC_CLASS_NAMES)
+    assert set(flag_table.STATE_SPEC_NAMES) == {name for name, (kind, _) in SPEC_KINDS.items() if kind is SpecKind.SKIP}
+    allowlist = next(f for f in flag_table.FLAGS if f.name == "LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST")
+    assert allowlist.allowed == flag_table.STATE_SPEC_NAMES
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("SlidingWindowSpec", "which is no state spec: its groups hold KV that reuse needs"),
+    ("FullAttentionSpec", "which is no state spec"),
+    ("MLAAttentionSpec", "which is no state spec"),
+    ("MambaSpec", "which is no state spec"),
+    ("C4AttnKVStat", "which is no known KV-cache spec type (a misspelt name would move every state group)"),
+])
+def test_the_state_allowlist_refuses_every_name_that_is_no_state_spec(tmp_path, name, why):
+    """Skipping a sliding window's groups silently breaks the reused outputs."""
+    raw = f"C4AttnKVState,{name}"
+    with pytest.raises(FlagError) as caught:
+        validate_all({"LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST": raw})
+    message = str(caught.value)
+    assert f"LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST={raw!r} names {name}, {why}" in message
+    assert "allowed: comma-separated names among " + ", ".join(flag_table.STATE_SPEC_NAMES) in message
+    config = tmp_path / "lmcache.yaml"
+    config.write_text(f"ascend_skip_state_spec_allowlist: [C4AttnKVState, {name}]\n")
+    with pytest.raises(FlagError, match=rf"=\['C4AttnKVState', '{name}'\] names {name}, which is no"):
+        validate_all({"LMCACHE_CONFIG_FILE": str(config)})
+
+
+def test_the_state_allowlist_takes_every_state_spec():
+    raw = ",".join(flag_table.STATE_SPEC_NAMES)
+    assert validate_all({"LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST": raw})[
+        "LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"] == flag_table.STATE_SPEC_NAMES
 
 
 @pytest.mark.parametrize(
