@@ -3,7 +3,8 @@
 Each run is ``python -m tests.engine.runner`` in a new process group: vLLM's
 engine core and worker processes belong to it, so a timeout kills all of them
 and a hung engine never hangs the suite.  What the killed processes leave behind
-(shared-memory segments and socket files) is removed after each run.  The child sees no ``PYTHONHASHSEED``
+(their private temp folder, the shared-memory objects they recorded creating) is removed
+after each run; nobody else's.  The child sees no ``PYTHONHASHSEED``
 (a user's engine would not either) and activates lmcache-ascend the way a user's
 does, through the installed entry points.
 """
@@ -11,12 +12,13 @@ does, through the installed entry points.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import os
 import re
+import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -49,6 +51,8 @@ def engine_environment(extra: dict[str, str]) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         PYTHONPATH=str(REPO_ROOT),
     )
+    if _ipc_scopes:  # started inside an ipc_reclaimed block: the innermost one cleans up after it
+        env.update(_ipc_scopes[-1].environment())
     env.update(extra)
     return env
 
@@ -96,47 +100,98 @@ def run_engine(spec: dict, timeout_s: int = ENGINE_TIMEOUT_S) -> dict:
 
 
 SHARED_MEMORY_DIR = Path("/dev/shm")
-SOCKET_DIR = Path(tempfile.gettempdir())  # vLLM's and LMCache's ipc sockets and vLLM's init files
+# Its sitecustomize.py records the /dev/shm names a process creates (in the file RECORD_ENV names).
+IPC_RECORD_DIR = Path(__file__).resolve().parent / "ipc_record"
+RECORD_ENV = "LMCACHE_ASCEND_IPC_RECORD"
+
+
+class IpcScope:
+    """One ipc_reclaimed block: a private folder holding the temp folder of the processes started in
+    it and the record of the /dev/shm names they create."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.temp_dir = root / "tmp"
+        self.record = root / "shm-names"
+
+    def environment(self) -> dict[str, str]:
+        """What a process started in the block needs in its environment to be cleaned up after.
+
+        LMCache's ZeroMQ ipc sockets, vLLM's ``vllm_dist_*`` init files and
+        multiprocessing's listener folders follow ``tempfile.gettempdir()``; vLLM's
+        ZeroMQ ipc sockets follow ``VLLM_RPC_BASE_PATH``, which defaults to it. The
+        record folder comes first on the path, so that its sitecustomize runs.
+        """
+        return {
+            "TMPDIR": str(self.temp_dir),
+            "VLLM_RPC_BASE_PATH": str(self.temp_dir),
+            RECORD_ENV: str(self.record),
+            "PYTHONPATH": os.pathsep.join((str(IPC_RECORD_DIR), str(REPO_ROOT))),
+        }
+
+    def recorded(self) -> set[Path]:
+        """The /dev/shm entries the block's processes recorded creating (gone or not)."""
+        with contextlib.suppress(FileNotFoundError):
+            names = set(self.record.read_text().split())
+            return {SHARED_MEMORY_DIR / name for name in names if "/" not in name and name not in (".", "..")}
+        return set()
+
+
+_ipc_scopes: list[IpcScope] = []
 
 
 @contextlib.contextmanager
 def ipc_reclaimed():
-    """Remove what the block's processes created in /dev/shm, and the socket files and vLLM's
-    distributed-init store files they created in the temp folder, once no live process holds them.
+    """Remove, once the block ends, what the processes started in it left: their temp folder and
+    the /dev/shm segments and semaphores they created. Yields the block's IpcScope.
 
     Engine runs end with SIGKILL to their process group (vLLM's own shutdown costs
     seconds per engine), so nothing unlinks vLLM's shared-memory rings and
     multiprocessing semaphores, LMCache's KV-cache segments of the MP mode
     (256 MiB each) or the ZeroMQ socket files. On tmpfs the segments keep their
     memory until they are removed: left alone they pile up run after run, on a
-    machine the whole suite runs on again. An entry that existed before the block,
-    or that a live process still maps, holds open or listens on, is kept: the
-    MP server's segments go when the server's own block ends.
+    machine the whole suite runs on again.
+
+    Only what the block's own processes made goes: processes started with
+    engine_environment inside the block get a private temp folder and record each
+    /dev/shm name they create (tests/engine/ipc_record/sitecustomize.py). Nothing
+    is judged by what other processes map or hold open: a multiprocessing
+    semaphore shows in its creator's maps under a temporary name, so another
+    program's live semaphore would look unused. The block's processes must be
+    gone when it ends (run_engine and stop_group wait for that).
     """
-    before = _ipc_entries()
+    scope = IpcScope(Path(tempfile.mkdtemp(prefix="lmcache-ascend-ipc-")))
+    scope.temp_dir.mkdir()
+    # torch inductor's cache and precompiled headers default to the temp folder: keep using the
+    # shared one (the private one goes after the block: all of it would be compiled again every run).
+    inductor_cache = _inductor_cache_dir()
+    inductor_cache.mkdir(parents=True, exist_ok=True)
+    (scope.temp_dir / inductor_cache.name).symlink_to(inductor_cache, target_is_directory=True)
+    _ipc_scopes.append(scope)
     try:
-        yield
+        yield scope
     finally:
-        created = _ipc_entries() - before
-        # The kernel drops a dead process's listening sockets from /proc/net/unix
-        # a moment after the process is gone: look again for a little while.
-        deadline = time.monotonic() + 2.0
-        while created:
-            held = created & _held_ipc_paths()
-            for path in created - held:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-            created = held
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        _ipc_scopes.remove(scope)
+        for path in scope.recorded():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        shutil.rmtree(scope.root, ignore_errors=True)
+
+
+def _inductor_cache_dir() -> Path:
+    """torch inductor's default cache folder, named as torch names it, in this process's temp folder."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 def wait_until_group_gone(group: int, timeout_s: float = 30.0) -> None:
     """Wait until no live process of process group `group` is left (zombies count as gone).
 
     A killed group's members keep their mappings until the kernel has torn them
-    down; the leftovers are judged only after that.
+    down; their leftovers are removed only after that.
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -151,36 +206,6 @@ def _live_member(process: Path, group: int) -> bool:
     except OSError:
         return False
     return fields[0] != "Z" and int(fields[2]) == group
-
-
-def _ipc_entries() -> set[Path]:
-    entries = set(SHARED_MEMORY_DIR.iterdir()) if SHARED_MEMORY_DIR.is_dir() else set()
-    for path in SOCKET_DIR.iterdir():
-        with contextlib.suppress(FileNotFoundError):
-            if path.name.startswith("vllm_dist_") or stat.S_ISSOCK(path.lstat().st_mode):
-                entries.add(path)
-    return entries
-
-
-def _held_ipc_paths() -> set[Path]:
-    """Paths that some live process maps, holds open, or listens on (read from /proc)."""
-    held: set[Path] = set()
-    for process in Path("/proc").iterdir():
-        if not process.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):  # gone, or not ours to read
-            for line in (process / "maps").read_text().splitlines():
-                if "/dev/shm/" in line:
-                    held.add(Path(line[line.index("/dev/shm/"):].removesuffix(" (deleted)")))
-            for fd in (process / "fd").iterdir():
-                with contextlib.suppress(OSError):
-                    held.add(Path(os.readlink(fd)))
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
-            fields = line.split()
-            if len(fields) == 8:
-                held.add(Path(fields[7]))
-    return held
 
 
 def _first_errors(log_text: str, count: int = 3) -> str:
@@ -275,11 +300,12 @@ def remote_server():
     return _server_on_loopback("LMCache remote server", [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"], port)
 
 
-def redis_server():
-    """A Redis server on loopback, nothing persisted (yields its port); needs ``redis-server`` on PATH."""
+def redis_server(*options: str):
+    """A Redis server on loopback, nothing persisted (yields its port); `options` are more of
+    ``redis-server``'s (e.g. ``--maxmemory 2mb``); needs ``redis-server`` on PATH."""
     port = _free_loopback_port()
     return _server_on_loopback("Redis server", [
-        "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+        "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", *options,
     ], port)
 
 

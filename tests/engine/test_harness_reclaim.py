@@ -1,70 +1,137 @@
-"""The engine harness removes what killed engine processes leave in /dev/shm and the temp folder.
+"""The engine harness removes what its own killed processes leave in /dev/shm and the temp folder, and
+nothing of anyone else's.
 
-A child in a process group of its own creates a shared-memory segment and a
-listening socket file, as vLLM's and LMCache's processes do, and is killed with
-SIGKILL the way every engine run ends. Entries that existed before, or that a
-live process still maps, stay.
+A stand-in for an engine run, started the way run_engine starts one
+(``engine_environment`` inside ``ipc_reclaimed``, a process group of its own),
+creates what vLLM's and LMCache's processes do: a shared-memory segment, a
+multiprocessing semaphore (in a spawned child too, as vLLM's engine core and
+workers are) and a listening socket file in its temp folder; it is killed with
+SIGKILL the way every engine run ends. Meanwhile an unrelated program creates and
+holds a semaphore and a segment of its own: a semaphore shows in its creator's
+/proc/<pid>/maps under a temporary name only, so judging by other processes'
+maps took it for a leftover and removed it, and the next vLLM engine of that
+program failed in ``SemLock._rebuild``.
 """
 
 from __future__ import annotations
 
+import _multiprocessing
+import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
 import time
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
+from multiprocessing.synchronize import SEMAPHORE
 from pathlib import Path
 
 import pytest
 
-from tests.engine.harness import SHARED_MEMORY_DIR, SOCKET_DIR, ipc_reclaimed, stop_group
+from tests.engine.harness import SHARED_MEMORY_DIR, engine_environment, ipc_reclaimed, wait_until_group_gone
 
 pytestmark = pytest.mark.skipif(not SHARED_MEMORY_DIR.is_dir(), reason="needs /dev/shm")
 
-_CHILD = textwrap.dedent("""
-    import socket, sys, time
+# Run as a script (a spawned child re-imports it as its main module).
+_STAND_IN = textwrap.dedent("""
+    import json, multiprocessing, socket, tempfile, time
     from multiprocessing import shared_memory
-    segment = shared_memory.SharedMemory(name=sys.argv[1], create=True, size=1 << 20)
-    segment.buf[:4] = b"kept"
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(sys.argv[2])
-    listener.listen()
-    print("ready", flush=True)
-    time.sleep(600)
+    from pathlib import Path
+
+    def worker(queue):
+        lock = multiprocessing.get_context("spawn").Lock()
+        queue.put(lock._semlock.name)
+        time.sleep(600)
+
+    if __name__ == "__main__":
+        spawn = multiprocessing.get_context("spawn")
+        queue = spawn.Queue()
+        spawn.Process(target=worker, args=(queue,)).start()
+        segment = shared_memory.SharedMemory(create=True, size=1 << 20)
+        lock = spawn.Lock()
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(Path(tempfile.gettempdir()) / "engine.sock"))
+        listener.listen()
+        print(json.dumps({"segment": segment.name, "semaphores": [lock._semlock.name, queue.get(timeout=120)],
+                          "socket": listener.getsockname()}), flush=True)
+        time.sleep(600)
+""")
+
+# Holds its semaphore and segment until its stdin closes, then removes them itself.
+_UNRELATED = textwrap.dedent("""
+    import json, multiprocessing, sys
+    from multiprocessing import shared_memory
+    lock = multiprocessing.get_context("spawn").Lock()
+    segment = shared_memory.SharedMemory(create=True, size=4096)
+    segment.buf[:4] = b"mine"
+    print(json.dumps({"segment": segment.name, "semaphore": lock._semlock.name}), flush=True)
+    sys.stdin.read()
+    segment.close()
+    segment.unlink()
 """)
 
 
-def _killed_child(tag: str) -> tuple[Path, Path]:
-    segment, sock = SHARED_MEMORY_DIR / f"lmcache_ascend_test_{tag}", SOCKET_DIR / f"lmcache-ascend-test-{tag}.sock"
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, segment.name, str(sock)], stdout=subprocess.PIPE,
+def _semaphore_path(name: str) -> Path:
+    return SHARED_MEMORY_DIR / ("sem." + name.lstrip("/"))
+
+
+def _stand_in_run(tmp_path: Path) -> dict:
+    """Start the stand-in as run_engine starts an engine, wait for its objects, kill its group."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(_STAND_IN)
+    child = subprocess.Popen([sys.executable, str(script)], env=engine_environment({}), stdout=subprocess.PIPE,
                              start_new_session=True, text=True)
-    assert child.stdout.readline().strip() == "ready"
-    assert segment.exists() and sock.exists()
-    stop_group(child)
-    return segment, sock
+    try:
+        made = json.loads(child.stdout.readline())
+    finally:
+        # As run_engine ends a run: SIGKILL at once (a SIGTERM first would let the resource tracker tidy up).
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        wait_until_group_gone(child.pid)
+    made["paths"] = [SHARED_MEMORY_DIR / made["segment"], *map(_semaphore_path, made["semaphores"]), Path(made["socket"])]
+    # the control: SIGKILL alone leaves all of them behind
+    assert all(path.exists() for path in made["paths"]), made
+    return made
 
 
-def test_a_killed_groups_segment_and_socket_are_removed():
-    tag = f"{time.monotonic_ns()}"
-    with ipc_reclaimed():
-        segment, sock = _killed_child(tag)
-        # the control: SIGKILL alone leaves both behind
-        assert segment.exists() and sock.exists()
-    assert not segment.exists() and not sock.exists()
+def test_what_the_harness_processes_leave_is_removed(tmp_path):
+    with ipc_reclaimed() as scope:
+        made = _stand_in_run(tmp_path)
+        assert Path(made["socket"]).parent == scope.temp_dir
+    assert not any(path.exists() for path in made["paths"]), made
+    assert not scope.root.exists()
 
 
-def test_entries_from_before_and_entries_still_mapped_stay():
-    tag = f"{time.monotonic_ns()}"
-    earlier = shared_memory.SharedMemory(name=f"lmcache_ascend_test_{tag}_earlier", create=True, size=4096)
+def test_other_programs_objects_stay_usable(tmp_path):
+    earlier = shared_memory.SharedMemory(name=f"lmcache_ascend_test_{time.monotonic_ns()}_earlier", create=True, size=4096)
     try:
         with ipc_reclaimed():
-            mapped = shared_memory.SharedMemory(name=f"lmcache_ascend_test_{tag}_mapped", create=True, size=4096)
-            earlier.close()  # unmapped now, but it was there before the block
+            unrelated = subprocess.Popen([sys.executable, "-c", _UNRELATED], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True)
+            try:
+                theirs = json.loads(unrelated.stdout.readline())
+                mine = _stand_in_run(tmp_path)
+                earlier.close()  # unmapped now, but it was there before the block
+            except BaseException:
+                unrelated.kill()
+                raise
         try:
+            assert not any(path.exists() for path in mine["paths"]), mine
             assert (SHARED_MEMORY_DIR / earlier.name).exists()
-            assert (SHARED_MEMORY_DIR / mapped.name).exists()
+            # What the next vLLM engine of the other program does with its semaphore: open it by name.
+            assert _semaphore_path(theirs["semaphore"]).exists()
+            lock = _multiprocessing.SemLock._rebuild(0, SEMAPHORE, 1, theirs["semaphore"])
+            assert lock.acquire(timeout=10)
+            lock.release()
+            segment = shared_memory.SharedMemory(name=theirs["segment"])
+            resource_tracker.unregister(segment._name, "shared_memory")  # theirs to unlink, not this process's
+            try:
+                assert bytes(segment.buf[:4]) == b"mine"
+            finally:
+                segment.close()
         finally:
-            mapped.close()
-            mapped.unlink()
+            unrelated.stdin.close()
+            assert unrelated.wait(timeout=30) == 0
     finally:
         earlier.unlink()
