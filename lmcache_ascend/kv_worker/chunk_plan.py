@@ -29,6 +29,7 @@ from lmcache_ascend.kernels.spec import DEFAULT_REGION_ALIGNMENT
 from lmcache_ascend.kernels.spec import ChunkRegions
 from lmcache_ascend.kernels.spec import chunk_regions as kernel_chunk_regions
 from lmcache_ascend.kv_worker.formats import KVCacheShapeError
+from lmcache_ascend.kv_worker.chunk_seal import SEAL_BYTES
 from lmcache_ascend.kv_worker.groups import LayerGroup
 from lmcache_ascend.multigroup.specs import KVGroupSpec, chunk_row_window, geometry_digest
 
@@ -139,10 +140,11 @@ class ChunkPlanner:
         """LMCache memory-object shape for a chunk: uint8 [1, 1, tokens, bytes per token, rounded up].
 
         LMCache reads the token count from dim 2 (KV_2LTD), so the flat buffer is
-        presented as `num_tokens` rows; the rounding wastes fewer than
-        `num_tokens` bytes per chunk.
+        presented as `num_tokens` rows. The last `SEAL_BYTES` of the buffer are kept
+        for its seal (`kv_worker.chunk_seal`, written where a chunk leaves the process);
+        with the rounding, fewer than `num_tokens + SEAL_BYTES` bytes a chunk are not KV.
         """
-        total = self.plan(num_tokens).total_bytes
+        total = self.plan(num_tokens).total_bytes + SEAL_BYTES
         return (1, 1, num_tokens, max(1, math.ceil(total / num_tokens)))
 
     @property

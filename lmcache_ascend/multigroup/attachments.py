@@ -17,6 +17,7 @@ __all__ = [
     "BLOCK_TRACKER",
     "CHUNK_PLANNER",
     "CONNECTOR_GROUPS",
+    "FAILED_KEYS",
     "GROUP_HINTS",
     "GROUP_PLAN",
     "MP_GROUP_STATE",
@@ -96,3 +97,8 @@ GROUP_PLAN: Attachment = Attachment("lmcache_ascend_group_plan", "(ServerGroupPl
 GROUP_HINTS: Attachment = Attachment("lmcache_ascend_group_hints", "dict of per-group LayoutHints entries")
 # On LMCacheMPWorkerAdapter: (PER_GROUP or FLAT, the server's name) from its answer to the registration.
 SERVER_FORMAT: Attachment = Attachment("lmcache_ascend_server_format", "(wire format, server name or None)")
+
+# On LMCache's remote backends (RemoteBackend): keys whose load failed (missing, unreadable, or
+# failing the seal check), in the order found, as dict keys (lookups answer a miss at them until
+# a store of the key completes).
+FAILED_KEYS: Attachment = Attachment("_ascend_failed_keys", "dict of CacheEngineKeys whose load failed")

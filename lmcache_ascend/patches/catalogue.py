@@ -232,6 +232,26 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         requires={"lmcache": ">=0.4.5,<0.6"},
         flags=("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"),
     ),
+    CatalogueEntry(
+        name="vllm-multigroup-load-failures",
+        module="lmcache_ascend.patches.vllm.multigroup_load_failures",
+        target="vllm.v1.core.sched.scheduler",
+        requires={"vllm": ">=0.18.0"},
+    ),
+    CatalogueEntry(
+        name="lmcache-remote-chunk-seal",
+        module="lmcache_ascend.patches.lmcache.remote_chunk_seal",
+        target="lmcache.v1.storage_backend.remote_backend",
+        requires={"lmcache": ">=0.4.5,<0.6"},
+        flags=("LMCACHE_ASCEND_CHUNK_SEAL",),
+        enabled_by="LMCACHE_ASCEND_CHUNK_SEAL",
+    ),
+    CatalogueEntry(
+        name="lmcache-redis-get-releases",
+        module="lmcache_ascend.patches.lmcache.redis_get_releases",
+        target="lmcache.v1.storage_backend.connector.redis_connector",
+        requires={"lmcache": ">=0.4.5,<0.6", "redis": ">=4"},
+    ),
 )
 
 # The declaration modules, in order.

@@ -52,14 +52,16 @@ def config_and_groups():
     )
 
 
-def _engine(connector):
+def _engine(connector, **config):
+    """A real LMCache engine (local CPU backend unless `config` says otherwise) and its instance id."""
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.metadata import LMCacheMetadata
 
     instance_id = f"ascend-e2e-{next(_instance_ids)}"
     config = LMCacheEngineConfig.from_defaults(
-        chunk_size=CHUNK, local_cpu=True, max_local_cpu_size=0.05, lmcache_instance_id=instance_id
+        **{"chunk_size": CHUNK, "local_cpu": True, "max_local_cpu_size": 0.05, "lmcache_instance_id": instance_id,
+           **config}
     )
     metadata = LMCacheMetadata(
         model_name="dsv4-like",

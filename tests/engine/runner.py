@@ -10,7 +10,11 @@ stored, however slow the machine).  OUT gets,
 per round and prompt, the greedy tokens with their logprobs and vLLM's
 ``num_cached_tokens``; vLLM's prefix-cache counters; the KV-cache groups the
 worker really allocated; what lmcache-ascend's connector moved; and, with
-``kv_oracle``, digests of each prompt's KV blocks (`tests.engine.kv_oracle`).
+``kv_oracle``, digests of each prompt's KV blocks (`tests.engine.kv_oracle`). With
+``faults`` (round index -> fault) and ``fault_store``, each such round's first load (or
+store) meets that fault of the shared store (`tests.engine.faults`), a killed server is
+restarted before the next round, and OUT says which faults a load met and how many chunks
+failed their seal check.
 
 The engine runs as shipped: engine core and worker processes of their own.
 """
@@ -114,6 +118,7 @@ def llm_options(spec: dict) -> dict:
             kv_connector=spec.get("kv_connector", "LMCacheConnectorV1"),
             kv_role="kv_both",
             kv_connector_extra_config=spec.get("kv_connector_extra_config", {}),
+            **({"kv_load_failure_policy": spec["kv_load_failure_policy"]} if spec.get("kv_load_failure_policy") else {}),
         )
     return options
 
@@ -136,6 +141,8 @@ def main(spec_path: str, out_path: str) -> None:
 
     from vllm import LLM, SamplingParams
 
+    from tests.engine import faults
+
     llm = LLM(**llm_options(spec))
     if spec.get("kv_oracle"):
         from tests.engine import kv_oracle
@@ -144,16 +151,26 @@ def main(spec_path: str, out_path: str) -> None:
     ready = time.monotonic()
     sampling = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 12), logprobs=0, detokenize=False)
     rounds = []
+    faults_met = []
     for index, prompts in enumerate(spec["rounds"]):
         if index and spec.get("wait_for_stores"):
             wait_for_stores(llm)
+        fault = (spec.get("faults") or {}).get(str(index))
+        if fault:
+            llm.collective_rpc(faults.arm, args=(fault, spec["fault_store"]))
         outputs = llm.generate([{"prompt_token_ids": prompt} for prompt in prompts], sampling, use_tqdm=False)
         rounds.append([output_record(output) for output in outputs])
+        if fault:
+            faults_met.append(all(llm.collective_rpc(faults.disarm)))
+            if fault.partition("@")[0] == "kill":
+                faults.restart(spec["fault_store"])
     metrics = {metric.name: metric.value for metric in llm.get_metrics() if hasattr(metric, "value")}
     workers = llm.collective_rpc(worker_report)
     result = {
         "rounds": rounds,
-        "metrics": {name: value for name, value in metrics.items() if "prefix_cache" in name},
+        "metrics": {name: value for name, value in metrics.items() if "prefix_cache" in name or "preemption" in name},
+        "faults_met": faults_met,
+        "fault_counts": llm.collective_rpc(faults.worker_counts) if spec.get("faults") else None,
         "workers": workers,
         "kv_oracle": llm.collective_rpc(kv_oracle.report) if spec.get("kv_oracle") else None,
         "seconds": {"start": ready - started, "total": time.monotonic() - started},

@@ -22,6 +22,7 @@ SCRIPTS = {
                          "--batch", "1,4"],
     "bench_transfer.py": ["--device", "cpu", "--tokens", "256", "--calls", "1", "--repeats", "1",
                           "--request-tokens", "1024", "--request-rounds", "1"],
+    "bench_chunk_seal.py": ["--rounds", "3", "--sizes-mib", "0.1"],
     "bench_hole_blend.py": ["--seeds", "1", "--random-seeds", "1", "--documents", "6", "--holes", "1",
                             "--placements", "start", "--ratios", "0.3"],
 }

@@ -9,6 +9,7 @@ from lmcache_ascend.kernels import DEFAULT_REGION_ALIGNMENT as REGION_ALIGNMENT
 from lmcache_ascend.kv_worker import ChunkPlanner, KVCacheShapeError, build_layer_groups, detect_layer_planes
 from lmcache_ascend.multigroup.specs import KVGroupSpec, RowWindow
 from lmcache_ascend.multigroup.specs import chunk_row_window as row_window
+from lmcache_ascend.kv_worker.chunk_seal import SEAL_BYTES
 from lmcache_ascend.kv_worker.registration import needs_multigroup_connector, plane_groups_from_layer_names
 from tests.fixtures.kv_caches import LATENT_DIMS, TOKEN_MAJOR_KV_DIMS
 from tests.kv_worker._geometry import geometry as group_geometry
@@ -133,7 +134,7 @@ def test_chunk_plan_regions_are_aligned_packed_and_sized_per_group():
     assert [r.plane_rows for r in short.regions] == [(10,), (3, 3), (10,)]
     assert planner.plan(10) is short and planner.plan(64) is plan
     shape = planner.memory_shape(10)
-    assert shape[:3] == (1, 1, 10) and 0 <= shape[3] * 10 - short.total_bytes < 10
+    assert shape[:3] == (1, 1, 10) and 0 <= shape[3] * 10 - short.total_bytes - SEAL_BYTES < 10
 
 
 def test_chunk_plan_errors():

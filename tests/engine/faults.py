@@ -1,0 +1,163 @@
+"""Faults of a shared KV store, injected into a running engine between LMCache's lookup and its load.
+
+`arm` runs inside each vLLM worker (``LLM.collective_rpc``): the next call of the
+worker's LMCache engine ``retrieve`` first does the fault to the store, then loads.
+The scheduler has already looked the chunks up (they were there), so the load meets
+the damage: that is the moment a shared cache's eviction, flush or restart hits a
+serving engine. A fault named ``<fault>@store`` is done at the next ``store`` instead
+(the server gone while the engine writes). `restart` (in the runner's own process, between rounds) brings a
+killed server back, empty, on its port.
+
+Stores: ``{"redis": port}`` (LMCache's Redis connector: a chunk is two keys,
+``<key>metadata`` and ``<key>kv_bytes``) or ``{"lm": port}`` (LMCache's own server).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Every fault this module can do, by store.
+REDIS_FAULTS = ("flushall", "delete-one", "truncate", "truncate-consistent", "xor", "kill")
+LM_FAULTS = ("kill",)
+
+_armed: list = []  # (engine method, fault, store) for the next call of that method in this worker
+
+
+def _redis(port: int):
+    import redis
+
+    return redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
+
+
+def _chunk_keys(client) -> list[bytes]:
+    """The stored chunks' key prefixes, in a fixed order."""
+    return sorted(key[: -len(b"kv_bytes")] for key in client.keys(b"*kv_bytes"))
+
+
+def _redis_fault(fault: str, port: int) -> None:
+    client = _redis(port)
+    if fault == "flushall":
+        client.flushall()
+        return
+    if fault == "kill":
+        try:
+            client.shutdown(nosave=True)
+        except Exception:  # the server drops the connection as it goes
+            pass
+        return
+    chunks = _chunk_keys(client)
+    assert chunks, "the store holds no chunk to damage"
+    if fault == "delete-one":
+        victim = chunks[len(chunks) // 2]
+        client.delete(victim + b"kv_bytes", victim + b"metadata")
+        return
+    for chunk in chunks:
+        value = client.get(chunk + b"kv_bytes")
+        if fault == "truncate":  # the bytes shortened, the metadata left saying the old length
+            client.set(chunk + b"kv_bytes", value[: len(value) // 2])
+        elif fault == "truncate-consistent":  # the metadata's length says the shortened length too
+            from lmcache.v1.protocol import RemoteMetadata
+
+            metadata = RemoteMetadata.deserialize(memoryview(client.get(chunk + b"metadata")))
+            short = value[: len(value) // 2]
+            metadata.length = len(short)
+            client.set(chunk + b"kv_bytes", short)
+            client.set(chunk + b"metadata", metadata.serialize())
+        elif fault == "xor":  # every byte flipped, lengths and metadata intact
+            client.set(chunk + b"kv_bytes", bytes(byte ^ 0xA5 for byte in value))
+        else:
+            raise ValueError(f"unknown Redis fault {fault!r}; allowed: {', '.join(REDIS_FAULTS)}")
+
+
+def pid_listening_on(port: int) -> int:
+    """The process listening on loopback TCP `port` (read from /proc)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    for process in Path("/proc").iterdir():
+        if not process.name.isdigit():
+            continue
+        try:
+            for fd in (process / "fd").iterdir():
+                if os.readlink(fd) in inodes:
+                    return int(process.name)
+        except OSError:
+            continue
+    raise LookupError(f"no process listens on port {port}")
+
+
+def _do(fault: str, store: dict) -> None:
+    if "redis" in store:
+        _redis_fault(fault, store["redis"])
+    elif fault == "kill":
+        os.kill(pid_listening_on(store["lm"]), signal.SIGKILL)
+    else:
+        raise ValueError(f"unknown fault {fault!r} of LMCache's server; allowed: {', '.join(LM_FAULTS)}")
+
+
+def _engine():
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    return get_kv_transfer_group()._lmcache_engine.lmcache_engine
+
+
+def arm(worker, fault: str, store: dict) -> None:
+    """Runs inside each vLLM worker: the next ``retrieve`` (or, for ``<fault>@store``, ``store``) of
+    its LMCache engine does `fault` first."""
+    engine = _engine()
+    fault, _, method = fault.partition("@")
+    method = method or "retrieve"
+    _armed[:] = [(method, fault, store)]
+    original = getattr(engine, method)
+    if getattr(original, "_fault_hook", False):
+        return
+
+    def hooked(*args, **kwargs):
+        if _armed and _armed[0][0] == method:
+            _do(*_armed.pop()[1:])
+        return original(*args, **kwargs)
+
+    hooked._fault_hook = True
+    setattr(engine, method, hooked)
+
+
+def disarm(worker) -> bool:
+    """Runs inside each vLLM worker: drops an armed fault no load met; whether one was met."""
+    met = not _armed
+    _armed.clear()
+    return met
+
+
+def worker_counts(worker) -> dict:
+    """Runs inside each vLLM worker: chunks found damaged by the seal check."""
+    from lmcache_ascend.patches.lmcache import remote_chunk_seal
+
+    return {"damaged_chunks": remote_chunk_seal.damaged_chunks}
+
+
+def restart(store: dict, timeout_s: float = 120.0) -> subprocess.Popen:
+    """Start the store's server again, empty, on its port (in the runner's process group), and
+    wait until it listens."""
+    port = store.get("redis") or store["lm"]
+    if "redis" in store:
+        command = ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
+    else:
+        command = [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return server
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the restarted server on port {port} is not listening ({command[0]})")
+        time.sleep(0.2)
