@@ -178,22 +178,30 @@ async def batched_get_non_blocking_wrapper(wrapped, instance, args, kwargs):
     return checked[: next((i for i, obj in enumerate(checked) if obj is None), len(checked))]
 
 
+# The lookups below run for every request: with no failed key (the common case) they cost one
+# attribute read on top of upstream's.
+
+
 def contains_wrapper(wrapped, instance, args, kwargs):
+    if not FAILED_KEYS.get(instance):
+        return wrapped(*args, **kwargs)
     key = call_arguments(wrapped, args, kwargs).arguments["key"]
     return _first_failed(instance, [key]) is None and wrapped(*args, **kwargs)
 
 
 def batched_contains_wrapper(wrapped, instance, args, kwargs):
-    keys = list(call_arguments(wrapped, args, kwargs).arguments["keys"])
     found = wrapped(*args, **kwargs)
-    first = _first_failed(instance, keys[:found])
+    if not FAILED_KEYS.get(instance):
+        return found
+    first = _first_failed(instance, list(call_arguments(wrapped, args, kwargs).arguments["keys"])[:found])
     return found if first is None else first
 
 
 async def batched_async_contains_wrapper(wrapped, instance, args, kwargs):
-    keys = list(call_arguments(wrapped, args, kwargs).arguments["keys"])
     found = await wrapped(*args, **kwargs)
-    first = _first_failed(instance, keys[:found])
+    if not FAILED_KEYS.get(instance):
+        return found
+    first = _first_failed(instance, list(call_arguments(wrapped, args, kwargs).arguments["keys"])[:found])
     return found if first is None else first
 
 
