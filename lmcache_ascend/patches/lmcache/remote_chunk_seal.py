@@ -68,12 +68,9 @@ def _byte_view(memory_obj, planner) -> memoryview | None:
     return view if shape == expected and view.nbytes == prod(expected) else None
 
 
-def _seal_all(backend, memory_objs) -> None:
+def _seal_all(planner, memory_objs) -> None:
     from lmcache_ascend.kv_worker.chunk_seal import seal
 
-    planner = _planner(backend)
-    if planner is None:
-        return
     for memory_obj in memory_objs:
         view = _byte_view(memory_obj, planner)
         if view is not None:
@@ -100,12 +97,9 @@ def _reject(backend, key, memory_obj) -> None:
                    "it is a miss and its tokens are computed again", key, getattr(backend, "remote_url", backend))
 
 
-def _checked(backend, keys, memory_objs):
+def _checked(backend, planner, keys, memory_objs):
     """`memory_objs` up to the first missing or damaged one (released from there on), then None for
     the rest; the key of that one noted as failed."""
-    planner = _planner(backend)
-    if planner is None:
-        return memory_objs
     checked = list(memory_objs)
     for index, (key, memory_obj) in enumerate(zip(keys, checked)):
         if memory_obj is None:
@@ -143,18 +137,27 @@ def _first_failed(backend, keys) -> int | None:
     return next((index for index, key in enumerate(keys) if key in failed), None)
 
 
+# Every wrapper runs upstream alone for a backend whose engine moves no lmcache-ascend chunks.
+
+
 def submit_put_task_wrapper(wrapped, instance, args, kwargs):
+    planner = _planner(instance)
+    if planner is None:
+        return wrapped(*args, **kwargs)
     call = call_arguments(wrapped, args, kwargs).arguments
-    _seal_all(instance, [call["memory_obj"]])
+    _seal_all(planner, [call["memory_obj"]])
     future = wrapped(*args, **kwargs)
     _forget_on_completion(instance, [call["key"]], future)
     return future
 
 
 def batched_submit_put_task_wrapper(wrapped, instance, args, kwargs):
+    planner = _planner(instance)
+    if planner is None:
+        return wrapped(*args, **kwargs)
     call = call_arguments(wrapped, args, kwargs).arguments
     keys = list(call["keys"])
-    _seal_all(instance, call["memory_objs"])
+    _seal_all(planner, call["memory_objs"])
     result = wrapped(*args, **kwargs)
     _forget_on_completion(instance, keys, result)
     return result
@@ -162,18 +165,27 @@ def batched_submit_put_task_wrapper(wrapped, instance, args, kwargs):
 
 def get_blocking_wrapper(wrapped, instance, args, kwargs):
     memory_obj = wrapped(*args, **kwargs)
-    return _checked(instance, [call_arguments(wrapped, args, kwargs).arguments["key"]], [memory_obj])[0]
+    planner = _planner(instance)
+    if planner is None:
+        return memory_obj
+    return _checked(instance, planner, [call_arguments(wrapped, args, kwargs).arguments["key"]], [memory_obj])[0]
 
 
 def batched_get_blocking_wrapper(wrapped, instance, args, kwargs):
-    keys = list(call_arguments(wrapped, args, kwargs).arguments["keys"])
-    return _checked(instance, keys, wrapped(*args, **kwargs))
+    memory_objs = wrapped(*args, **kwargs)
+    planner = _planner(instance)
+    if planner is None:
+        return memory_objs
+    return _checked(instance, planner, list(call_arguments(wrapped, args, kwargs).arguments["keys"]), memory_objs)
 
 
 async def batched_get_non_blocking_wrapper(wrapped, instance, args, kwargs):
-    keys = list(call_arguments(wrapped, args, kwargs).arguments["keys"])
     memory_objs = await wrapped(*args, **kwargs)
-    checked = _checked(instance, keys, memory_objs)
+    planner = _planner(instance)
+    if planner is None:
+        return memory_objs
+    keys = list(call_arguments(wrapped, args, kwargs).arguments["keys"])
+    checked = _checked(instance, planner, keys, memory_objs)
     # Upstream returns the prefix it got: so does this.
     return checked[: next((i for i, obj in enumerate(checked) if obj is None), len(checked))]
 
