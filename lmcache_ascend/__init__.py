@@ -76,6 +76,12 @@ def activate_on_start(source: str, importing: str | None = None, may_raise: bool
             raise type(refusal)(str(refusal))
 
 
+def activation_problem() -> Exception | None:
+    """The error that keeps LMCache from running in this process (a bad flag, an unreadable
+    LMCache configuration file), or None."""
+    return _refusal
+
+
 def _arm(flag_values: dict, source: str) -> None:
     from lmcache_ascend import flags
     from lmcache_ascend.patches import registry

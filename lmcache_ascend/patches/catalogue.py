@@ -252,6 +252,12 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         target="lmcache.v1.storage_backend.connector.redis_connector",
         requires={"lmcache": ">=0.4.5,<0.6", "redis": ">=4"},
     ),
+    CatalogueEntry(
+        name="vllm-lmcache-chunk-size-early",
+        module="lmcache_ascend.patches.vllm.lmcache_chunk_size_early",
+        target="vllm.config.vllm",
+        requires={"vllm": ">=0.18.0"},
+    ),
 )
 
 # The declaration modules, in order.

@@ -577,25 +577,6 @@ class Registry:
                 self._import_target(record)  # the post-import hook applies it
 
 
-    # ------------------------------------------------------------- originals
-    def get_original(self, target: str, attribute: str) -> object:
-        """The value `target`'s `attribute` (a dotted path such as ``"Cls.method"``) had
-        before a patch of ours replaced it; the current raw value where none did.
-
-        Raw, as stored on the owner (a staticmethod stays one); MISSING where the
-        attribute was absent.  Raises LookupError when `target` is not imported.
-        """
-        with self._lock:
-            for record in self._records.values():
-                if record.entry.target == target and attribute in record.installed:
-                    return record.originals[attribute]
-        module = sys.modules.get(target)
-        if module is None:
-            raise LookupError(f"get_original: module {target!r} is not imported")
-        owner_path, name = split_attribute_path(attribute)
-        return read_raw(resolve_owner(module, owner_path), name)
-
-
 def _missing_target(entry: CatalogueEntry) -> Outcome:
     """Why `entry`'s target is not there: its package is absent, or (for a package that
     exists but lacks the module) usually a version the patch is not for."""
@@ -703,8 +684,3 @@ def state(name: str) -> State:
 
 def record(name: str) -> PatchRecord:
     return process_registry().record(name)
-
-
-def get_original(target: str, attribute: str) -> object:
-    """See `Registry.get_original`."""
-    return process_registry().get_original(target, attribute)

@@ -1,7 +1,8 @@
 """Faults of a shared KV store, injected into a running engine between LMCache's lookup and its load.
 
 `arm` runs inside each vLLM worker (``LLM.collective_rpc``): the next call of the
-worker's LMCache engine ``retrieve`` first does the fault to the store, then loads.
+worker's LMCache engine ``retrieve`` waits for the engine's remote writes to complete, does
+the fault to the store, then loads.
 The scheduler has already looked the chunks up (they were there), so the load meets
 the damage: that is the moment a shared cache's eviction, flush or restart hits a
 serving engine. A fault named ``<fault>@store`` is done at the next ``store`` instead
@@ -110,6 +111,28 @@ def _engine():
     return get_kv_transfer_group()._lmcache_engine.lmcache_engine
 
 
+def _settle(engine, timeout_s: float = 60.0) -> None:
+    """Wait until every write the engine sent to a remote backend has completed, with its
+    completion callbacks (LMCache's and the overlay's), so a fault meets the store as the engine
+    left it rather than racing a write of the round before."""
+    import asyncio
+
+    backends = [backend for backend in engine.storage_manager.storage_backends.values()
+                if hasattr(backend, "put_tasks")]
+    deadline = time.monotonic() + timeout_s
+    for backend in backends:
+        while True:
+            with backend.lock:
+                pending = len(backend.put_tasks)
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{pending} remote writes still pending after {timeout_s} s")
+            time.sleep(0.01)
+        # Upstream's callback empties put_tasks; the overlay's runs next in the same loop turn.
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), backend.loop).result(timeout_s)
+
+
 def arm(worker, fault: str, store: dict) -> None:
     """Runs inside each vLLM worker: the next ``retrieve`` (or, for ``<fault>@store``, ``store``) of
     its LMCache engine does `fault` first."""
@@ -123,6 +146,7 @@ def arm(worker, fault: str, store: dict) -> None:
 
     def hooked(*args, **kwargs):
         if _armed and _armed[0][0] == method:
+            _settle(engine)
             _do(*_armed.pop()[1:])
         return original(*args, **kwargs)
 

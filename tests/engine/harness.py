@@ -38,7 +38,11 @@ ENGINE_TEST_DEFAULTS = {"enforce_eager": True}
 
 
 class EngineRunError(AssertionError):
-    pass
+    """An engine run that failed; `log` is its whole output (stdout and stderr of every process)."""
+
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log
 
 
 def engine_environment(extra: dict[str, str]) -> dict[str, str]:
@@ -89,9 +93,9 @@ def run_engine(spec: dict, timeout_s: int = ENGINE_TIMEOUT_S) -> dict:
         log_text = log_path.read_text(errors="replace")
         tail = log_text[-6000:]
         if code is None:
-            raise EngineRunError(f"engine run timed out after {timeout_s} s; log tail:\n{tail}")
+            raise EngineRunError(f"engine run timed out after {timeout_s} s; log tail:\n{tail}", log_text)
         if code != 0 or not out_path.exists():
-            raise EngineRunError(f"engine run exited {code}; {_first_errors(log_text)}log tail:\n{tail}")
+            raise EngineRunError(f"engine run exited {code}; {_first_errors(log_text)}log tail:\n{tail}", log_text)
         result = json.loads(out_path.read_text())
     result["log_tail"] = tail
     _results[key] = result
@@ -244,7 +248,7 @@ def _record(spec: dict, result: dict) -> None:
 SERVER_START_TIMEOUT_S = 180
 
 
-def _free_loopback_port() -> int:
+def free_loopback_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -265,20 +269,23 @@ def stop_group(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def _server_on_loopback(label: str, command: list[str], port: int):
+def server_on_loopback(label: str, command: list[str], port: int, *, cwd: Path = REPO_ROOT,
+                       env: dict[str, str] | None = None, log_path: Path | None = None,
+                       timeout_s: float = SERVER_START_TIMEOUT_S):
     """Run `command` (a server listening on `port`) in a process group of its own; yields the port.
 
-    The server is stopped (its whole process group) however the block ends.
+    `env`: more environment over `engine_environment`'s; `log_path`: where its output goes (a
+    scratch file otherwise). The server is stopped (its whole process group) however the block ends.
     """
     with tempfile.TemporaryDirectory(prefix="lmcache-ascend-server-") as scratch, ipc_reclaimed():
-        log_path = Path(scratch) / "server.log"
+        log_path = log_path or Path(scratch) / "server.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
-                command, cwd=REPO_ROOT, env=engine_environment({}), stdout=log, stderr=subprocess.STDOUT,
+                command, cwd=cwd, env=engine_environment(env or {}), stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         try:
-            _wait_until_listening(label, process, port, log_path)
+            wait_until_listening(label, process, port, log_path, timeout_s)
             yield port
         finally:
             stop_group(process)
@@ -286,8 +293,8 @@ def _server_on_loopback(label: str, command: list[str], port: int):
 
 def mp_server(chunk_size: int, l1_size_gb: float = 0.5):
     """LMCache's multi-process server on loopback (a context manager yielding its port)."""
-    port = _free_loopback_port()
-    return _server_on_loopback("LMCache MP server", [
+    port = free_loopback_port()
+    return server_on_loopback("LMCache MP server", [
         sys.executable, "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1", "--port", str(port),
         "--chunk-size", str(chunk_size), "--l1-size-gb", str(l1_size_gb), "--eviction-policy", "LRU",
         "--disable-observability",
@@ -296,26 +303,28 @@ def mp_server(chunk_size: int, l1_size_gb: float = 0.5):
 
 def remote_server():
     """LMCache's own remote KV server (`lm://`, chunks kept in its memory) on loopback (yields its port)."""
-    port = _free_loopback_port()
-    return _server_on_loopback("LMCache remote server", [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"], port)
+    port = free_loopback_port()
+    return server_on_loopback("LMCache remote server", [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"], port)
 
 
 def redis_server(*options: str):
     """A Redis server on loopback, nothing persisted (yields its port); `options` are more of
     ``redis-server``'s (e.g. ``--maxmemory 2mb``); needs ``redis-server`` on PATH."""
-    port = _free_loopback_port()
-    return _server_on_loopback("Redis server", [
+    port = free_loopback_port()
+    return server_on_loopback("Redis server", [
         "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", *options,
     ], port)
 
 
-def _wait_until_listening(label: str, process: subprocess.Popen, port: int, log_path: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+def wait_until_listening(label: str, process: subprocess.Popen, port: int, log_path: Path,
+                         timeout_s: float = SERVER_START_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise EngineRunError(f"{label} exited {process.returncode}; log:\n{log_path.read_text(errors='replace')[-4000:]}")
+            raise EngineRunError(f"{label} exited {process.returncode}; log:\n{log_path.read_text(errors='replace')[-4000:]}",
+                                 log_path.read_text(errors="replace"))
         with socket.socket() as probe:
             if probe.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.5)
-    raise EngineRunError(f"{label} not listening on {port} after {SERVER_START_TIMEOUT_S} s")
+    raise EngineRunError(f"{label} not listening on {port} after {timeout_s} s", log_path.read_text(errors="replace"))

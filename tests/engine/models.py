@@ -1,6 +1,7 @@
 """Tiny random-weight models for the engine tests, built at test time from a config and a seed.
 
-No hub, no tokenizer: the engine runs with ``skip_tokenizer_init`` on token ids.
+No hub, no tokenizer: the engine runs with ``skip_tokenizer_init`` on token ids
+(`add_word_tokenizer` gives one a tokenizer where a server must take text).
 Weights are drawn by transformers' own initialisation (``initializer_range`` 0.02)
 from a fixed seed, and saved as a local checkpoint vLLM loads like any other.
 `sensitivity` prompts check that a model's greedy output depends on the first
@@ -14,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MODELS", "TinyModel", "build"]
+__all__ = ["MODELS", "TinyModel", "add_word_tokenizer", "build"]
 
 
 @dataclass(frozen=True)
@@ -280,3 +281,16 @@ def build(model: TinyModel, directory: Path) -> Path:
     network.save_pretrained(target)
     stamp.write_text(model.cache_key)
     return target
+
+
+def add_word_tokenizer(model_dir: Path) -> Path:
+    """Give a built checkpoint a tokenizer, so a server can take text: one word per token id,
+    ``w0`` .. ``w<vocab-1>`` split at white space (``w0`` unknown, ``w1`` end, ``w2`` start)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab_size = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    words = Tokenizer(models.WordLevel(vocab={f"w{index}": index for index in range(vocab_size)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", eos_token="w1", bos_token="w2").save_pretrained(model_dir)
+    return Path(model_dir)

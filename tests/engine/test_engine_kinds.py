@@ -41,7 +41,7 @@ import pytest
 
 from tests.engine.harness import EngineRunError, run_engine
 from tests.engine.kv_oracle import assert_loaded_blocks_were_computed
-from tests.engine.models import KIND_MODELS, build
+from tests.engine.models import KIND_MODELS, MODELS, build
 from tests.engine.test_engine_reuse import (  # noqa: F401 - model_dir is a fixture
     LMCACHE_ENV,
     LOGPROB_TOLERANCE,
@@ -158,29 +158,33 @@ def _amx_tiles() -> bool:
     return platform.machine() in ("x86_64", "AMD64") and torch.cpu._is_amx_tile_supported()
 
 
-def _amx_rounds(seed: int = 11) -> list[list[list[int]]]:
-    """A (600 tokens: vLLM's cache and LMCache both hold 512 of it), C (A's second chunk redrawn), A, B (A's 512 + others)."""
+# vLLM's CPU worker reserves one more core where a KV connector is configured, so the engine with
+# LMCache would compute with fewer OpenMP threads than the one without, which changes float
+# rounding (tokens stay equal, logprobs move by about 1e-5) before any reuse: one reserved core
+# for both, as the README's CPU launch sets, makes every output comparable bit for bit.
+SAME_THREADS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
+
+
+def _own_reuse_rounds(redrawn_chunk: int, seed: int = 11) -> list[list[list[int]]]:
+    """A (600 tokens: vLLM's cache and LMCache both hold 512 of it), C (A with one 256-token chunk
+    of that prefix redrawn), A, B (A's 512 + others)."""
     tokens = token_drawer(seed)
     a = tokens(600)
-    control = a[:256] + tokens(256) + a[512:]
+    start = redrawn_chunk * 256
+    control = a[:start] + tokens(256) + a[start + 256:]
     return [[a], [control], [a], [a[:512] + tokens(150)]]
 
 
-AMX_MLA = dataclasses.replace(KIND_MODELS["deepseek-v2-mla"], attention_backend="AMX_MLA")
-
-
-def _amx_spec(model_dir, **options) -> dict:
-    spec = {"model": str(build(AMX_MLA, model_dir)), "rounds": _amx_rounds(), "max_tokens": 8,
-            "attention_backend": "AMX_MLA", "dtype": "bfloat16"}
-    return {**spec, **options}
-
-
-@pytest.mark.skipif(not _amx_tiles(), reason="vLLM's AMX_MLA backend (the one keeping prefix caching on) needs AMX tiles")
-def test_mla_reuse_equals_vllms_own_where_vllm_keeps_it(model_dir):
-    own = run_engine(_amx_spec(model_dir, lmcache=False, enable_prefix_caching=True))
-    run = run_engine(_amx_spec(model_dir, lmcache=True, env=LMCACHE_ENV, kv_oracle=True))
+def _assert_reuse_equals_vllms_own(model_dir, model, rounds, expected_hits, **options) -> int:
+    """LMCache's reuse (vLLM's own caching off) against vLLM's own reuse (no connector) of the
+    same prefixes: the same tokens supplied, and bitwise the same tokens and logprobs; returns
+    how many loaded blocks the KV oracle found equal to vLLM's own computation."""
+    spec = {"model": str(build(model, model_dir)), "rounds": rounds, "max_tokens": 8, "dtype": "bfloat16", **options}
+    own = run_engine({**spec, "lmcache": False, "enable_prefix_caching": True, "env": SAME_THREADS})
+    run = run_engine({**spec, "lmcache": True, "env": {**LMCACHE_ENV, **SAME_THREADS}, "kv_oracle": True})
+    assert own["workers"][0]["omp_threads"] == run["workers"][0]["omp_threads"]
     own_hits = _hits(own)
-    assert own_hits == [0, 256, 512, 512], f"vLLM's own cache supplied {own_hits}: the prompts no longer fit the test"
+    assert own_hits == expected_hits, f"vLLM's own cache supplied {own_hits}: the prompts no longer fit the test"
     assert _hits(run) == own_hits, "LMCache must supply the prefixes vLLM's own cache supplies"
     assert run["metrics"]["vllm:external_prefix_cache_hits"] == sum(own_hits)
     (worker,) = run["workers"]
@@ -191,6 +195,28 @@ def test_mla_reuse_equals_vllms_own_where_vllm_keeps_it(model_dir):
     for index, (output, reference) in enumerate(zip(outputs, references, strict=True)):
         assert output["tokens"] == reference["tokens"], f"prompt {index}: tokens differ from vLLM's own reuse"
         assert output["logprobs"] == reference["logprobs"], f"prompt {index}: logprobs differ from vLLM's own reuse"
-    prompts = [prompt for round_ in _amx_rounds() for prompt in round_]
+    prompts = [prompt for round_ in rounds for prompt in round_]
     (records,) = run["kv_oracle"]
-    assert assert_loaded_blocks_were_computed(records, prompts, _hits(run)) == 2 * sum(own_hits) // 128
+    return assert_loaded_blocks_were_computed(records, prompts, _hits(run))
+
+
+AMX_MLA = dataclasses.replace(KIND_MODELS["deepseek-v2-mla"], attention_backend="AMX_MLA")
+
+
+@pytest.mark.skipif(not _amx_tiles(), reason="vLLM's AMX_MLA backend (the one keeping prefix caching on) needs AMX tiles")
+def test_mla_reuse_equals_vllms_own_where_vllm_keeps_it(model_dir):
+    checked = _assert_reuse_equals_vllms_own(model_dir, AMX_MLA, _own_reuse_rounds(redrawn_chunk=1), [0, 256, 512, 512],
+                                             attention_backend="AMX_MLA")
+    assert checked == 2 * (256 + 512 + 512) // 128  # two layers, every 128-token block supplied
+
+
+def test_bfloat16_hybrid_reuse_equals_vllms_own(model_dir):
+    """The Gemma-style hybrid (two KV-cache groups) in bfloat16, the dtype users serve in: where
+    both caches supply the same prefix, LMCache's reuse gives vLLM's own reuse's outputs exactly.
+
+    vLLM keeps a sliding-window group's blocks cached at the latest boundary of a prompt only, so
+    its own cache supplies no part of a prompt that leaves A after 256 tokens: the control redraws
+    A's first chunk instead, and neither cache supplies anything for it."""
+    checked = _assert_reuse_equals_vllms_own(model_dir, MODELS["gemma3-sliding128"],
+                                             _own_reuse_rounds(redrawn_chunk=0), [0, 0, 512, 512])
+    assert checked > 0

@@ -155,11 +155,13 @@ print('IMPORTS=' + json.dumps({{'before': before, 'after': after, 'hooked': hook
       'state': registry.process_registry().state({name!r}).value}}))
 """
 
-# What activation may import: the framework, never a declaration or the logic behind one.
+# What activation may import: the framework, never a declaration or the logic behind one (the
+# spec-kind table is a leaf of data the flag table takes its allowed state spec names from).
 ACTIVATION_MODULES = {
     "lmcache_ascend", "lmcache_ascend.flags", "lmcache_ascend.compat", "lmcache_ascend.compat.import_hooks",
     "lmcache_ascend.compat.source", "lmcache_ascend.patches", "lmcache_ascend.patches.model",
     "lmcache_ascend.patches.registry", "lmcache_ascend.patches.install", "lmcache_ascend.patches.catalogue",
+    "lmcache_ascend.multigroup", "lmcache_ascend.multigroup.spec_kinds",
 }
 
 
