@@ -317,7 +317,7 @@ def staged_timeline(case: "RequestCase", store: bool, calls: int = 9, before=Non
     medians of `calls` requests (each right after `before()`, where given, and a synchronization)."""
     from lmcache_ascend.kv_worker import staging
 
-    original = staging._StagedWaves.copy
+    original = staging.StagedWaves.copy
     recorded: list = []
 
     def copy_between_events(self, spans, *, to_staging):
@@ -329,7 +329,7 @@ def staged_timeline(case: "RequestCase", store: bool, calls: int = 9, before=Non
 
     samples = []
     case.ours(case.host_chunks, store)
-    staging._StagedWaves.copy = copy_between_events
+    staging.StagedWaves.copy = copy_between_events
     try:
         for _ in range(calls):
             if before is not None:
@@ -351,7 +351,7 @@ def staged_timeline(case: "RequestCase", store: bool, calls: int = 9, before=Non
                 "copies": len(spans),
             })
     finally:
-        staging._StagedWaves.copy = original
+        staging.StagedWaves.copy = original
     return {key: round(statistics.median(sample[key] for sample in samples), 1) for key in samples[0]}
 
 

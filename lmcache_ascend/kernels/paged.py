@@ -16,9 +16,9 @@ from lmcache_ascend.kernels.spec import (
     DEFAULT_REGION_ALIGNMENT,
     MAX_PLANES,
     ChunkRegions,
-    _INT32_LIMIT,
+    INT32_LIMIT,
     TransferError,
-    _positive_int,
+    positive_int,
     chunk_regions,
 )
 
@@ -86,7 +86,7 @@ def _geometry(what: str, tensor: torch.Tensor, block_size: int, row_bytes: int) 
     num_blocks = int(tensor.shape[0])
     if num_blocks == 0:
         raise TransferError(f"{what} has shape {tuple(tensor.shape)}: num_blocks=0; allowed: >= 1 block")
-    if num_blocks * block_size >= _INT32_LIMIT:
+    if num_blocks * block_size >= INT32_LIMIT:
         raise TransferError(
             f"{what} has {num_blocks} blocks x block_size={block_size} rows; allowed: fewer than 2**31 rows"
         )
@@ -127,8 +127,8 @@ class PagedPlane:
                 "allowed: a sequence of tensors, one per layer"
             )
         object.__setattr__(self, "caches", tuple(self.caches))
-        _positive_int(f"plane {self.name!r} block_size", self.block_size)
-        _positive_int(f"plane {self.name!r} row_bytes", self.row_bytes)
+        positive_int(f"plane {self.name!r} block_size", self.block_size)
+        positive_int(f"plane {self.name!r} row_bytes", self.row_bytes)
         if not self.caches:
             raise TransferError(f"plane {self.name!r} has 0 layers; allowed: >= 1 tensor")
 

@@ -18,10 +18,10 @@ from lmcache_ascend.kernels.same_layout import SameLayout
 from lmcache_ascend.kernels.spec import (
     DEFAULT_REGION_ALIGNMENT,
     ChunkRegions,
-    _INT32_LIMIT,
+    INT32_LIMIT,
     TransferError,
-    _non_negative_int,
-    _positive_int,
+    non_negative_int,
+    positive_int,
 )
 
 __all__ = [
@@ -60,14 +60,14 @@ class PlaneSlots:
     def __post_init__(self) -> None:
         if not isinstance(self.slots, torch.Tensor):
             raise TransferError(f"slots is a {type(self.slots).__name__}; allowed: a 1-D int64 torch.Tensor")
-        _positive_int("rows_per_id", self.rows_per_id)
-        _non_negative_int("start", self.start)
+        positive_int("rows_per_id", self.rows_per_id)
+        non_negative_int("start", self.start)
         if self.count is None:
             object.__setattr__(self, "count", max(self.slots.numel() * self.rows_per_id - self.start, 0))
-        _non_negative_int("count", self.count)
+        non_negative_int("count", self.count)
         if self.region_rows is None:
             object.__setattr__(self, "region_rows", self.count)
-        _non_negative_int("region_rows", self.region_rows)
+        non_negative_int("region_rows", self.region_rows)
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def _check_regions(group: PagedGroup, slots: tuple[PlaneSlots, ...], regions: Ch
                 f"slots[{index}]: count={plane_slots.count} > layout region_rows={regions.region_rows[index]}; "
                 "the region must hold every moved row"
             )
-        if regions.plane_region_bytes[index] >= _INT32_LIMIT:
+        if regions.plane_region_bytes[index] >= INT32_LIMIT:
             raise TransferError(
                 f"plane {index}: a region of {regions.plane_region_bytes[index]} bytes; allowed: below 2**31 bytes"
             )
@@ -171,7 +171,7 @@ def resolve_transfer(
                 + (f"{rows} entries" if plane_slots.rows_per_id == 1 else
                    f"{rows} rows ({tensor.numel()} block ids of {plane_slots.rows_per_id} rows)")
             )
-        if plane_slots.rows_per_id > 1 and rows >= _INT32_LIMIT:
+        if plane_slots.rows_per_id > 1 and rows >= INT32_LIMIT:
             raise TransferError(
                 f"slots[{index}]: {tensor.numel()} block ids of {plane_slots.rows_per_id} rows; allowed: fewer "
                 "than 2**31 rows in all"
@@ -186,7 +186,7 @@ def resolve_transfer(
                 f"slots[{index}] holds block ids in another tensor than slots[0]; allowed: one block id "
                 "tensor for every plane"
             )
-        if plane_slots.region_rows * group.planes[index].row_bytes >= _INT32_LIMIT:
+        if plane_slots.region_rows * group.planes[index].row_bytes >= INT32_LIMIT:
             raise TransferError(
                 f"slots[{index}]: region_rows={plane_slots.region_rows} x row_bytes="
                 f"{group.planes[index].row_bytes} is 2 GiB or more; allowed: a region below 2**31 bytes"
@@ -202,7 +202,7 @@ def resolve_transfer(
             f"chunk is on {chunk_bytes.device} but the caches are on {group.device}; "
             "all tensors of a transfer must be on one device"
         )
-    _non_negative_int("chunk_offset", chunk_offset)
+    non_negative_int("chunk_offset", chunk_offset)
     if regions is None:
         regions = group.chunk_regions([s.region_rows for s in slots], alignment)
     else:
@@ -357,7 +357,7 @@ def pool_chunk_buffers(pool: torch.Tensor, offsets: np.ndarray, chunk_bytes: int
             "allowed: a contiguous flat uint8 tensor"
         )
     offsets = np.asarray(offsets, dtype=np.int64)
-    _non_negative_int("chunk_bytes", chunk_bytes)
+    non_negative_int("chunk_bytes", chunk_bytes)
     if offsets.ndim != 1:
         raise TransferError(f"offsets have shape {offsets.shape}; allowed: 1-D")
     if len(offsets) and (int(offsets.min()) < 0 or int(offsets.max()) + chunk_bytes > pool.numel()):
@@ -489,9 +489,9 @@ def resolve_chunk_batches(
         chunks = chunk_buffers(chunks)
     if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.dim() != 1 or not slots.is_contiguous():
         raise TransferError(f"slots={getattr(slots, 'shape', slots)!r}: allowed: a contiguous 1-D int64 tensor")
-    _positive_int("rows_per_id", rows_per_id)
+    positive_int("rows_per_id", rows_per_id)
     slot_rows = slots.numel() * rows_per_id
-    if rows_per_id > 1 and len(chunks) and slot_rows >= _INT32_LIMIT:
+    if rows_per_id > 1 and len(chunks) and slot_rows >= INT32_LIMIT:
         raise TransferError(f"{slots.numel()} block ids of {rows_per_id} rows; allowed: fewer than 2**31 rows in all")
     resolved = []
     checked_group = None  # the groups of a call share a device: it is compared once
@@ -507,7 +507,7 @@ def resolve_chunk_batches(
                 f"{len(chunks)} chunks but rows for {rows.num_chunks} chunks (chunks, planes) = {rows.starts.shape}; "
                 "they must match"
             )
-        _non_negative_int("chunk_offset", chunk_offset)
+        non_negative_int("chunk_offset", chunk_offset)
         if len(chunks):
             if rows.slots_needed > slot_rows:
                 beyond = rows.starts + rows.counts > slot_rows

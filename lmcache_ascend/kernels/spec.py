@@ -16,11 +16,14 @@ from typing import Sequence
 __all__ = [
     "DEFAULT_REGION_ALIGNMENT",
     "ELEMENT_WIDTHS",
+    "INT32_LIMIT",
     "MAX_PLANES",
     "ChunkRegions",
     "TransferError",
     "align_up",
     "chunk_regions",
+    "non_negative_int",
+    "positive_int",
     "strided_chunk_regions",
     "triton_interpreting",
     "widest_element_width",
@@ -37,7 +40,7 @@ MAX_PLANES = 16
 ELEMENT_WIDTHS = (16, 4, 2, 1)
 # Row and slot arithmetic in the kernels is 32-bit: rows per cache and bytes per
 # chunk region stay below this.
-_INT32_LIMIT = 2**31
+INT32_LIMIT = 2**31
 
 
 class TransferError(ValueError):
@@ -65,13 +68,13 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _positive_int(what: str, value: object) -> int:
+def positive_int(what: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise TransferError(f"{what}={value!r} is not allowed; allowed: an int > 0")
     return value
 
 
-def _non_negative_int(what: str, value: object) -> int:
+def non_negative_int(what: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise TransferError(f"{what}={value!r} is not allowed; allowed: an int >= 0")
     return value
@@ -121,8 +124,8 @@ def chunk_regions(
     alignment: int = DEFAULT_REGION_ALIGNMENT,
 ) -> ChunkRegions:
     """The chunk layout of a group whose planes have these row sizes and row counts."""
-    _positive_int("layer_count", layer_count)
-    _positive_int("alignment", alignment)
+    positive_int("layer_count", layer_count)
+    positive_int("alignment", alignment)
     if alignment & (alignment - 1):
         raise TransferError(f"alignment={alignment} is not allowed; allowed: a power of two")
     if len(row_bytes) != len(region_rows):
@@ -135,8 +138,8 @@ def chunk_regions(
     sizes: list[int] = []
     cursor = 0
     for plane, (width, rows) in enumerate(zip(row_bytes, region_rows)):
-        _positive_int(f"row_bytes[{plane}]", width)
-        _non_negative_int(f"region_rows[{plane}]", rows)
+        positive_int(f"row_bytes[{plane}]", width)
+        non_negative_int(f"region_rows[{plane}]", rows)
         offsets.append(cursor)
         size = align_up(width * rows, alignment)
         sizes.append(size)
@@ -165,8 +168,8 @@ def strided_chunk_regions(
     Regions of different planes may interleave (token-major rows) but must not
     share a byte: that is the caller's to guarantee; sizes are checked here.
     """
-    _positive_int("layer_count", layer_count)
-    _non_negative_int("layer_stride", layer_stride)
+    positive_int("layer_count", layer_count)
+    non_negative_int("layer_stride", layer_stride)
     planes = len(row_bytes)
     if not 1 <= planes <= MAX_PLANES:
         raise TransferError(f"plane count={planes} is not allowed; allowed: 1..{MAX_PLANES}")
@@ -175,10 +178,10 @@ def strided_chunk_regions(
             raise TransferError(f"{name} has {len(values)} planes but row_bytes has {planes}; they must match")
     extent = 0
     for plane in range(planes):
-        width = _positive_int(f"row_bytes[{plane}]", row_bytes[plane])
-        rows = _non_negative_int(f"region_rows[{plane}]", region_rows[plane])
-        offset = _non_negative_int(f"plane_offsets[{plane}]", plane_offsets[plane])
-        pitch = _positive_int(f"row_pitch[{plane}]", row_pitch[plane])
+        width = positive_int(f"row_bytes[{plane}]", row_bytes[plane])
+        rows = non_negative_int(f"region_rows[{plane}]", region_rows[plane])
+        offset = non_negative_int(f"plane_offsets[{plane}]", plane_offsets[plane])
+        pitch = positive_int(f"row_pitch[{plane}]", row_pitch[plane])
         if pitch < width:
             raise TransferError(f"row_pitch[{plane}]={pitch} < row_bytes[{plane}]={width}; rows would overlap")
         if rows:

@@ -1,6 +1,6 @@
 """Host chunks through a device staging buffer, in waves whose copies run beside the next wave's kernels.
 
-`staging_waves` sizes the waves; `_StagedWaves` holds one staged call's chunks and
+`staging_waves` sizes the waves; `StagedWaves` holds one staged call's chunks and
 says what each wave copies where (neighbouring host chunks joined into one copy where
 the staging buffer allows). `ChunkMover` (transfer.py) drives the streams and events.
 
@@ -18,7 +18,7 @@ from lmcache_ascend.bounded_cache import BoundedCache
 from lmcache_ascend.kernels import ChunkBuffers, align_up, chunk_buffers, pool_chunk_buffers
 from lmcache_ascend.kv_worker.formats import KVCacheShapeError
 
-__all__ = ["FIRST_WAVE_CHUNKS", "STAGING_BYTES", "staging_waves"]
+__all__ = ["FIRST_WAVE_CHUNKS", "STAGING_ALIGNMENT", "STAGING_BYTES", "StagedWaves", "staging_waves"]
 
 # Host chunks reach a device's caches through a device staging buffer, in waves whose
 # copies run beside the next wave's kernels. (Kernels reading CUDA pinned memory in
@@ -26,7 +26,7 @@ __all__ = ["FIRST_WAVE_CHUNKS", "STAGING_BYTES", "staging_waves"]
 # and staging serves every device.)
 # Device staging for host chunks: at most this many bytes (at least one chunk).
 STAGING_BYTES = 256 * 2**20
-_STAGING_ALIGNMENT = 256
+STAGING_ALIGNMENT = 256
 # Chunks in the first staging wave; each later wave doubles, up to half the staging buffer.
 # The copies are the bottleneck and the kernels take microseconds per chunk, so the first
 # wave is not the smallest: a store's first copies wait for its launches whatever its size,
@@ -50,7 +50,7 @@ def staging_waves(chunks: int, capacity: int, first: int = FIRST_WAVE_CHUNKS) ->
 
 
 @dataclass
-class _StagedWaves:
+class StagedWaves:
     """One staged call's host chunks, staging buffer and waves: what each wave copies where."""
 
     chunks: list[torch.Tensor]
@@ -125,7 +125,7 @@ def _staging_spans(addresses: list[int], joined: list[bool], begin: int, end: in
         anchor = addresses[first]
         offsets.extend(cursor + address - anchor for address in addresses[first:stop])
         spans.append((first, stop, cursor))
-        cursor = align_up(cursor + addresses[stop - 1] - anchor + total, _STAGING_ALIGNMENT)
+        cursor = align_up(cursor + addresses[stop - 1] - anchor + total, STAGING_ALIGNMENT)
         first = stop
     return spans, tuple(offsets)
 

@@ -34,7 +34,7 @@ from lmcache_ascend.kernels import (
 from lmcache_ascend.kv_worker.chunk_plan import ChunkPlanner
 from lmcache_ascend.kv_worker.device_slots import DeviceSlots
 from lmcache_ascend.kv_worker.formats import KVCacheShapeError
-from lmcache_ascend.kv_worker.staging import STAGING_BYTES, _STAGING_ALIGNMENT, _StagedWaves, staging_waves
+from lmcache_ascend.kv_worker.staging import STAGING_BYTES, STAGING_ALIGNMENT, StagedWaves, staging_waves
 from lmcache_ascend.multigroup.specs import chunk_row_window
 
 __all__ = ["ChunkMover", "SlotsSource"]
@@ -227,7 +227,7 @@ class ChunkMover:
     def staging_buffer(self, chunks: int) -> tuple[torch.Tensor, int]:
         """(device staging buffer, bytes per chunk in it) for up to `chunks` full chunks (fewer where
         `STAGING_BYTES` is reached; one at least). Allocated once, grown on demand."""
-        stride = align_up(self.planner.full_plan.total_bytes, _STAGING_ALIGNMENT)
+        stride = align_up(self.planner.full_plan.total_bytes, STAGING_ALIGNMENT)
         wanted = stride * max(1, min(chunks, STAGING_BYTES // stride))
         if self._staging is None or self._staging.numel() < wanted:
             self._staging = None  # the old buffer goes first: both may not fit
@@ -240,7 +240,7 @@ class ChunkMover:
         """(buffer, chunk stride, halves, half bytes, waves) of a staged call of `chunks` full chunks."""
         staging, stride = self.staging_buffer(chunks)
         halves = 2 if self._stream_module is not None and staging.numel() >= 2 * stride else 1
-        half_bytes = (staging.numel() // halves) // _STAGING_ALIGNMENT * _STAGING_ALIGNMENT
+        half_bytes = (staging.numel() // halves) // STAGING_ALIGNMENT * STAGING_ALIGNMENT
         return staging, stride, halves, half_bytes, staging_waves(chunks, max(1, half_bytes // stride))
 
     def reachable(self, chunks: Sequence[torch.Tensor]) -> bool:
@@ -288,14 +288,14 @@ class ChunkMover:
         the chunks' own).
 
         The first wave's host chunks are checked on their own and its work issued before the other
-        chunks are checked (`_StagedWaves.check`): the copy engine starts that much earlier. A later
+        chunks are checked (`StagedWaves.check`): the copy engine starts that much earlier. A later
         chunk that fails its check raises with the first wave's copies queued; only checked chunks
         are ever written, and a failed store is not kept by LMCache.
         """
         module = self._stream_module
         staging, stride, halves, half_bytes, waves = self._staging_shapes.get_or_build(
             (len(chunks), STAGING_BYTES), lambda: self._staging_shape(len(chunks)))
-        staged = _StagedWaves(chunks, starts, self.planner.full_plan.total_bytes, stride, store, staging,
+        staged = StagedWaves(chunks, starts, self.planner.full_plan.total_bytes, stride, store, staging,
                               self._staged_chunks, halves, half_bytes, waves)
         if module is None:  # no streams: in order on the host
             staged.check(len(chunks))
@@ -325,7 +325,7 @@ class ChunkMover:
             self._staging_released = module.Event()
             self._staging_released.record(compute)
 
-    def _staged_store(self, staged: "_StagedWaves", slots: DeviceSlots, module, compute, copy) -> int:
+    def _staged_store(self, staged: "StagedWaves", slots: DeviceSlots, module, compute, copy) -> int:
         """Each wave's launches, then its copies out once its kernels are done; a half is rewritten
         only after its last copies out."""
         released: list = [None] * staged.halves  # per half: the event after which it may be rewritten
@@ -346,7 +346,7 @@ class ChunkMover:
             staged.check(len(staged.chunks))  # (after the first wave's copies: a no-op from then on)
         return launches
 
-    def _staged_load(self, staged: "_StagedWaves", slots: SlotsSource, module, compute, copy) -> int:
+    def _staged_load(self, staged: "StagedWaves", slots: SlotsSource, module, compute, copy) -> int:
         """One wave per half copied in before the slots are resolved; then each wave's launches once its
         copies are in, followed by the copies of the wave that reuses its half once its kernels are done."""
         plans: dict[int, tuple] = {}

@@ -2,7 +2,7 @@
 
 Every check raises a TransferError naming the op, the argument, its value and what is allowed.
 LMCache hands an engine's caches to every call the same way (a pointer table or a list of the
-layer tensors): what is derived from them is worked out once per description (`_TableCache`).
+layer tensors): what is derived from them is worked out once per description (`TableCache`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ _INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint
 # ---------------------------------------------------------------- argument checks
 
 
-def _is_store(direction: object, op: str) -> bool:
+def is_store(direction: object, op: str) -> bool:
     """D2H (1, paged -> LMCache) is a store; H2D (0) a load. IntEnum, Enum (0.4.x) or int."""
     raw = getattr(direction, "value", direction)
     if isinstance(raw, bool) or not isinstance(raw, int) or raw not in (0, 1):
@@ -57,7 +57,7 @@ def _is_store(direction: object, op: str) -> bool:
     return raw == 1
 
 
-def _tensor(value: object, what: str, op: str, dims: int | None = None) -> torch.Tensor:
+def checked_tensor(value: object, what: str, op: str, dims: int | None = None) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TransferError(f"{op}: {what} is a {type(value).__name__}; allowed: a torch.Tensor")
     if value.layout is not torch.strided or value.is_quantized:
@@ -67,14 +67,14 @@ def _tensor(value: object, what: str, op: str, dims: int | None = None) -> torch
     return value
 
 
-def _int_arg(value: object, what: str, op: str, minimum: int = 0) -> int:
+def int_arg(value: object, what: str, op: str, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise TransferError(f"{op}: {what}={value!r} is not allowed; allowed: an int >= {minimum}")
     return value
 
 
-def _slot_tensor(slot_mapping: object, op: str, what: str = "slot_mapping") -> torch.Tensor:
-    tensor = _tensor(slot_mapping, what, op, dims=1)
+def slot_tensor(slot_mapping: object, op: str, what: str = "slot_mapping") -> torch.Tensor:
+    tensor = checked_tensor(slot_mapping, what, op, dims=1)
     if tensor.dtype not in _INTEGER_DTYPES:
         raise TransferError(
             f"{op}: {what} has dtype {tensor.dtype}; allowed: an integer dtype (torch.int64, torch.int32, ...)"
@@ -82,7 +82,7 @@ def _slot_tensor(slot_mapping: object, op: str, what: str = "slot_mapping") -> t
     return tensor
 
 
-def _device_slots(slots: torch.Tensor, device: torch.device, rows: int, op: str, what: str) -> torch.Tensor:
+def device_slots(slots: torch.Tensor, device: torch.device, rows: int, op: str, what: str) -> torch.Tensor:
     """`slots` as a contiguous int64 tensor on `device`; slots past `rows` raise if checkable on the host."""
     if slots.is_cpu and slots.numel():
         largest = int(slots.max())
@@ -96,7 +96,7 @@ def _device_slots(slots: torch.Tensor, device: torch.device, rows: int, op: str,
     return slots
 
 
-def _same_dtype(tensor: torch.Tensor, dtype: torch.dtype, what: str, reference: str, op: str) -> None:
+def same_dtype(tensor: torch.Tensor, dtype: torch.dtype, what: str, reference: str, op: str) -> None:
     if tensor.dtype != dtype:
         raise TransferError(
             f"{op}: {what} has dtype {tensor.dtype} but {reference} has {dtype}; allowed: the same dtype "
@@ -107,7 +107,7 @@ def _same_dtype(tensor: torch.Tensor, dtype: torch.dtype, what: str, reference: 
 # ---------------------------------------------------------------- tensors over raw pointers
 
 
-def _at_pointer(address: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+def at_pointer(address: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
                 strides: tuple[int, ...] | None = None) -> torch.Tensor:
     """A tensor of `shape` (optionally `strides`, elements) over memory at `address` on `device`."""
     if strides is None:
@@ -123,7 +123,7 @@ def _at_pointer(address: int, shape: tuple[int, ...], dtype: torch.dtype, device
     return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape, strides)
 
 
-class _TableCache:
+class TableCache:
     """Values derived from LMCache's description of the paged caches, kept between calls.
 
     LMCache hands an engine's caches to every call the same way: a pointer table
@@ -201,10 +201,10 @@ class _TableCache:
         return self.keep(handle, build()) if value is None else value
 
 
-_tables = _TableCache()
+tables = TableCache()
 
 
-def _pointer_list(table: object, entries: int, what: str, op: str) -> list[int]:
+def pointer_list(table: object, entries: int, what: str, op: str) -> list[int]:
     if not isinstance(table, torch.Tensor) or table.dim() != 1 or table.dtype not in (torch.int64, torch.uint64):
         shape = tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__
         dtype = table.dtype if isinstance(table, torch.Tensor) else ""
@@ -221,4 +221,4 @@ def _pointer_list(table: object, entries: int, what: str, op: str) -> list[int]:
                 raise TransferError(f"{op}: {what}[{index}] is a null pointer; allowed: a device address")
         return pointers
 
-    return _tables.get_or_build(table, ("pointers",), read)
+    return tables.get_or_build(table, ("pointers",), read)

@@ -26,24 +26,24 @@ from lmcache_ascend.kernels.spec import MAX_PLANES, TransferError
 from lmcache_ascend.kernels.upload import to_device
 from lmcache_ascend.op_surface.arguments import (
     PageBufferShapeDesc,
-    _at_pointer,
-    _int_arg,
-    _is_store,
-    _pointer_list,
-    _same_dtype,
-    _slot_tensor,
-    _tables,
-    _tensor,
+    at_pointer,
+    int_arg,
+    is_store,
+    pointer_list,
+    same_dtype,
+    slot_tensor,
+    tables,
+    checked_tensor,
 )
 from lmcache_ascend.op_surface.formats import FormatFacts, format_facts, paged_layer_shape
 from lmcache_ascend.op_surface.moves import (
-    _backend,
-    _group,
-    _move,
-    _never,
-    _repeats,
-    _row_bytes,
-    _strided_regions,
+    transfer_backend,
+    paged_group,
+    move,
+    never,
+    repeats,
+    slot_row_bytes,
+    strided_regions,
 )
 
 # Block transfer: every format the baseline moves except the RBLN layout (15).
@@ -60,13 +60,13 @@ def _block_planes(paged: object, facts: FormatFacts, shape_desc: PageBufferShape
         if facts.kv_tuple:
             raise TransferError(f"{op}: {what} is a pointer table for {facts.name}; allowed: a list of tuples")
         entries = 1 if facts.cross_layer else 2 * nl if facts.kv_list else nl
-        pointers = _pointer_list(paged, entries, what, op)
+        pointers = pointer_list(paged, entries, what, op)
         if facts.cross_layer:
             shape = (nb, nl, 2, nh, bs, hs) if facts.hnd else (nb, nl, 2, bs, nh, hs)
-            paged = _at_pointer(pointers[0], shape, dtype, device)
+            paged = at_pointer(pointers[0], shape, dtype, device)
         elif facts.kv_list:
             shape = (nb * bs, nh, hs) if facts.pbs_fused else (nb, bs, nh, hs)
-            tensors = [_at_pointer(p, shape, dtype, device) for p in pointers]
+            tensors = [at_pointer(p, shape, dtype, device) for p in pointers]
             paged = [tensors[:nl], tensors[nl:]]
         else:
             shape = paged_layer_shape(facts, nb, bs, nh, hs)
@@ -85,9 +85,9 @@ def _block_planes(paged: object, facts: FormatFacts, shape_desc: PageBufferShape
                     inner.append(step)
                     step *= size
                 strides = tuple(strides + list(reversed(inner)))
-            paged = [_at_pointer(p, shape, dtype, device, strides) for p in pointers]
+            paged = [at_pointer(p, shape, dtype, device, strides) for p in pointers]
     if facts.cross_layer:
-        tensor = _tensor(paged, what, op, dims=6)
+        tensor = checked_tensor(paged, what, op, dims=6)
         if facts.hnd:
             return [[tensor[:, layer, kv, head] for layer in range(tensor.shape[1])]
                     for kv in range(2) for head in range(tensor.shape[3])]
@@ -146,16 +146,16 @@ def multi_layer_block_kv_transfer(
     the first `skip_prefix_n_blocks` blocks are not moved.
     """
     op = "multi_layer_block_kv_transfer"
-    backend = _backend()
+    backend = transfer_backend()
     key = _block_repeat_key(backend, lmcache_objects_ptrs, block_ids, (
         device, direction, lmcache_chunk_size, engine_kv_format, skip_prefix_n_blocks), shape_desc)
-    handle, repeat = _repeats.lookup(paged_buffer_ptrs_tensor, key) if key is not None else (None, None)
+    handle, repeat = repeats.lookup(paged_buffer_ptrs_tensor, key) if key is not None else (None, None)
     if repeat is not None and repeat(lmcache_objects_ptrs, block_ids):
         return
     facts = format_facts(engine_kv_format, op, _BLOCK_FORMATS)
-    store = _is_store(direction, op)
-    _int_arg(lmcache_chunk_size, "lmcache_chunk_size", op, 1)
-    _int_arg(skip_prefix_n_blocks, "skip_prefix_n_blocks", op)
+    store = is_store(direction, op)
+    int_arg(lmcache_chunk_size, "lmcache_chunk_size", op, 1)
+    int_arg(skip_prefix_n_blocks, "skip_prefix_n_blocks", op)
     bs = getattr(shape_desc, "bs", None)
     if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0 or lmcache_chunk_size % bs:
         raise TransferError(
@@ -203,7 +203,7 @@ def multi_layer_block_kv_transfer(
             batch.append((index, obj.view(-1).view(torch.uint8), first, end))
             continue
         alone += 1
-        _move(group, PlaneSlots(ids, first * bs, (end - first) * bs, rows_per_id=bs), obj, offsets, pitch,
+        move(group, PlaneSlots(ids, first * bs, (end - first) * bs, rows_per_id=bs), obj, offsets, pitch,
               layer_stride, store, op, what, backend)
     # A repeat makes the call's one launch again over other objects and block ids of the same shapes
     # (see "repeated calls" in `moves`): where that launch moved every object it reached, on the caches' device.
@@ -212,25 +212,25 @@ def multi_layer_block_kv_transfer(
     if len(batch) == 1:
         index, obj_bytes, first, end = batch[0]
         offsets, pitch, layer_stride = batch_regions
-        launch = _move(group, PlaneSlots(ids, first * bs, (end - first) * bs, rows_per_id=bs), obj_bytes, offsets,
+        launch = move(group, PlaneSlots(ids, first * bs, (end - first) * bs, rows_per_id=bs), obj_bytes, offsets,
                        pitch, layer_stride, store, op, f"lmcache_objects_ptrs[{index}]", backend, repeatable)
-        if launch is not None and launch is not _never:
-            _repeats.keep(handle, _BlockRepeat(launch, True, SameLayout(objects[index], len(objects)), index,
+        if launch is not None and launch is not never:
+            repeats.keep(handle, _BlockRepeat(launch, True, SameLayout(objects[index], len(objects)), index,
                                                index + 1, bs, rows, group.device))
             return
     elif batch:
         offsets, pitch, layer_stride = batch_regions
-        regions = _strided_regions(row_bytes, (per_object * bs,) * plane_count, offsets, pitch, layer_stride, layers)
+        regions = strided_regions(row_bytes, (per_object * bs,) * plane_count, offsets, pitch, layer_stride, layers)
         spans = tuple((first * bs, (end - first) * bs) for _, _, first, end in batch)
         chunks = chunk_buffers([obj_bytes for _, obj_bytes, _, _ in batch])
         resolved = resolve_chunk_batch(ids, chunks, _object_rows(group, regions, spans), store=store, rows_per_id=bs)
         transfer_chunk_batches([resolved], backend=backend)
         launch = prepare_chunks_relaunch(resolved, backend=backend) if repeatable else None
         if launch is not None:
-            _repeats.keep(handle, _BlockRepeat(launch, False, SameLayout(objects[batch[0][0]], len(objects)),
+            repeats.keep(handle, _BlockRepeat(launch, False, SameLayout(objects[batch[0][0]], len(objects)),
                                                batch[0][0], batch[-1][0] + 1, bs, rows, group.device))
             return
-    _repeats.keep(handle, _never)
+    repeats.keep(handle, never)
 
 
 _SHAPE_DESC_FIELDS = ("nb", "nl", "bs", "nh", "hs", "dtype", "element_size", "block_stride_elems", "kv_size")
@@ -268,7 +268,7 @@ def _block_repeat_key(backend: str, objects: object, block_ids: object, argument
 def _block_id_tensor(block_ids: object, bs: int, rows: int, op: str) -> torch.Tensor:
     """`block_ids` as an int64 tensor; ids on the host are checked against the cache's blocks."""
     ids = torch.tensor(block_ids, dtype=torch.int64) if isinstance(block_ids, list) else block_ids
-    ids = _slot_tensor(ids, op, "block_ids")
+    ids = slot_tensor(ids, op, "block_ids")
     if ids.is_cpu and ids.numel():
         smallest, largest = int(ids.min()), int(ids.max())
         if smallest < 0 or (largest + 1) * bs > rows:  # the block's last row must be in the cache too
@@ -321,7 +321,7 @@ def _block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeD
     and checked once per description of the caches and geometry (`_TableCache`)."""
     key = (op, facts.name, dtype, device, int(shape_desc.nb), int(shape_desc.nl), shape_desc.bs, int(shape_desc.nh),
            int(shape_desc.hs), int(getattr(shape_desc, "block_stride_elems", 0) or 0))
-    return _tables.get_or_build(paged, key, lambda: _build_block_group(paged, facts, shape_desc, dtype, device, op))
+    return tables.get_or_build(paged, key, lambda: _build_block_group(paged, facts, shape_desc, dtype, device, op))
 
 
 def _build_block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
@@ -335,9 +335,9 @@ def _build_block_group(paged: object, facts: FormatFacts, shape_desc: PageBuffer
         )
     for index, caches in enumerate(planes):
         for layer, cache in enumerate(caches):
-            _tensor(cache, f"{op} plane {index} layer {layer}", op)
+            checked_tensor(cache, f"{op} plane {index} layer {layer}", op)
             if not facts.kv_tuple:
-                _same_dtype(cache, dtype, f"paged plane {index} layer {layer}", "the KV dtype", op)
+                same_dtype(cache, dtype, f"paged plane {index} layer {layer}", "the KV dtype", op)
             # Blocks-first planes hold [NB, BS, ...]: block ids become slots by shape_desc.bs, so
             # another block size would move rows at shifted offsets.
             if not facts.pbs_fused and (cache.dim() < 2 or cache.shape[1] != bs):
@@ -346,9 +346,9 @@ def _build_block_group(paged: object, facts: FormatFacts, shape_desc: PageBuffer
                     f"{tuple(cache.shape)}; allowed: shape_desc.bs={cache.shape[1] if cache.dim() >= 2 else '?'} "
                     "(its blocks' rows)"
                 )
-    row_bytes = tuple(_row_bytes(caches[0], bs) if not facts.pbs_fused else
+    row_bytes = tuple(slot_row_bytes(caches[0], bs) if not facts.pbs_fused else
                       math.prod(caches[0].shape[1:]) * caches[0].element_size() for caches in planes)
-    group = _group([(caches, 1 if facts.pbs_fused else bs, rb) for caches, rb in zip(planes, row_bytes)])
+    group = paged_group([(caches, 1 if facts.pbs_fused else bs, rb) for caches, rb in zip(planes, row_bytes)])
     rows = min(geometry.num_blocks * plane.block_size
                for per_layer in group.geometry for geometry, plane in zip(per_layer, group.planes))
     return group, rows, row_bytes
@@ -356,7 +356,7 @@ def _build_block_group(paged: object, facts: FormatFacts, shape_desc: PageBuffer
 
 def _kernel_reaches(group: PagedGroup, obj: torch.Tensor) -> bool:
     """Whether one launch can address `obj` in place: on the caches' device, or pinned host memory
-    a CUDA kernel maps; anything else is staged by `_move`."""
+    a CUDA kernel maps; anything else is staged by `move`."""
     return group.on_group_device(obj) or (group.device.type == "cuda" and obj.is_cpu and obj.is_pinned())
 
 
@@ -398,9 +398,9 @@ def _objects(objects: list, facts: FormatFacts, shape_desc: PageBufferShapeDesc,
              dtype: torch.dtype, layers: int, op: str) -> list[torch.Tensor]:
     if not objects or isinstance(objects[0], torch.Tensor):
         for index, obj in enumerate(objects):
-            _tensor(obj, f"lmcache_objects_ptrs[{index}]", op)
+            checked_tensor(obj, f"lmcache_objects_ptrs[{index}]", op)
             if not facts.kv_tuple:
-                _same_dtype(obj, dtype, f"lmcache_objects_ptrs[{index}]", "the paged buffers", op)
+                same_dtype(obj, dtype, f"lmcache_objects_ptrs[{index}]", "the paged buffers", op)
         return objects
     if facts.kv_tuple:
         raise TransferError(f"{op}: lmcache_objects_ptrs holds addresses for {facts.name}; allowed: tensors")
@@ -415,7 +415,7 @@ def _objects(objects: list, facts: FormatFacts, shape_desc: PageBufferShapeDesc,
     for index, address in enumerate(objects):
         if isinstance(address, bool) or not isinstance(address, int) or address <= 0:
             raise TransferError(f"{op}: lmcache_objects_ptrs[{index}]={address!r}; allowed: a host address (int > 0)")
-        tensors.append(_at_pointer(address, shape, dtype, torch.device("cpu")))
+        tensors.append(at_pointer(address, shape, dtype, torch.device("cpu")))
     return tensors
 
 

@@ -14,18 +14,18 @@ from lmcache_ascend.kernels.paged import PagedGroup
 from lmcache_ascend.kernels.resolve import PlaneSlots
 from lmcache_ascend.kernels.spec import TransferError
 from lmcache_ascend.op_surface.arguments import (
-    _at_pointer,
-    _device_slots,
-    _int_arg,
-    _is_store,
-    _pointer_list,
-    _same_dtype,
-    _slot_tensor,
-    _tables,
-    _tensor,
+    at_pointer,
+    device_slots,
+    int_arg,
+    is_store,
+    pointer_list,
+    same_dtype,
+    slot_tensor,
+    tables,
+    checked_tensor,
 )
 from lmcache_ascend.op_surface.formats import FormatFacts, format_facts
-from lmcache_ascend.op_surface.moves import _backend, _byte_strides, _group, _move, _repeat_key, _repeats
+from lmcache_ascend.op_surface.moves import transfer_backend, byte_strides, paged_group, move, repeat_key, repeats
 
 # Formats each op supports (LMCache's enum values). The per-token ops follow the
 # baseline's three paged shapes: MLA rows, blocks-first K/V, K/V-major.
@@ -44,27 +44,27 @@ def _token_layers(key_value_ptrs: object, layers: int, facts: FormatFacts, dtype
             raise TransferError(f"{op}: key_value_ptrs has {len(key_value_ptrs)} tensors; allowed: exactly {entries}")
         expected = _listed_layer_shape(facts, per_layer, hidden)
         for index, tensor in enumerate(key_value_ptrs):
-            _tensor(tensor, f"key_value_ptrs[{index}]", op)
-            _same_dtype(tensor, dtype, f"key_value_ptrs[{index}]", "key_value", op)
+            checked_tensor(tensor, f"key_value_ptrs[{index}]", op)
+            same_dtype(tensor, dtype, f"key_value_ptrs[{index}]", "key_value", op)
             _check_listed_shape(tensor, expected, f"key_value_ptrs[{index}]", hidden, op)
         return list(key_value_ptrs)
-    pointers = _pointer_list(key_value_ptrs, entries, "key_value_ptrs", op)
+    pointers = pointer_list(key_value_ptrs, entries, "key_value_ptrs", op)
     if per_layer == 2 or facts.mla:
         if block_stride_elems and block_size and block_stride_elems != block_size * hidden:
             nb = page_buffer_size // block_size
-            return [_at_pointer(p, (nb, block_size, hidden), dtype, device, (block_stride_elems, hidden, 1))
+            return [at_pointer(p, (nb, block_size, hidden), dtype, device, (block_stride_elems, hidden, 1))
                     for p in pointers]
-        return [_at_pointer(p, (page_buffer_size, hidden), dtype, device) for p in pointers]
+        return [at_pointer(p, (page_buffer_size, hidden), dtype, device) for p in pointers]
     if facts.two_major:
         if block_stride_elems and block_stride_elems != block_size * hidden:
             raise TransferError(
                 f"{op}: block_stride_elems={block_stride_elems} with {facts.name}; allowed: 0 (K/V-major layers "
                 "have no block-strided first dim)"
             )
-        return [_at_pointer(p, (2, page_buffer_size, hidden), dtype, device) for p in pointers]
+        return [at_pointer(p, (2, page_buffer_size, hidden), dtype, device) for p in pointers]
     nb = page_buffer_size // block_size
     stride = block_stride_elems or 2 * block_size * hidden
-    return [_at_pointer(p, (nb, 2, block_size, hidden), dtype, device, (stride, block_size * hidden, hidden, 1))
+    return [at_pointer(p, (nb, 2, block_size, hidden), dtype, device, (stride, block_size * hidden, hidden, 1))
             for p in pointers]
 
 
@@ -143,32 +143,32 @@ def _token_group(op: str, key_value_ptrs: object, key: tuple, planes) -> tuple[P
     per description of the caches and `key`, the arguments that shape the tensors (`_TableCache`)."""
     def build() -> tuple[PagedGroup, int]:
         row = key[-1]
-        group = _group([(caches, _block_size_of(caches[0], row, "key_value_ptrs[0]", op), row) for caches in planes()])
+        group = paged_group([(caches, _block_size_of(caches[0], row, "key_value_ptrs[0]", op), row) for caches in planes()])
         return group, min(geometry.num_blocks * plane.block_size
                           for per_layer in group.geometry for geometry, plane in zip(per_layer, group.planes))
 
-    return _tables.get_or_build(key_value_ptrs, key, build)
+    return tables.get_or_build(key_value_ptrs, key, build)
 
 
 def _token_move(op: str, key_value: torch.Tensor, group: PagedGroup, rows: int, slot_mapping: torch.Tensor,
                 store: bool, start: int, backend: str, repeatable: bool = False):
     """key_value [planes, L, T, H] <-> the group's rows at slot_mapping[start:] (tokens from `start`);
-    `repeatable`: returns the move's repeat (see `_move`)."""
+    `repeatable`: returns the move's repeat (see `move`)."""
     tokens = key_value.shape[2]
     if slot_mapping.numel() != tokens:
         raise TransferError(
             f"{op}: slot_mapping has {slot_mapping.numel()} slots but key_value {tuple(key_value.shape)} holds "
             f"{tokens} tokens; allowed: one slot per token"
         )
-    slots = _device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
+    slots = device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
     # A repeat reads the caller's slot tensor in place: not where it had to be converted.
     repeatable = repeatable and slots is slot_mapping
     count = max(tokens - start, 0)
     if count == 0:
         return _nothing if repeatable else None
-    strides = _byte_strides(key_value, "key_value", op)
+    strides = byte_strides(key_value, "key_value", op)
     planes = group.plane_count
-    return _move(group, PlaneSlots(slots, start, count), key_value,
+    return move(group, PlaneSlots(slots, start, count), key_value,
                  [kv * strides[0] + start * strides[2] for kv in range(planes)], [strides[2]] * planes,
                  strides[1], store, op, "key_value", backend, repeatable)
 
@@ -182,11 +182,11 @@ def _repeated(op: str, paged: object, tensors: tuple, scalars: tuple) -> tuple[b
     """(whether the repeat kept for this call ran it, the handle to keep one under after the whole
     path (None: keep none), the backend). `tensors` start with the chunk buffer and the slot (or
     block id) tensor, whose addresses a repeat takes."""
-    backend = _backend()
-    key = _repeat_key(op, backend, tensors, scalars)
+    backend = transfer_backend()
+    key = repeat_key(op, backend, tensors, scalars)
     if key is None:
         return False, None, backend
-    handle, repeat = _repeats.lookup(paged, key)
+    handle, repeat = repeats.lookup(paged, key)
     if repeat is None:
         return False, handle, backend
     # A kept repeat that refuses these addresses leaves the whole path to the call, and stays.
@@ -197,10 +197,10 @@ def _multi_layer_arguments(op: str, direction: object, key_value: object, slot_m
                            page_buffer_size: object) -> tuple[bool, torch.Tensor, torch.Tensor]:
     """The arguments both multi-layer ops take alike, checked in this order: (whether the call
     stores, key_value [planes, L, T, H], the slot tensor); page_buffer_size must be >= 1."""
-    store = _is_store(direction, op)
-    key_value = _tensor(key_value, "key_value", op, dims=4)
-    slot_mapping = _slot_tensor(slot_mapping, op)
-    _int_arg(page_buffer_size, "page_buffer_size", op, 1)
+    store = is_store(direction, op)
+    key_value = checked_tensor(key_value, "key_value", op, dims=4)
+    slot_mapping = slot_tensor(slot_mapping, op)
+    int_arg(page_buffer_size, "page_buffer_size", op, 1)
     return store, key_value, slot_mapping
 
 
@@ -230,9 +230,9 @@ def multi_layer_kv_transfer(
         return
     facts = format_facts(engine_kv_format, op, _MULTI_LAYER_FORMATS)
     store, key_value, slot_mapping = _multi_layer_arguments(op, direction, key_value, slot_mapping, page_buffer_size)
-    _int_arg(block_size, "block_size", op)
-    _int_arg(skip_prefix_n_tokens, "skip_prefix_n_tokens", op)
-    _int_arg(block_stride_elems, "block_stride_elems", op)
+    int_arg(block_size, "block_size", op)
+    int_arg(skip_prefix_n_tokens, "skip_prefix_n_tokens", op)
+    int_arg(block_stride_elems, "block_stride_elems", op)
     kv_size = 1 if facts.mla else 2
     if key_value.shape[0] != kv_size:
         raise TransferError(
@@ -255,7 +255,7 @@ def multi_layer_kv_transfer(
     group, rows = _token_group(op, key_value_ptrs, key, planes)
     repeat = _token_move(op, key_value, group, rows, slot_mapping, store, min(skip_prefix_n_tokens, key_value.shape[2]),
                          backend, repeatable=handle is not None)
-    _repeats.keep(handle, repeat)
+    repeats.keep(handle, repeat)
 
 
 def multi_layer_kv_transfer_unilateral(
@@ -293,7 +293,7 @@ def multi_layer_kv_transfer_unilateral(
 
     key = (op, facts.name, key_value.dtype, layers, hidden, page_buffer_size, device, hidden * key_value.element_size())
     group, rows = _token_group(op, key_value_ptrs, key, planes)
-    _repeats.keep(handle, _token_move(op, key_value, group, rows, slot_mapping, store, 0, backend,
+    repeats.keep(handle, _token_move(op, key_value, group, rows, slot_mapping, store, 0, backend,
                                       repeatable=handle is not None))
 
 
@@ -308,11 +308,11 @@ def single_layer_kv_transfer(
     """One layer: LMCache's [T, H] (MLA), [2, T, H] or token-major [T, 2, H] <-> vLLM's paged layer."""
     op = "single_layer_kv_transfer"
     facts = format_facts(engine_kv_format, op, _SINGLE_LAYER_FORMATS)
-    store = _is_store(direction, op)
-    lmc = _tensor(lmc_key_value_cache, "lmc_key_value_cache", op)
-    paged = _tensor(vllm_key_value_cache, "vllm_key_value_cache", op)
-    slot_mapping = _slot_tensor(slot_mapping, op)
-    _same_dtype(paged, lmc.dtype, "vllm_key_value_cache", "lmc_key_value_cache", op)
+    store = is_store(direction, op)
+    lmc = checked_tensor(lmc_key_value_cache, "lmc_key_value_cache", op)
+    paged = checked_tensor(vllm_key_value_cache, "vllm_key_value_cache", op)
+    slot_mapping = slot_tensor(slot_mapping, op)
+    same_dtype(paged, lmc.dtype, "vllm_key_value_cache", "lmc_key_value_cache", op)
     tokens = slot_mapping.numel()
     if facts.mla:
         expected = (tokens, None)
@@ -321,7 +321,7 @@ def single_layer_kv_transfer(
             raise TransferError(f"{op}: lmc_key_value_cache has shape {tuple(lmc.shape)}; allowed: [{tokens}, H]")
         _check_row_width(paged, "vllm_key_value_cache", 3, 1, lmc.shape[1], "lmc_key_value_cache", op)
         hidden_bytes = lmc.shape[1] * lmc.element_size()
-        strides = _byte_strides(lmc, "lmc_key_value_cache", op)
+        strides = byte_strides(lmc, "lmc_key_value_cache", op)
         offsets, pitch = [0], strides[0]
     else:
         planes = _kv_planes([paged], facts, 0, op)
@@ -333,27 +333,27 @@ def single_layer_kv_transfer(
             )
         _check_row_width(paged, "vllm_key_value_cache", 5, 2, lmc.shape[2], "lmc_key_value_cache", op)
         hidden_bytes = lmc.shape[2] * lmc.element_size()
-        strides = _byte_strides(lmc, "lmc_key_value_cache", op)
+        strides = byte_strides(lmc, "lmc_key_value_cache", op)
         if token_major:
             offsets, pitch = [0, strides[1]], strides[0]
         else:
             offsets, pitch = [0, strides[0]], strides[1]
-    group = _group([(caches, _block_size_of(caches[0], hidden_bytes, "vllm_key_value_cache", op), hidden_bytes)
+    group = paged_group([(caches, _block_size_of(caches[0], hidden_bytes, "vllm_key_value_cache", op), hidden_bytes)
                     for caches in planes])
     rows = group.geometry[0][0].num_blocks * group.planes[0].block_size
-    slots = _device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
+    slots = device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
     if tokens:
-        _move(group, PlaneSlots(slots, 0, tokens), lmc, offsets, [pitch] * len(offsets), 0, store, op,
-              "lmc_key_value_cache", _backend())
+        move(group, PlaneSlots(slots, 0, tokens), lmc, offsets, [pitch] * len(offsets), 0, store, op,
+              "lmc_key_value_cache", transfer_backend())
 
 
 def _flash(op: str, key_value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
            slot_mapping: torch.Tensor, layer_idx: int, store: bool) -> None:
-    key_value = _tensor(key_value, "key_value", op, dims=4)
-    key_cache = _tensor(key_cache, "key_cache", op)
-    value_cache = _tensor(value_cache, "value_cache", op)
-    slot_mapping = _slot_tensor(slot_mapping, op)
-    _int_arg(layer_idx, "layer_idx", op)
+    key_value = checked_tensor(key_value, "key_value", op, dims=4)
+    key_cache = checked_tensor(key_cache, "key_cache", op)
+    value_cache = checked_tensor(value_cache, "value_cache", op)
+    slot_mapping = slot_tensor(slot_mapping, op)
+    int_arg(layer_idx, "layer_idx", op)
     if key_value.shape[0] != 2 or layer_idx >= key_value.shape[1]:
         raise TransferError(
             f"{op}: key_value has shape {tuple(key_value.shape)} with layer_idx={layer_idx}; "
@@ -361,7 +361,7 @@ def _flash(op: str, key_value: torch.Tensor, key_cache: torch.Tensor, value_cach
         )
     tokens, hidden = key_value.shape[2], key_value.shape[3]
     for what, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        _same_dtype(cache, key_value.dtype, what, "key_value", op)
+        same_dtype(cache, key_value.dtype, what, "key_value", op)
         _check_row_width(cache, what, 4, 2, hidden, "key_value", op)
     if slot_mapping.numel() != tokens:
         raise TransferError(
@@ -369,16 +369,16 @@ def _flash(op: str, key_value: torch.Tensor, key_cache: torch.Tensor, value_cach
             "allowed: one slot per token"
         )
     row = hidden * key_value.element_size()
-    group = _group([([cache], _block_size_of(cache, row, what, op), row)
+    group = paged_group([([cache], _block_size_of(cache, row, what, op), row)
                     for what, cache in (("key_cache", key_cache), ("value_cache", value_cache))])
     rows = min(group.geometry[0][p].num_blocks * group.planes[p].block_size for p in range(2))
-    slots = _device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
+    slots = device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
     if tokens == 0:
         return
-    strides = _byte_strides(key_value, "key_value", op)
+    strides = byte_strides(key_value, "key_value", op)
     base = layer_idx * strides[1]
-    _move(group, PlaneSlots(slots, 0, tokens), key_value, [base, base + strides[0]], [strides[2]] * 2, 0, store,
-          op, "key_value", _backend())
+    move(group, PlaneSlots(slots, 0, tokens), key_value, [base, base + strides[0]], [strides[2]] * 2, 0, store,
+          op, "key_value", transfer_backend())
 
 
 def load_and_reshape_flash(

@@ -101,7 +101,7 @@ def test_a_new_list_of_the_same_tensors_is_the_same_description():
     second = [torch.zeros(LAYERS, 2 * BLOCK, HIDDEN)]
     ops.multi_layer_block_kv_transfer(list(caches), second, block_ids, "cpu", D2H, _desc(), 2 * BLOCK, MLA, 0)
     assert (first[0] == 3.0).all() and torch.equal(first[0], second[0])
-    assert sum(key[0] == tuple(map(id, caches)) for key in arguments._tables._entries) == 1, "described twice"
+    assert sum(key[0] == tuple(map(id, caches)) for key in arguments.tables._entries) == 1, "described twice"
 
 
 def test_a_description_without_every_field_is_keyed_and_moved():
@@ -179,7 +179,7 @@ def test_a_list_of_per_layer_tuples_is_described_once():
     paged = [(plane,) for plane in _planes(5.0)]
     for _ in range(2):
         _plane_call(list(paged), [5.0, 6.0])
-    assert sum(key[0] == tuple(map(id, paged)) for key in arguments._tables._entries) == 1, "described twice"
+    assert sum(key[0] == tuple(map(id, paged)) for key in arguments.tables._entries) == 1, "described twice"
 
 
 def test_a_list_of_per_layer_lists_changed_in_place_is_read_again():

@@ -48,11 +48,11 @@ def _token_calls(device: str) -> int:
         slots = torch.randperm(BLOCKS * BS, generator=generator)[:32].to(device)
         chunk = torch.full((1, LAYERS, 32, HIDDEN), POISON, dtype=torch.bfloat16, device=device)
         before = launch_counter.triton
-        key = moves._repeat_key("multi_layer_kv_transfer", moves._backend(), (chunk, slots),
+        key = moves.repeat_key("multi_layer_kv_transfer", moves.transfer_backend(), (chunk, slots),
                               (device, BLOCKS * BS, D2H, MLA, BS, HIDDEN, 0, 0))
-        kept = moves._repeats.lookup(table, key)[1]
+        kept = moves.repeats.lookup(table, key)[1]
         ops.multi_layer_kv_transfer(chunk, table, slots, device, BLOCKS * BS, D2H, MLA, BS, HIDDEN)
-        repeated += kept is not None and kept is not moves._never and launch_counter.triton == before + 1
+        repeated += kept is not None and kept is not moves.never and launch_counter.triton == before + 1
         assert torch.equal(chunk[0].cpu(), _rows(caches, slots)), f"store {call}"
         # load new values into the same slots, then read them back through the caches
         fresh = torch.randn(1, LAYERS, 32, HIDDEN, generator=generator).to(device=device, dtype=torch.bfloat16)
@@ -95,11 +95,11 @@ def _block_calls(device: str, count: int = 3) -> int:
         objects = [torch.full((LAYERS, 2 * BS, HIDDEN), POISON, dtype=torch.bfloat16, device=device)
                    for _ in range(count)]
         before = launch_counter.triton
-        key = block_ops._block_repeat_key(moves._backend(), objects, block_ids, (device, D2H, 2 * BS, MLA, 0),
+        key = block_ops._block_repeat_key(moves.transfer_backend(), objects, block_ids, (device, D2H, 2 * BS, MLA, 0),
                                           _desc())
-        kept = moves._repeats.lookup(caches, key)[1]
+        kept = moves.repeats.lookup(caches, key)[1]
         ops.multi_layer_block_kv_transfer(caches, objects, block_ids, device, D2H, _desc(), 2 * BS, MLA, 0)
-        repeated += kept is not None and kept is not moves._never and launch_counter.triton == before + 1
+        repeated += kept is not None and kept is not moves.never and launch_counter.triton == before + 1
         for index, obj in enumerate(objects):
             mine = ids[2 * index: 2 * index + 2]
             slots = (mine[:, None] * BS + torch.arange(BS)).reshape(-1)
@@ -158,12 +158,12 @@ def _bundle_calls(device: str, count: int = 3) -> int:
                 others[slots] = False
                 untouched = _bundle_rows(caches, torch.arange(BLOCKS * BS)[others])
             before = launch_counter.triton
-            key = block_ops._block_repeat_key(moves._backend(), objects, block_ids,
+            key = block_ops._block_repeat_key(moves.transfer_backend(), objects, block_ids,
                                               (device, direction, 2 * BS, BUNDLE, 0), _bundle_desc())
-            kept = moves._repeats.lookup(caches, key)[1]
+            kept = moves.repeats.lookup(caches, key)[1]
             ops.multi_layer_block_kv_transfer(caches, objects, block_ids, device, direction, _bundle_desc(), 2 * BS,
                                               BUNDLE, 0)
-            repeated += kept is not None and kept is not moves._never and launch_counter.triton == before + 1
+            repeated += kept is not None and kept is not moves.never and launch_counter.triton == before + 1
             moved = torch.cat([obj.cpu() for obj in objects], dim=1)[:, : len(slots)]
             assert torch.equal(moved, _bundle_rows(caches, slots)), (direction, call)
             if direction == D2H:
@@ -180,10 +180,10 @@ def relaunch_through(request):
     from lmcache_ascend.kernels import launcher
 
     launcher._raw_launch["enabled"] = request.param
-    moves._repeats._entries.clear()
+    moves.repeats._entries.clear()
     yield request.param
     launcher._raw_launch["enabled"] = True
-    moves._repeats._entries.clear()
+    moves.repeats._entries.clear()
 
 
 @cuda
