@@ -201,7 +201,8 @@ FLAGS: tuple[Flag, ...] = (
         "LMCACHE_ASCEND_CHUNK_SEAL",
         FlagKind.BOOL,
         True,
-        "Seal chunks sent to LMCache's remote backends (length + xxHash3) and treat one that fails the check as a miss.",
+        "Seal chunks sent to LMCache's remote backends and written by its local disk backend (length + xxHash3) "
+        "and treat one that fails the check as a miss.",
         lmcache_config_key="ascend_chunk_seal",
     ),
 )

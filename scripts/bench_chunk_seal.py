@@ -13,7 +13,10 @@ chunk size and interleaved round by round on the same buffer:
   transfer: a remote get lands the bytes once at least);
 - ``redis set + get``: the chunk's bytes stored into and read back from a Redis
   server on loopback, as LMCache's Redis connector moves them: the transfer the seal
-  guards (left out without ``redis-server`` on PATH or the ``redis`` package).
+  guards (left out without ``redis-server`` on PATH or the ``redis`` package);
+- ``file write + read``: the chunk written to a file of the temporary folder and read
+  back into a buffer, as LMCache's local disk backend moves it (through the page cache:
+  the cheapest a disk round trip gets).
 
 Sizes: 0.4 MiB is a 256-token chunk of the engine tests' tiny Gemma-style model;
 4 MiB and 32 MiB are 256-token chunks of 1B- and 8B-class models (fp16, full
@@ -32,6 +35,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,12 +83,20 @@ def _timed(action) -> float:
     return time.perf_counter() - start
 
 
-def _arms(buffer: np.ndarray, target: np.ndarray, client) -> dict:
+def _arms(buffer: np.ndarray, target: np.ndarray, client, folder: Path) -> dict:
     def seal_and_check():
         seal(buffer)
         assert is_sealed(buffer)
 
-    arms = {"seal + check": seal_and_check, "host copy": lambda: np.copyto(target, buffer)}
+    def file_round_trip():
+        path = folder / "bench-chunk"
+        with open(path, "wb") as handle:
+            handle.write(memoryview(buffer))
+        with open(path, "rb") as handle:
+            assert handle.readinto(memoryview(target)) == buffer.nbytes
+
+    arms = {"seal + check": seal_and_check, "host copy": lambda: np.copyto(target, buffer),
+            "file write + read": file_round_trip}
     if client is not None:
         view = memoryview(buffer)
 
@@ -116,12 +128,12 @@ def main() -> None:
     if not sizes or min(sizes) <= 0:
         parser.error(f"--sizes-mib {options.sizes_mib!r}: every size must be positive")
     rows = []
-    with _redis() as client:
+    with _redis() as client, tempfile.TemporaryDirectory(prefix="bench-chunk-seal-") as folder:
         for size in sizes:
             nbytes = int(size * (1 << 20))
             buffer = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
             target = np.empty_like(buffer)
-            arms = _arms(buffer, target, client)
+            arms = _arms(buffer, target, client, Path(folder))
             samples = {name: [] for name in arms}
             for action in arms.values():  # warm-up: pages touched, connection open
                 action()
@@ -132,18 +144,22 @@ def main() -> None:
             row = {"size_mib": size, **{name: _summary(times) for name, times in samples.items()}}
             seal_ms = row["seal + check"]["median_ms"]
             row["seal_over_copy"] = seal_ms / row["host copy"]["median_ms"]
+            row["seal_over_file"] = seal_ms / row["file write + read"]["median_ms"]
             if "redis set + get" in row:
                 row["seal_over_redis"] = seal_ms / row["redis set + get"]["median_ms"]
             rows.append(row)
-    header = f"{'MiB':>6} | {'seal + check ms':>16} | {'host copy ms':>14} | {'redis set+get ms':>17} | seal/copy | seal/redis"
+    header = (f"{'MiB':>6} | {'seal + check ms':>16} | {'host copy ms':>14} | {'redis set+get ms':>17} | "
+              f"{'file w+r ms':>15} | seal/copy | seal/redis | seal/file")
     print(header)
     print("-" * len(header))
     for row in rows:
         redis_cell = (f"{row['redis set + get']['median_ms']:8.2f} ({row['redis set + get']['iqr_ms']:.2f})"
                       if "redis set + get" in row else "-")
+        file_cell = f"{row['file write + read']['median_ms']:7.3f} ({row['file write + read']['iqr_ms']:.3f})"
         print(f"{row['size_mib']:6.1f} | {row['seal + check']['median_ms']:8.3f} ({row['seal + check']['iqr_ms']:.3f})"
               f" | {row['host copy']['median_ms']:7.3f} ({row['host copy']['iqr_ms']:.3f}) | {redis_cell:>17} | "
-              f"{row['seal_over_copy']:9.2f} | {row.get('seal_over_redis', float('nan')):10.3f}")
+              f"{file_cell:>15} | {row['seal_over_copy']:9.2f} | {row.get('seal_over_redis', float('nan')):10.3f} | "
+              f"{row['seal_over_file']:9.3f}")
     print("medians (interquartile range) over", options.rounds, "interleaved rounds")
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text(json.dumps({"rounds": options.rounds, "rows": rows}, indent=2))

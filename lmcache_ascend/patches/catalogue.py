@@ -247,6 +247,14 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
         enabled_by="LMCACHE_ASCEND_CHUNK_SEAL",
     ),
     CatalogueEntry(
+        name="lmcache-disk-chunk-seal",
+        module="lmcache_ascend.patches.lmcache.disk_chunk_seal",
+        target="lmcache.v1.storage_backend.local_disk_backend",
+        requires={"lmcache": ">=0.4.5,<0.6"},
+        flags=("LMCACHE_ASCEND_CHUNK_SEAL",),
+        enabled_by="LMCACHE_ASCEND_CHUNK_SEAL",
+    ),
+    CatalogueEntry(
         name="lmcache-redis-get-releases",
         module="lmcache_ascend.patches.lmcache.redis_get_releases",
         target="lmcache.v1.storage_backend.connector.redis_connector",

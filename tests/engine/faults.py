@@ -10,7 +10,12 @@ serving engine. A fault named ``<fault>@store`` is done at the next ``store`` in
 killed server back, empty, on its port.
 
 Stores: ``{"redis": port}`` (LMCache's Redis connector: a chunk is two keys,
-``<key>metadata`` and ``<key>kv_bytes``) or ``{"lm": port}`` (LMCache's own server).
+``<key>metadata`` and ``<key>kv_bytes``), ``{"lm": port}`` (LMCache's own server),
+``{"fs": folder}`` (LMCache's file-system connector, ``fs://``: a chunk is one ``.data``
+file), ``{"disk": folder}`` (LMCache's local disk backend: one ``.pt`` file a chunk,
+indexed in the worker's memory) or ``{"mp": port, "chunk_size": n}`` (LMCache's MP
+server, its chunks in its own memory; a fault is done at the worker adapter's next
+batch of retrieve, or with ``@store`` store, requests).
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ import time
 from pathlib import Path
 
 # Every fault this module can do, by store.
-REDIS_FAULTS = ("flushall", "delete-one", "truncate", "truncate-consistent", "xor", "kill")
+REDIS_FAULTS = ("flushall", "delete-one", "truncate", "truncate-consistent", "xor", "empty-metadata", "kill")
 LM_FAULTS = ("kill",)
+FILE_FAULTS = ("wipe", "delete-one", "truncate", "xor", "rmdir")
+_FILE_SUFFIX = {"fs": ".data", "disk": ".pt"}
 
 _armed: list = []  # (engine method, fault, store) for the next call of that method in this worker
 
@@ -72,8 +79,35 @@ def _redis_fault(fault: str, port: int) -> None:
             client.set(chunk + b"metadata", metadata.serialize())
         elif fault == "xor":  # every byte flipped, lengths and metadata intact
             client.set(chunk + b"kv_bytes", bytes(byte ^ 0xA5 for byte in value))
+        elif fault == "empty-metadata":  # the bytes intact, the metadata key holding nothing
+            client.set(chunk + b"metadata", b"")
         else:
             raise ValueError(f"unknown Redis fault {fault!r}; allowed: {', '.join(REDIS_FAULTS)}")
+
+
+def _file_fault(fault: str, folder: Path, suffix: str) -> None:
+    """`fault` done to the chunk files of `folder` (``rmdir``: the folder itself removed)."""
+    import shutil
+
+    if fault == "rmdir":
+        shutil.rmtree(folder)
+        return
+    chunks = sorted(folder.glob(f"*{suffix}"))
+    assert chunks, f"{folder} holds no chunk file to damage"
+    if fault == "delete-one":
+        chunks[len(chunks) // 2].unlink()
+        return
+    for chunk in chunks:
+        value = chunk.read_bytes()
+        if fault == "wipe":
+            chunk.unlink()
+        elif fault == "truncate":
+            chunk.write_bytes(value[: len(value) // 2])
+        elif fault == "xor":  # the second half's bytes flipped: a header LMCache reads first stays whole
+            half = len(value) // 2
+            chunk.write_bytes(value[:half] + bytes(byte ^ 0xA5 for byte in value[half:]))
+        else:
+            raise ValueError(f"unknown file fault {fault!r}; allowed: {', '.join(FILE_FAULTS)}")
 
 
 def pid_listening_on(port: int) -> int:
@@ -99,16 +133,22 @@ def pid_listening_on(port: int) -> int:
 def _do(fault: str, store: dict) -> None:
     if "redis" in store:
         _redis_fault(fault, store["redis"])
+    elif "fs" in store or "disk" in store:
+        kind = "fs" if "fs" in store else "disk"
+        _file_fault(fault, Path(store[kind]), _FILE_SUFFIX[kind])
     elif fault == "kill":
-        os.kill(pid_listening_on(store["lm"]), signal.SIGKILL)
+        os.kill(pid_listening_on(store.get("lm") or store["mp"]), signal.SIGKILL)
     else:
         raise ValueError(f"unknown fault {fault!r} of LMCache's server; allowed: {', '.join(LM_FAULTS)}")
 
 
 def _engine():
+    """What a fault hooks in this worker: LMCache's engine in process, or the MP connector's worker adapter."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-    return get_kv_transfer_group()._lmcache_engine.lmcache_engine
+    connector = get_kv_transfer_group()
+    adapter = getattr(connector, "worker_adapter", None)
+    return adapter if adapter is not None else connector._lmcache_engine.lmcache_engine
 
 
 def _settle(engine, timeout_s: float = 60.0) -> None:
@@ -117,8 +157,9 @@ def _settle(engine, timeout_s: float = 60.0) -> None:
     left it rather than racing a write of the round before."""
     import asyncio
 
-    backends = [backend for backend in engine.storage_manager.storage_backends.values()
-                if hasattr(backend, "put_tasks")]
+    storage = getattr(engine, "storage_manager", None)  # (an MP worker adapter has none: its server stores)
+    backends = [backend for backend in storage.storage_backends.values()
+                if hasattr(backend, "put_tasks")] if storage is not None else []
     deadline = time.monotonic() + timeout_s
     for backend in backends:
         while True:
@@ -138,6 +179,8 @@ def arm(worker, fault: str, store: dict) -> None:
     its LMCache engine does `fault` first."""
     engine = _engine()
     fault, _, method = fault.partition("@")
+    if "mp" in store:
+        method = {"": "batched_submit_retrieve_requests", "store": "batched_submit_store_requests"}[method]
     method = method or "retrieve"
     _armed[:] = [(method, fault, store)]
     original = getattr(engine, method)
@@ -161,21 +204,44 @@ def disarm(worker) -> bool:
     return met
 
 
+def wait_until_healthy(worker, timeout_s: float = 60.0) -> bool:
+    """Runs inside each vLLM worker after a restart: waits until an MP worker adapter's heartbeat
+    finds the server again (it re-registers the KV caches first), then two heartbeats more, in
+    which the scheduler's adapter (in the engine core, pinging at the same interval) finds it too.
+    An in-process engine has nothing to wait for."""
+    adapter = _engine()
+    if not hasattr(adapter, "_heartbeat_interval"):  # LMCache's engine in process
+        return True
+    deadline = time.monotonic() + timeout_s
+    while not adapter.is_healthy:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the MP server was not healthy again after {timeout_s} s")
+        time.sleep(0.05)
+    time.sleep(2 * adapter._heartbeat_interval)
+    return True
+
+
 def worker_counts(worker) -> dict:
     """Runs inside each vLLM worker: chunks found damaged by the seal check."""
-    from lmcache_ascend.patches.lmcache import remote_chunk_seal
+    from lmcache_ascend.connector import sealed_chunks
 
-    return {"damaged_chunks": remote_chunk_seal.damaged_chunks}
+    return {"damaged_chunks": sealed_chunks.damaged_chunks}
 
 
-def restart(store: dict, timeout_s: float = 120.0) -> subprocess.Popen:
+def restart(store: dict, timeout_s: float = 120.0) -> subprocess.Popen | None:
     """Start the store's server again, empty, on its port (in the runner's process group), and
-    wait until it listens."""
-    port = store.get("redis") or store["lm"]
+    wait until it listens; a removed folder store is made again, empty."""
+    from tests.engine import harness
+
+    if "fs" in store or "disk" in store:
+        Path(store.get("fs") or store["disk"]).mkdir(parents=True, exist_ok=True)
+        return None
     if "redis" in store:
-        command = ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
+        port, command = store["redis"], harness.redis_command(store["redis"])
+    elif "mp" in store:
+        port, command = store["mp"], harness.mp_server_command(store["mp"], store["chunk_size"])
     else:
-        command = [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"]
+        port, command = store["lm"], harness.remote_server_command(store["lm"])
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout_s
     while True:

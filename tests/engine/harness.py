@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -55,8 +56,9 @@ def engine_environment(extra: dict[str, str]) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         PYTHONPATH=str(REPO_ROOT),
     )
-    if _ipc_scopes:  # started inside an ipc_reclaimed block: the innermost one cleans up after it
-        env.update(_ipc_scopes[-1].environment())
+    scopes = _ipc_scopes()
+    if scopes:  # started inside an ipc_reclaimed block: the innermost one cleans up after it
+        env.update(scopes[-1].environment())
     env.update(extra)
     return env
 
@@ -141,7 +143,15 @@ class IpcScope:
         return set()
 
 
-_ipc_scopes: list[IpcScope] = []
+_threads = threading.local()
+
+
+def _ipc_scopes() -> list[IpcScope]:
+    """The ipc_reclaimed blocks open in this thread, innermost last (engines run from two threads
+    at once each clean up after their own)."""
+    if not hasattr(_threads, "ipc_scopes"):
+        _threads.ipc_scopes = []
+    return _threads.ipc_scopes
 
 
 @contextlib.contextmanager
@@ -171,11 +181,11 @@ def ipc_reclaimed():
     inductor_cache = _inductor_cache_dir()
     inductor_cache.mkdir(parents=True, exist_ok=True)
     (scope.temp_dir / inductor_cache.name).symlink_to(inductor_cache, target_is_directory=True)
-    _ipc_scopes.append(scope)
+    _ipc_scopes().append(scope)
     try:
         yield scope
     finally:
-        _ipc_scopes.remove(scope)
+        _ipc_scopes().remove(scope)
         for path in scope.recorded():
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -291,29 +301,40 @@ def server_on_loopback(label: str, command: list[str], port: int, *, cwd: Path =
             stop_group(process)
 
 
+def mp_server_command(port: int, chunk_size: int, l1_size_gb: float = 0.5) -> list[str]:
+    """LMCache's multi-process server on loopback `port` (L1 in its memory, LRU)."""
+    return [sys.executable, "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1", "--port", str(port),
+            "--chunk-size", str(chunk_size), "--l1-size-gb", str(l1_size_gb), "--eviction-policy", "LRU",
+            "--disable-observability"]
+
+
+def remote_server_command(port: int) -> list[str]:
+    """LMCache's own remote KV server (`lm://`, chunks kept in its memory) on loopback `port`."""
+    return [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"]
+
+
+def redis_command(port: int, *options: str) -> list[str]:
+    """A Redis server on loopback `port`, nothing persisted; `options` are more of ``redis-server``'s."""
+    return ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", *options]
+
+
 def mp_server(chunk_size: int, l1_size_gb: float = 0.5):
-    """LMCache's multi-process server on loopback (a context manager yielding its port)."""
+    """`mp_server_command` as a context manager yielding its port."""
     port = free_loopback_port()
-    return server_on_loopback("LMCache MP server", [
-        sys.executable, "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1", "--port", str(port),
-        "--chunk-size", str(chunk_size), "--l1-size-gb", str(l1_size_gb), "--eviction-policy", "LRU",
-        "--disable-observability",
-    ], port)
+    return server_on_loopback("LMCache MP server", mp_server_command(port, chunk_size, l1_size_gb), port)
 
 
 def remote_server():
-    """LMCache's own remote KV server (`lm://`, chunks kept in its memory) on loopback (yields its port)."""
+    """`remote_server_command` as a context manager yielding its port."""
     port = free_loopback_port()
-    return server_on_loopback("LMCache remote server", [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"], port)
+    return server_on_loopback("LMCache remote server", remote_server_command(port), port)
 
 
 def redis_server(*options: str):
-    """A Redis server on loopback, nothing persisted (yields its port); `options` are more of
-    ``redis-server``'s (e.g. ``--maxmemory 2mb``); needs ``redis-server`` on PATH."""
+    """`redis_command` as a context manager yielding its port (e.g. ``redis_server("--maxmemory", "2mb")``);
+    needs ``redis-server`` on PATH."""
     port = free_loopback_port()
-    return server_on_loopback("Redis server", [
-        "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", *options,
-    ], port)
+    return server_on_loopback("Redis server", redis_command(port, *options), port)
 
 
 def wait_until_listening(label: str, process: subprocess.Popen, port: int, log_path: Path,

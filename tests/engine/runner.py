@@ -13,8 +13,10 @@ worker really allocated; what lmcache-ascend's connector moved; and, with
 ``kv_oracle``, digests of each prompt's KV blocks (`tests.engine.kv_oracle`). With
 ``faults`` (round index -> fault) and ``fault_store``, each such round's first load (or
 store) meets that fault of the shared store (`tests.engine.faults`), a killed server is
-restarted before the next round, and OUT says which faults a load met and how many chunks
-failed their seal check.
+restarted (a removed folder made again, an MP adapter waited for until it finds the
+server again) before the next round, and OUT says which faults a load met and how many chunks
+failed their seal check. ``crash_after_round``: the run's whole process group is killed
+right after that round (a crashed engine, its writes in flight).
 
 The engine runs as shipped: engine core and worker processes of their own.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -160,10 +163,13 @@ def main(spec_path: str, out_path: str) -> None:
             llm.collective_rpc(faults.arm, args=(fault, spec["fault_store"]))
         outputs = llm.generate([{"prompt_token_ids": prompt} for prompt in prompts], sampling, use_tqdm=False)
         rounds.append([output_record(output) for output in outputs])
+        if spec.get("crash_after_round") == index:  # a crash, writes in flight: the whole process group at once
+            os.killpg(0, signal.SIGKILL)
         if fault:
             faults_met.append(all(llm.collective_rpc(faults.disarm)))
-            if fault.partition("@")[0] == "kill":
+            if fault.partition("@")[0] in ("kill", "rmdir"):
                 faults.restart(spec["fault_store"])
+                llm.collective_rpc(faults.wait_until_healthy)
     metrics = {metric.name: metric.value for metric in llm.get_metrics() if hasattr(metric, "value")}
     workers = llm.collective_rpc(worker_report)
     result = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmcache_ascend.kv_worker.chunk_seal import SEAL_BYTES, is_sealed, seal
+from lmcache_ascend.kv_worker.chunk_seal import SEAL_BYTES, clear_seal, is_sealed, seal
 
 
 def _sealed(size: int, seed: int = 0) -> np.ndarray:
@@ -62,3 +62,15 @@ def test_a_seal_moved_to_other_bytes_fails():
     first, second = _sealed(4096, seed=1), _sealed(4096, seed=2)
     second[-SEAL_BYTES:] = first[-SEAL_BYTES:]
     assert not is_sealed(second)
+
+
+def test_a_cleared_seal_fails_and_only_the_seal_is_cleared():
+    """A buffer about to be filled has its seal zeroed: a read that falls short cannot leave one that passes."""
+    buffer = _sealed(4096, seed=3)
+    before = buffer.copy()
+    clear_seal(buffer)
+    assert not is_sealed(buffer)
+    assert np.array_equal(buffer[:-SEAL_BYTES], before[:-SEAL_BYTES])
+    assert not buffer[-SEAL_BYTES:].any()
+    with pytest.raises(ValueError, match="has no room"):
+        clear_seal(np.zeros(SEAL_BYTES, np.uint8))

@@ -12,7 +12,10 @@ every lookup of the engine waits for its timeout and finds nothing.
 The replacement reads the same two keys the same way and returns the same buffer for a
 whole value, and for the rest gives the buffer back and answers None (a miss): bytes gone
 (the metadata key is deleted, as upstream does), a length other than the metadata's, or
-any error while filling the buffer (logged with the key).
+any error while filling the buffer (logged with the key). Metadata that does not parse
+(empty, cut short) is a miss too, and its key is deleted, where upstream raised: the
+remote backend's batched get then cancelled the chunk's other gets, and each get
+cancelled after the job queue had taken it ended one of the queue's workers.
 """
 
 from __future__ import annotations
@@ -51,7 +54,13 @@ async def get(self, key):
         metadata_bytes = await self.connection.get(key_str + "metadata")
         if metadata_bytes is None:
             return None
-        metadata = RemoteMetadata.deserialize(memoryview(metadata_bytes))
+        try:
+            metadata = RemoteMetadata.deserialize(memoryview(metadata_bytes))
+        except Exception as error:  # empty or cut short: a miss, and the unreadable key goes
+            logger.warning("lmcache-ascend: chunk %s from Redis has unreadable metadata (%s); it is a miss",
+                           key_str, error)
+            await self.connection.delete(key_str + "metadata")
+            return None
         memory_obj = self.local_cpu_backend.allocate(metadata.shapes, metadata.dtypes, metadata.fmt)
         if memory_obj is None:
             logger.warning("lmcache-ascend: no buffer for chunk %s from Redis; it is a miss", key_str)

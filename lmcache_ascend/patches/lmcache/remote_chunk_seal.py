@@ -19,27 +19,17 @@ costs one retry at most. Other backends' engines run upstream unchanged.
 
 from __future__ import annotations
 
-import logging
 import threading
 
 from lmcache_ascend.compat.signatures import call_arguments
-from lmcache_ascend.multigroup.attachments import CHUNK_PLANNER, FAILED_KEYS
+from lmcache_ascend.connector.sealed_chunks import is_intact, leading, planner_of, reject, release, seal_buffers
+from lmcache_ascend.multigroup.attachments import FAILED_KEYS
 from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
-
-logger = logging.getLogger(__name__)
 
 # Failed keys remembered per backend at most (a bound, not a cache policy: past it the
 # oldest are forgotten, and a lookup of one of those may fail once more).
 _MAX_FAILED_KEYS = 1 << 16
 _lock = threading.Lock()
-# Chunks found damaged in this process, over every backend (read by tests and the engine report).
-damaged_chunks = 0
-
-
-def _planner(backend):
-    local = getattr(backend, "local_cpu_backend", None)
-    metadata = getattr(backend, "metadata", None) or getattr(local, "metadata", None)
-    return CHUNK_PLANNER.get(metadata) if metadata is not None else None
 
 
 def _note_failed(backend, key) -> None:
@@ -53,50 +43,6 @@ def _note_failed(backend, key) -> None:
             keys.pop(next(iter(keys)))
 
 
-def _byte_view(memory_obj, planner) -> memoryview | None:
-    """The memory object's bytes when they are exactly a planned chunk buffer, else None."""
-    from math import prod
-
-    try:
-        shape = tuple(memory_obj.get_shape())
-        view = memoryview(memory_obj.byte_array).cast("B")
-    except (AttributeError, TypeError, ValueError):
-        return None
-    if len(shape) != 4 or not 0 < shape[2] <= planner.chunk_size:
-        return None
-    expected = planner.memory_shape(shape[2])
-    return view if shape == expected and view.nbytes == prod(expected) else None
-
-
-def _seal_all(planner, memory_objs) -> None:
-    from lmcache_ascend.kv_worker.chunk_seal import seal
-
-    for memory_obj in memory_objs:
-        view = _byte_view(memory_obj, planner)
-        if view is not None:
-            seal(view)
-
-
-def _is_intact(memory_obj, planner) -> bool:
-    from lmcache_ascend.kv_worker.chunk_seal import is_sealed
-
-    view = _byte_view(memory_obj, planner)
-    return view is not None and is_sealed(view)
-
-
-def _reject(backend, key, memory_obj) -> None:
-    global damaged_chunks
-    try:
-        memory_obj.ref_count_down()
-    except Exception:  # a connector's object without reference counts: nothing to release
-        pass
-    _note_failed(backend, key)
-    with _lock:
-        damaged_chunks += 1
-    logger.warning("lmcache-ascend: chunk %s from %s failed its seal check (short, altered or not ours); "
-                   "it is a miss and its tokens are computed again", key, getattr(backend, "remote_url", backend))
-
-
 def _checked(backend, planner, keys, memory_objs):
     """`memory_objs` up to the first missing or damaged one (released from there on), then None for
     the rest; the key of that one noted as failed."""
@@ -105,11 +51,12 @@ def _checked(backend, planner, keys, memory_objs):
         if memory_obj is None:
             _note_failed(backend, key)
             return checked
-        if not _is_intact(memory_obj, planner):
-            _reject(backend, key, memory_obj)
+        if not is_intact(memory_obj, planner):
+            reject(key, memory_obj, getattr(backend, "remote_url", backend))
+            _note_failed(backend, key)
             for later in checked[index + 1:]:
                 if later is not None:
-                    later.ref_count_down()
+                    release(later)
             return checked[:index] + [None] * (len(checked) - index)
     return checked
 
@@ -141,23 +88,23 @@ def _first_failed(backend, keys) -> int | None:
 
 
 def submit_put_task_wrapper(wrapped, instance, args, kwargs):
-    planner = _planner(instance)
+    planner = planner_of(instance)
     if planner is None:
         return wrapped(*args, **kwargs)
     call = call_arguments(wrapped, args, kwargs).arguments
-    _seal_all(planner, [call["memory_obj"]])
+    seal_buffers(planner, [call["memory_obj"]])
     future = wrapped(*args, **kwargs)
     _forget_on_completion(instance, [call["key"]], future)
     return future
 
 
 def batched_submit_put_task_wrapper(wrapped, instance, args, kwargs):
-    planner = _planner(instance)
+    planner = planner_of(instance)
     if planner is None:
         return wrapped(*args, **kwargs)
     call = call_arguments(wrapped, args, kwargs).arguments
     keys = list(call["keys"])
-    _seal_all(planner, call["memory_objs"])
+    seal_buffers(planner, call["memory_objs"])
     result = wrapped(*args, **kwargs)
     _forget_on_completion(instance, keys, result)
     return result
@@ -165,7 +112,7 @@ def batched_submit_put_task_wrapper(wrapped, instance, args, kwargs):
 
 def get_blocking_wrapper(wrapped, instance, args, kwargs):
     memory_obj = wrapped(*args, **kwargs)
-    planner = _planner(instance)
+    planner = planner_of(instance)
     if planner is None:
         return memory_obj
     return _checked(instance, planner, [call_arguments(wrapped, args, kwargs).arguments["key"]], [memory_obj])[0]
@@ -173,7 +120,7 @@ def get_blocking_wrapper(wrapped, instance, args, kwargs):
 
 def batched_get_blocking_wrapper(wrapped, instance, args, kwargs):
     memory_objs = wrapped(*args, **kwargs)
-    planner = _planner(instance)
+    planner = planner_of(instance)
     if planner is None:
         return memory_objs
     return _checked(instance, planner, list(call_arguments(wrapped, args, kwargs).arguments["keys"]), memory_objs)
@@ -181,13 +128,11 @@ def batched_get_blocking_wrapper(wrapped, instance, args, kwargs):
 
 async def batched_get_non_blocking_wrapper(wrapped, instance, args, kwargs):
     memory_objs = await wrapped(*args, **kwargs)
-    planner = _planner(instance)
+    planner = planner_of(instance)
     if planner is None:
         return memory_objs
     keys = list(call_arguments(wrapped, args, kwargs).arguments["keys"])
-    checked = _checked(instance, planner, keys, memory_objs)
-    # Upstream returns the prefix it got: so does this.
-    return checked[: next((i for i, obj in enumerate(checked) if obj is None), len(checked))]
+    return leading(_checked(instance, planner, keys, memory_objs))
 
 
 # The lookups below run for every request: with no failed key (the common case) they cost one
