@@ -23,7 +23,7 @@ __all__ = ["clear_seal", "damaged_chunks", "is_intact", "leading", "planner_of",
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-# Chunks found damaged in this process, over every backend (read by tests and the engine report).
+# Chunks found damaged in this process, over every backend (read by the engine fault tests).
 damaged_chunks = 0
 
 

@@ -27,23 +27,23 @@ from lmcache_ascend.kernels.upload import to_device
 from lmcache_ascend.op_surface.arguments import (
     PageBufferShapeDesc,
     at_pointer,
+    checked_tensor,
     int_arg,
     is_store,
     pointer_list,
     same_dtype,
     slot_tensor,
     tables,
-    checked_tensor,
 )
 from lmcache_ascend.op_surface.formats import FormatFacts, format_facts, paged_layer_shape
 from lmcache_ascend.op_surface.moves import (
-    transfer_backend,
-    paged_group,
     move,
     never,
+    paged_group,
     repeats,
     slot_row_bytes,
     strided_regions,
+    transfer_backend,
 )
 
 # Block transfer: every format the baseline moves except the RBLN layout (15).

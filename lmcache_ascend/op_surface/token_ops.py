@@ -15,6 +15,7 @@ from lmcache_ascend.kernels.resolve import PlaneSlots
 from lmcache_ascend.kernels.spec import TransferError
 from lmcache_ascend.op_surface.arguments import (
     at_pointer,
+    checked_tensor,
     device_slots,
     int_arg,
     is_store,
@@ -22,10 +23,9 @@ from lmcache_ascend.op_surface.arguments import (
     same_dtype,
     slot_tensor,
     tables,
-    checked_tensor,
 )
 from lmcache_ascend.op_surface.formats import FormatFacts, format_facts
-from lmcache_ascend.op_surface.moves import transfer_backend, byte_strides, paged_group, move, repeat_key, repeats
+from lmcache_ascend.op_surface.moves import byte_strides, move, paged_group, repeat_key, repeats, transfer_backend
 
 # Formats each op supports (LMCache's enum values). The per-token ops follow the
 # baseline's three paged shapes: MLA rows, blocks-first K/V, K/V-major.
