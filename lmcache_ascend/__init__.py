@@ -155,11 +155,10 @@ def _started_as_cli() -> bool:
     main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if main_spec is not None:
         return main_spec.name in CLI_MODULES
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_globals.get("__name__") == "runpy" and frame.f_locals.get("mod_name") in CLI_MODULES:
-            return True
-        frame = frame.f_back
+    from lmcache_ascend.compat import interpreter
+
+    if interpreter.runpy_is_starting(CLI_MODULES):
+        return True
     started_as = getattr(sys, "argv", [""])[:1] or [""]
     return (started_as[0] or "").rsplit("/", 1)[-1] == CLI_SCRIPT
 

@@ -17,6 +17,8 @@ import threading
 import types
 from typing import Callable
 
+from lmcache_ascend.compat import interpreter
+
 Hook = Callable[[types.ModuleType], None]
 
 _lock = threading.RLock()
@@ -46,7 +48,7 @@ def register_post_import_hook(module_name: str, hook: Hook, *, every_execution: 
             _pending.setdefault(module_name, []).append(hook)
             _install_finder()
             return
-    if is_initializing(module) and not _wait_for_other_thread(module_name):
+    if is_initializing(module) and not interpreter.wait_for_import_elsewhere(module_name):
         # This thread is inside that import: run the hook at the next import after it ends.
         with _lock:
             _deferred.setdefault(module_name, []).append(hook)
@@ -62,23 +64,8 @@ def register_post_import_hook(module_name: str, hook: Hook, *, every_execution: 
 
 
 def is_initializing(module: types.ModuleType) -> bool:
-    """Whether `module`'s body is still running (importlib marks its spec until the import returns)."""
-    spec = getattr(module, "__spec__", None)
-    return bool(getattr(spec, "_initializing", False)) and getattr(spec, "name", None) not in _bodies_done
-
-
-def _wait_for_other_thread(module_name: str) -> bool:
-    """Block until another thread's import of `module_name` ends; False if this thread runs it."""
-    import _thread
-    from importlib import _bootstrap
-
-    lock_ref = _bootstrap._module_locks.get(module_name)
-    lock = lock_ref() if lock_ref is not None else None
-    if lock is not None and getattr(lock, "owner", None) == _thread.get_ident():
-        return False
-    # What `import` itself does for a module another thread is importing.
-    _bootstrap._lock_unlock_module(module_name)
-    return True
+    """Whether `module`'s body is still running (its hooks, run by our loader, count it as done)."""
+    return interpreter.is_initializing(module) and getattr(module.__spec__, "name", None) not in _bodies_done
 
 
 def run_deferred_hooks() -> None:

@@ -282,7 +282,7 @@ def declaration_modules() -> list[str]:
 
 def catalogue_source() -> str:
     """The text of ``lmcache_ascend/patches/catalogue.py``: its docstring as written, and
-    the entries derived from the declarations, in the catalogue's module order."""
+    one row per patch derived from the declarations, in the catalogue's module order."""
 
     def text(value: object) -> str:
         if isinstance(value, tuple):
@@ -291,21 +291,32 @@ def catalogue_source() -> str:
             return "{" + ", ".join(f"{text(key)}: {text(item)}" for key, item in value.items()) + "}"
         return "None" if value is None else json.dumps(value)  # a str in double quotes
 
-    defaults = CatalogueEntry("", module=None, target="", requires={})
-    lines = [f'"""{_written_catalogue()[0]}"""', "", "from lmcache_ascend.patches.model import CatalogueEntry", "",
-             "CATALOGUE: tuple[CatalogueEntry, ...] = ("]
+    rows = []
     for module_name in declaration_modules():
         for patch in registry_module.declared_in(module_name):
             entry = CatalogueEntry.of(patch, module_name)
-            lines.append("    CatalogueEntry(")
-            for field in CatalogueEntry.__slots__:
-                value = getattr(entry, field)
-                if field in ("name", "module", "target", "requires") or value != getattr(defaults, field):
-                    lines.append(f"        {field}={text(value)},")
-            lines.append("    ),")
-    lines += [")", "", "# The declaration modules, in order.",
-              "PATCH_MODULES: tuple[str, ...] = tuple(dict.fromkeys(entry.module for entry in CATALOGUE))", ""]
-    return "\n".join(lines)
+            head = [entry.name, module_name.removeprefix(_PACKAGE_PREFIX), entry.target, entry.requires]
+            optional = [f"{field}={text(getattr(entry, field))}" for field in ("flags", "enabled_by", "after")
+                        if getattr(entry, field) not in ((), None)]
+            lines = ["    _entry("]
+            for index, argument in enumerate([*map(text, head), *optional]):  # packed into 120 columns
+                argument += ")," if index == len(head) + len(optional) - 1 else ","
+                if len(lines[-1]) + len(argument) + 1 > TABLE_WIDTH:
+                    lines.append(" " * 11)
+                lines[-1] += argument if lines[-1].endswith(("(", " " * 11)) else " " + argument
+            rows.extend(lines)
+    return "\n".join([f'"""{_written_catalogue()[0]}"""', "", "from lmcache_ascend.patches.model import CatalogueEntry",
+                      "", "", *_CATALOGUE_HEAD, "", "", "CATALOGUE: tuple[CatalogueEntry, ...] = (", *rows, ")", "",
+                      "# The declaration modules, in order.",
+                      "PATCH_MODULES: tuple[str, ...] = tuple(dict.fromkeys(entry.module for entry in CATALOGUE))", ""])
+
+
+_PACKAGE_PREFIX = "lmcache_ascend.patches."
+_CATALOGUE_HEAD = (
+    "def _entry(name: str, module: str, target: str, requires: dict[str, str], **optional: object) -> CatalogueEntry:",
+    '    """One row: the patch, its module under lmcache_ascend.patches, its target, requires, then the rest."""',
+    f'    return CatalogueEntry(name, module="{_PACKAGE_PREFIX}" + module, target=target, requires=requires, **optional)',
+)
 
 
 def _catalogue(write: bool) -> int:

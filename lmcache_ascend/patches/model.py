@@ -80,6 +80,22 @@ class State(enum.Enum):
     OVERRIDDEN = "overridden"
 
 
+# The life of a patch record: the states each state may go to, and nothing else
+# (`PatchRecord.set` refuses the rest).  A pending record is decided once; a decided
+# one goes back to pending only to be decided again (re-activation, `apply_now`), and
+# any decision made without the declaration fails when the declaration does not load.
+_DECIDED = (State.SKIPPED_DISABLED, State.SKIPPED_VERSION, State.SKIPPED_UPSTREAM, State.SKIPPED_HOST,
+            State.TARGET_MISSING)
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.PENDING: frozenset(State) - {State.REVERTED, State.OVERRIDDEN},
+    State.APPLIED: frozenset({State.REVERTED, State.OVERRIDDEN}),
+    State.OVERRIDDEN: frozenset({State.OVERRIDDEN, State.REVERTED, State.PENDING}),
+    State.REVERTED: frozenset({State.PENDING}),
+    State.FAILED: frozenset({State.FAILED, State.PENDING}),
+    **{state: frozenset({State.PENDING, State.FAILED}) for state in _DECIDED},
+}
+
+
 # Patch's fields: (name, default factory); None for the required ones.
 _PATCH_FIELDS: dict[str, Callable[[], object] | None] = {
     "name": None,

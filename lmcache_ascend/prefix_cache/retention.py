@@ -32,18 +32,10 @@ class RetentionIntervalError(ValueError):
 
 
 def retention_interval_from_flag(flag_value: object) -> int | None:
-    """The interval vLLM's managers take, from the typed flag value.
-
-    ``"auto"`` means "what upstream does when the variable is unset": dense
-    checkpoints at every aligned boundary, i.e. ``None``.
-    """
-    if flag_value == "auto" or flag_value is None:
-        return None
-    if isinstance(flag_value, bool) or not isinstance(flag_value, int) or flag_value < 0:
-        raise RetentionIntervalError(
-            f"{FLAG_NAME}={flag_value!r} is not allowed; allowed: 'auto' or a non-negative integer"
-        )
-    return flag_value
+    """The interval vLLM's managers take, from the flag's value (already checked by the flag:
+    ``"auto"`` or a non-negative integer).  ``"auto"`` means what upstream does when the
+    variable is unset: dense checkpoints at every aligned boundary, i.e. ``None``."""
+    return None if flag_value == "auto" or flag_value is None else flag_value
 
 
 def validate_retention_interval(
@@ -51,7 +43,8 @@ def validate_retention_interval(
     scheduler_block_size: int,
     has_sliding_window_group: bool,
 ) -> None:
-    """Raise if an explicit interval cannot act on this model (upstream's rules)."""
+    """Raise if an explicit interval (non-negative: the flag's rule) cannot act on this model
+    (upstream's rules)."""
     if retention_interval is None:
         return
     if not has_sliding_window_group:
@@ -60,7 +53,7 @@ def validate_retention_interval(
             "sliding-window KV-cache group, so retention would have no effect; "
             "allowed: 'auto' (or unset) for such models"
         )
-    if retention_interval < 0 or retention_interval % scheduler_block_size != 0:
+    if retention_interval % scheduler_block_size != 0:
         raise RetentionIntervalError(
             f"{FLAG_NAME}={retention_interval} is not allowed: it must be a "
             f"non-negative multiple of the scheduler block size ({scheduler_block_size}), "

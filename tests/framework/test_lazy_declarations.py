@@ -159,8 +159,9 @@ print('IMPORTS=' + json.dumps({{'before': before, 'after': after, 'hooked': hook
 # spec-kind table is a leaf of data the flag table takes its allowed state spec names from).
 ACTIVATION_MODULES = {
     "lmcache_ascend", "lmcache_ascend.flags", "lmcache_ascend.compat", "lmcache_ascend.compat.import_hooks",
-    "lmcache_ascend.compat.source", "lmcache_ascend.patches", "lmcache_ascend.patches.model",
-    "lmcache_ascend.patches.registry", "lmcache_ascend.patches.install", "lmcache_ascend.patches.catalogue",
+    "lmcache_ascend.compat.interpreter", "lmcache_ascend.compat.source", "lmcache_ascend.patches",
+    "lmcache_ascend.patches.model", "lmcache_ascend.patches.registry", "lmcache_ascend.patches.records",
+    "lmcache_ascend.patches.gates", "lmcache_ascend.patches.install", "lmcache_ascend.patches.catalogue",
     "lmcache_ascend.multigroup", "lmcache_ascend.multigroup.spec_kinds",
 }
 

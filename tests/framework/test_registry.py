@@ -139,10 +139,14 @@ def test_apply_is_idempotent_and_never_double_wraps():
 
 
 def test_activate_twice_registers_one_hook_and_applies_on_import(monkeypatch):
-    registered: list[str] = []
-    monkeypatch.setattr(
-        registry_module, "_register_post_import_hook", lambda target, hook: (registered.append(target), hook(sys.modules[target]))
-    )
+    registered: list[str] = []  # the targets of the registry's own hooks (re-activation applies without one)
+
+    def register(target, hook):
+        if getattr(hook, "__qualname__", "").startswith("lmcache_ascend["):
+            registered.append(target)
+        hook(sys.modules[target])
+
+    monkeypatch.setattr(registry_module.import_hooks, "register_post_import_hook", register)
     registry = Registry([make_patch()])
     registry.activate(DEFAULT_FLAGS, "test")
     registry.activate(DEFAULT_FLAGS, "test again")
@@ -586,3 +590,19 @@ def test_strict_counts_an_overridden_patch(monkeypatch, capsys):
     finally:
         monkeypatch.undo()
         registry.revert("test-queue-counting")
+
+
+def test_a_record_moves_only_along_the_transition_table():
+    from lmcache_ascend.patches.model import TRANSITIONS
+
+    assert set(TRANSITIONS) == set(State)
+    record = Registry([make_patch()]).record("test-queue-counting")
+    with pytest.raises(RuntimeError, match="no transition pending -> reverted"):
+        record.set(State.REVERTED, "never applied")
+    assert record.state is State.PENDING
+    record.set(State.APPLIED, "test")
+    with pytest.raises(RuntimeError, match="no transition applied -> pending"):
+        record.rearm()  # an applied patch is reverted first
+    record.set(State.REVERTED, "test")
+    record.rearm()
+    assert record.state is State.PENDING

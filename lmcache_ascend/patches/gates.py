@@ -1,0 +1,124 @@
+"""Whether a patch goes in: the flags, the installed versions, upstream's own fix, the
+host and the prerequisites, each answering with the skip it decides or None.
+
+Nothing here changes a record or imports a target: the registry asks, and settles
+the answer.  Version and guard checks load `lmcache_ascend.compat` modules on first
+use (activation needs only the flag gate and a file lookup).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Mapping
+
+from lmcache_ascend import flags as flag_table
+from lmcache_ascend.compat.source import module_is_locatable
+from lmcache_ascend.patches.install import Outcome
+from lmcache_ascend.patches.model import CatalogueEntry, Patch, State
+
+__all__ = ["before_import", "decide", "flag_gate", "missing_target", "owned_flag_problems", "prerequisite_refusal",
+           "version_gate"]
+
+# Skips that a patch built on another inherits as they are; any other state of a
+# prerequisite that is not in makes the dependent fail.
+_INHERITED = (State.SKIPPED_DISABLED, State.SKIPPED_VERSION, State.SKIPPED_HOST)
+
+
+def flag_gate(entry: CatalogueEntry, flag_values: Mapping[str, object]) -> Outcome | None:
+    """The skip the flags decide (off, disabled by name, not enabled), or None."""
+    if not flag_values["LMCACHE_ASCEND_PATCHES"]:
+        return Outcome(State.SKIPPED_DISABLED, "LMCACHE_ASCEND_PATCHES=0")
+    disabled = flag_values["LMCACHE_ASCEND_DISABLED_PATCHES"]
+    if "*" in disabled or entry.name in disabled:
+        return Outcome(State.SKIPPED_DISABLED, "listed in LMCACHE_ASCEND_DISABLED_PATCHES")
+    if entry.enabled_by is not None and not flag_values[entry.enabled_by]:
+        return Outcome(State.SKIPPED_DISABLED, f"off by default; set {entry.enabled_by}=1")
+    return None
+
+
+def before_import(entry: CatalogueEntry, flag_values: Mapping[str, object]) -> Outcome | None:
+    """What can be decided without the target (nor the declaration); None when it waits for the import."""
+    skip = flag_gate(entry, flag_values)
+    if skip is not None or module_is_locatable(entry.target):  # a cheap file lookup
+        return skip
+    return missing_target(entry)
+
+
+def missing_target(entry: CatalogueEntry) -> Outcome:
+    """Why `entry`'s target is not there: its package is absent, or (for a package that
+    exists but lacks the module) usually a version the patch is not for."""
+    missing = Outcome(State.TARGET_MISSING, f"module {entry.target} not found")
+    if not module_is_locatable(entry.target.partition(".")[0]):
+        return missing.replace(distribution_missing=True)  # not even its package is there
+    # vllm-ascend 0.18 has no DeepSeek-V4 code: say so.
+    skip, _ = version_gate(entry)
+    if skip is not None and skip.state is State.SKIPPED_VERSION:
+        return skip
+    return missing.replace(distribution_missing=bool(skip and skip.distribution_missing))
+
+
+def version_gate(patch: Patch | CatalogueEntry) -> tuple[Outcome | None, str]:
+    """(None, the versions found) when every requirement holds, else (the skip, "").
+
+    An undecidable check (no `packaging` in a bare interpreter) lets the patch through.
+    """
+    from lmcache_ascend.compat.versions import installed_version, specifier_error, version_satisfies
+
+    notes = []
+    for distribution, specifier in patch.requires.items():
+        version = installed_version(distribution)
+        if version is None:
+            return Outcome(State.TARGET_MISSING, f"{distribution} is not installed", distribution_missing=True), ""
+        bad_specifier = specifier_error(specifier)
+        if bad_specifier:
+            return Outcome(State.SKIPPED_VERSION, f"invalid requirement for {distribution}: {bad_specifier}"), ""
+        verdict = version_satisfies(version, specifier)
+        if verdict is False:
+            return Outcome(State.SKIPPED_VERSION, f"{distribution} {version} is outside {specifier}"), ""
+        notes.append(f"{distribution} {version}" + (" (unchecked: packaging missing)" if verdict is None else ""))
+    return None, ", ".join(notes)
+
+
+def decide(patch: Patch, module: types.ModuleType | None) -> tuple[Outcome | None, str]:
+    """Upstream guard, version gate, host: (None, why it applies) or (the skip, "")."""
+    from lmcache_ascend.compat.guards import Verdict, evaluate_guard
+
+    guard = evaluate_guard(patch.guard, patch.target, module)
+    if guard.verdict is Verdict.HAS_FIX:
+        return Outcome(State.SKIPPED_UPSTREAM, f"upstream has it ({guard.how})"), ""
+    skip, versions_note = version_gate(patch)
+    if skip is not None:
+        return skip, ""
+    if module is not None and patch.host is not None:  # the host is asked only where it applies
+        other_host = patch.host()
+        if other_host:
+            return Outcome(State.SKIPPED_HOST, f"{other_host}; {versions_note}"), ""
+    return None, f"{versions_note}; guard: {guard.verdict.value} ({guard.how})"
+
+
+def prerequisite_refusal(patch: Patch, states: Mapping[str, tuple[State, str]]) -> Outcome | None:
+    """Why `patch` can't go in for its prerequisites (`states`: name -> (state, reason) of
+    the declared patches), or None; a skip is inherited as such."""
+    for prerequisite in patch.after:
+        if prerequisite not in states:
+            return Outcome(State.FAILED, f"needs patch {prerequisite!r}, which is not declared")
+        state, reason = states[prerequisite]
+        if state in (State.APPLIED, State.SKIPPED_UPSTREAM):
+            continue
+        inherited = state if state in _INHERITED else State.FAILED
+        return Outcome(inherited, f"needs {prerequisite}, which is {state.value}: {reason}")
+    return None
+
+
+def owned_flag_problems(patch: Patch) -> list[str]:
+    """What is wrong with the flags `patch` owns (checked by the patch that reads them, when it
+    goes in: activation leaves them alone, as upstream may read them with its own rules)."""
+    problems = []
+    for name in patch.flags:
+        if not flag_table.get_flag(name).owned_by_patches:
+            continue  # validated at activation
+        try:
+            flag_table.flag_value(name)
+        except flag_table.FlagError as error:
+            problems.append(str(error))
+    return problems
