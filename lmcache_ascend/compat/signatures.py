@@ -62,17 +62,11 @@ def call_argument(wrapped: Callable, args: tuple, kwargs: dict, name: str) -> ob
     return parameter(wrapped, name).read(args, kwargs)
 
 
-def with_argument(wrapped: Callable, args: tuple, kwargs: dict, name: str, value: object) -> tuple[tuple, dict]:
-    """``(args, kwargs)`` of the call ``wrapped(*args, **kwargs)`` with parameter `name` set to
-    `value`, where the call passed it (positionally or by keyword; by keyword if not at all)."""
-    return parameter(wrapped, name).replaced(args, kwargs, value)
-
-
 def parameter(wrapped: Callable, name: str) -> "Parameter":
-    """Parameter `name` of `wrapped`, located once per function: its ``read(args, kwargs)`` and
-    ``replaced(args, kwargs, value)`` answer as `call_argument` and `with_argument` do, for any
-    call of the same function. A wrapper on a per-request path keeps it (with ``function``, to
-    tell a call of another function) rather than look it up by name on every call."""
+    """Parameter `name` of `wrapped`, located once per function: its ``read(args, kwargs)``
+    answers as `call_argument` does, for any call of the same function.  A wrapper on a
+    per-request path keeps it (with ``function``, to tell a call of another function) rather
+    than look it up by name on every call."""
     function = getattr(wrapped, "__func__", wrapped)
     key = (function, function is not wrapped, name)
     found = _PARAMETERS.get(key)
@@ -111,16 +105,6 @@ class Parameter:
         if self.default is inspect.Parameter.empty:
             raise TypeError(f"{getattr(self.function, '__qualname__', self.function)}() missing argument {self.name!r}")
         return self.default
-
-    def replaced(self, args: tuple, kwargs: dict, value: object) -> tuple[tuple, dict]:
-        position = self.position
-        if position is not None and len(args) > position:
-            replaced = list(args)  # one copy (slicing around the position makes three)
-            replaced[position] = value
-            return tuple(replaced), kwargs
-        if not self.by_keyword:
-            raise TypeError(f"{self.name!r} is positional-only and the call passes too few arguments to set it")
-        return args, {**kwargs, self.name: value}
 
 
 _PARAMETERS: dict[tuple[Callable, bool, str], Parameter] = {}

@@ -1,4 +1,4 @@
-"""`compat.signatures.call_argument` / `with_argument`: one argument read or set where the call put it."""
+"""`compat.signatures.call_argument`: one argument read where the call put it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from lmcache_ascend.compat.signatures import call_argument, call_arguments, parameter, with_argument
+from lmcache_ascend.compat.signatures import call_argument, call_arguments, parameter
 
 
 def plain(tracker, block_size, chunk=256, *, load_spec=None):
@@ -42,23 +42,12 @@ def test_reads_agree_with_a_full_binding_for_every_parameter(args, kwargs):
 
 
 @pytest.mark.parametrize("args, kwargs", CALLS)
-def test_a_set_argument_reaches_the_call_and_leaves_the_others(args, kwargs):
-    given = dict(kwargs)
-    new_args, new_kwargs = with_argument(plain, args, kwargs, "block_size", 99)
-    assert plain(*new_args, **new_kwargs) == (*plain(*args, **kwargs)[:1], 99, *plain(*args, **kwargs)[2:])
-    unset_args, unset_kwargs = with_argument(plain, args, kwargs, "load_spec", "new")
-    assert plain(*unset_args, **unset_kwargs)[3] == "new"
-    assert kwargs == given  # the caller's dict is not changed (a tuple cannot be)
-
-
-@pytest.mark.parametrize("args, kwargs", CALLS)
 def test_a_kept_parameter_answers_as_the_lookups_by_name(args, kwargs):
     # A wrapper keeps the located parameter across calls; it is located once per function.
     block_size = parameter(plain, "block_size")
     assert parameter(plain, "block_size") is block_size and block_size.function is plain
     assert block_size.position == 1
     assert block_size.read(args, kwargs) == call_argument(plain, args, kwargs, "block_size")
-    assert block_size.replaced(args, kwargs, 99) == with_argument(plain, args, kwargs, "block_size", 99)
     bound = types.MethodType(Owner.method, Owner())
     assert parameter(bound, "scheduler_output").function is Owner.method
     assert parameter(bound, "scheduler_output").position == 0  # self is bound
@@ -70,15 +59,11 @@ def test_bound_methods_skip_their_first_parameter():
     assert call_argument(bound, ("out",), {}, "scheduler_output") == "out"
     assert call_argument(bound, (), {"scheduler_output": "kw"}, "scheduler_output") == "kw"
     assert call_argument(bound, ("out",), {}, "extra") is None
-    args, kwargs = with_argument(bound, ("out", "x"), {}, "extra", "y")
-    assert bound(*args, **kwargs) == (owner, "out", "y")
 
 
 def test_positional_only_and_star_args():
     assert call_argument(positional_only, (1,), {}, "first") == 1
     assert call_argument(positional_only, (1,), {"second": 5}, "second") == 5
-    with pytest.raises(TypeError, match="positional-only"):
-        with_argument(positional_only, (), {}, "first", 3)
     # A parameter after *args is keyword-only: never read from the positional arguments.
     assert call_argument(with_star_args, (1, 2, 3), {}, "last") == 9
     assert call_argument(with_star_args, (1, 2, 3), {"last": 4}, "last") == 4
