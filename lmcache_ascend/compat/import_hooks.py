@@ -2,7 +2,7 @@
 
 A small standard-library version of the mechanism wrapt provides: wrapt's own
 package imports asyncio and friends on first use, which alone would cost more
-than the whole activation budget (20 ms).  One meta-path finder sits in front of
+than the whole activation budget (docs/design-decisions.md).  One meta-path finder sits in front of
 the others; for a module with pending hooks it asks the remaining finders for the
 spec and wraps the loader so the hooks run right after the module's code.
 A module that is already imported gets its hooks at once.  A hook can also ask to
