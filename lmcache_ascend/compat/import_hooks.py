@@ -2,12 +2,12 @@
 
 A small standard-library version of the mechanism wrapt provides: wrapt's own
 package imports asyncio and friends on first use, which alone would cost more
-than the whole activation budget (docs/design-decisions.md).  One meta-path finder sits in front of
-the others; for a module with pending hooks it asks the remaining finders for the
-spec and wraps the loader so the hooks run right after the module's code.
-A module that is already imported gets its hooks at once.  A hook can also ask to
-run after every later execution of the module's body (``importlib.reload`` runs
-it again in the same module object, through the same finders).
+than the whole activation budget (docs/design-decisions.md).  One meta-path
+finder sits in front of the others; for a module with pending hooks it asks the
+remaining finders for the spec and wraps the loader so the hooks run right after
+the module's code.  A module that is already imported gets its hooks at once.
+A hook can also ask to run at every later execution of the module's body: one
+that refuses an import (it raises) must refuse the next attempt too.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ _pending: dict[str, list[Hook]] = {}
 _bodies_done: set[str] = set()  # executed by our loader, hooks running: complete for the hooks
 _deferred: dict[str, list[Hook]] = {}  # modules half imported by the registering thread
 _finding: set[str] = set()  # names being looked up by us (no recursion into ourselves)
-_every_execution: dict[str, list[Hook]] = {}  # also after each later run of the body (importlib.reload)
+_every_execution: dict[str, list[Hook]] = {}  # also at each later run of the body
 
 
 def register_post_import_hook(module_name: str, hook: Hook, *, every_execution: bool = False) -> None:
@@ -35,8 +35,8 @@ def register_post_import_hook(module_name: str, hook: Hook, *, every_execution: 
     A module whose body is still running (imported by another thread, or by this
     one further up the stack) is not imported yet: the hook waits for its end.
     With `every_execution`, the hook also runs each time the module's body runs
-    again later (``importlib.reload``), on the same module object; a hook may then
-    be called more than once for one execution, so it must be idempotent.
+    again later (a new import after one that failed, a reload); it may then be
+    called more than once for one execution, so it must be idempotent.
     """
     if every_execution:
         with _lock:
