@@ -26,6 +26,11 @@ first step: the ratio-128 compressor's state is never read there (outputs stay
 bitwise those of the cold prefill, with NaN in it), the ratio-4 compressor's is
 (its compressor overlaps windows: the first state past the boundary mixes the 4
 tokens before it), so that group must be stored and loaded.
+
+With LMCache in process: where vLLM turned its prefix caching off (no AMX), the
+engine runs and LMCache supplies and stores nothing. Reuse on every group, where
+AMX keeps vLLM's prefix caching on, waits for the connector to move a group whose
+layers compress at two ratios (the last test, expected to fail until then).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import platform
 
 import pytest
 
-from tests.engine.harness import run_engine
+from tests.engine.harness import EngineRunError, run_engine
 from tests.engine.models import DSV4, build
 from tests.engine.test_engine_reuse import (  # noqa: F401 - model_dir is a fixture
     LMCACHE_ENV,
@@ -144,6 +149,23 @@ def test_group_skipped_at_a_chunk_boundary(model_dir, layer):
         assert warm != reference, f"group {group} ({layer}) is never read past a chunk boundary"
 
 
+def test_lmcache_where_vllm_turned_prefix_caching_off(model_dir):
+    """A CPU without AMX tiles, as users have it: vLLM turns its own prefix caching off for DeepSeek-V4,
+    and the overlay's verdict follows it (and names the group whose layers compress at two ratios): the
+    engine runs with LMCache in process, which supplies and stores nothing, and every output is the
+    no-connector engine's."""
+    if _amx_tiles():
+        pytest.skip("on a CPU with AMX tiles vLLM keeps its prefix caching on for DeepSeek-V4")
+    cold = run_engine(_spec(model_dir))
+    run = run_engine(_spec(model_dir, lmcache=True, env={**LMCACHE_ENV, "LMCACHE_ASCEND_BUNDLE_MULTI_SPEC": "1"}))
+    (worker,) = run["workers"]
+    assert worker["kv_connector"] is not None, "the run had no KV connector: it would prove nothing"
+    assert _hits(run) == [0] * len(ROUNDS)
+    assert run["metrics"]["vllm:external_prefix_cache_hits"] == 0
+    assert not worker["connector"]["tokens_loaded"] and not worker["connector"]["tokens_stored"], worker["connector"]
+    _assert_equal_outputs(run, cold, "LMCache that supplies nothing")
+
+
 def _amx_tiles() -> bool:
     import torch
 
@@ -152,9 +174,11 @@ def _amx_tiles() -> bool:
 
 @pytest.mark.skipif(not _amx_tiles(), reason="vLLM keeps its prefix caching on for DeepSeek-V4 only on a CPU with "
                     "AMX tiles (torch.cpu._is_amx_tile_supported()); users run it there")
-@pytest.mark.xfail(strict=True, reason="lmcache-ascend reads one compress ratio per KV-cache group (spec attribute "
-                   "compress_ratio); vLLM 0.32 names it tokens_per_state and puts ratio-4 and ratio-128 caches in one "
-                   "group (64 and 2 rows per 256-token block): the connector refuses the layers at start")
+@pytest.mark.xfail(strict=True, raises=EngineRunError, reason=(
+    "vLLM 0.32 puts the ratio-4 and ratio-128 compressed caches in one KV-cache group (64 and 2 rows per "
+    "256-token block); the connector moves one ratio per group, so the worker (which sees each layer's spec) "
+    "refuses reuse, while the scheduler's merged spec of that group says ratio 4: the first step stops on "
+    "'the KV-cache group geometry ... differs between scheduler and worker'"))
 def test_lmcache_reuse_exact_on_every_group(model_dir):
     """LMCache in process with the overlay: warm prompts get their chunk-aligned prefixes from LMCache
     (vLLM's own caching off, so that every reused token is LMCache's), and every output equals vLLM's
