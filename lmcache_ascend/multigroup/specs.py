@@ -248,6 +248,18 @@ def _unpacked_specs(spec: Any) -> list[Any]:
     return [spec]
 
 
+def _compress_ratio(spec: Any) -> int:
+    """Tokens per stored row: vllm-ascend's ``compress_ratio``; vLLM's ``tokens_per_state`` (DeepSeek-V4's
+    compressed caches in vLLM 0.32), where it is a whole number of tokens (a state-space spec's -1 and
+    a fraction of a token mean no compression of token rows)."""
+    ratio = getattr(spec, "compress_ratio", None)
+    if ratio is None:
+        ratio = getattr(spec, "tokens_per_state", 1)
+        if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 1:
+            ratio = 1
+    return int(ratio or 1)
+
+
 def _one_value(group_index: int, name: str, values: Iterable[Any]) -> Any:
     distinct = set(values)
     if len(distinct) != 1:
@@ -275,9 +287,16 @@ def _spec_to_group(group_index: int, spec: Any, policy: StateGroupPolicy) -> KVG
     no_reuse = None
     if verdict.kind is SpecKind.NO_REUSE:
         no_reuse = f"{class_name}: {verdict.reason}"
-    compress_ratio = _one_value(
-        group_index, "compress_ratio", (int(getattr(s, "compress_ratio", 1) or 1) for s in inner_specs)
-    )
+    ratios = sorted({_compress_ratio(s) for s in inner_specs})
+    compress_ratio = ratios[0]
+    if len(ratios) > 1 and no_reuse is None:
+        # vLLM's DeepSeek-V4 puts ratio-4 and ratio-128 compressed caches in one group: one block
+        # holds block_size // ratio rows of each, so no one slot mapping addresses all its layers.
+        no_reuse = (
+            f"{class_name}: its layers compress at different ratios {ratios} (rows per "
+            f"{int(spec.block_size)}-token block: {[int(spec.block_size) // ratio for ratio in ratios]}); "
+            "the connector moves one ratio per group"
+        )
     sliding_window = _one_value(
         group_index, "sliding_window", (getattr(s, "sliding_window", None) for s in inner_specs)
     )

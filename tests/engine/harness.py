@@ -72,11 +72,14 @@ def run_engine(spec: dict, timeout_s: int = ENGINE_TIMEOUT_S) -> dict:
     with tempfile.TemporaryDirectory(prefix="lmcache-ascend-engine-") as scratch, ipc_reclaimed():
         spec_path, out_path, log_path = (Path(scratch) / name for name in ("spec.json", "out.json", "log.txt"))
         spec_path.write_text(key)
+        env = engine_environment(spec.get("env", {}))
+        for hook in spec.get("engine_hooks", ()):
+            env["PYTHONPATH"] = _after_ipc_record(env["PYTHONPATH"], ENGINE_HOOKS_DIR / hook)
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "tests.engine.runner", str(spec_path), str(out_path)],
                 cwd=REPO_ROOT,
-                env=engine_environment(spec.get("env", {})),
+                env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: engine core and workers included
@@ -103,6 +106,18 @@ def run_engine(spec: dict, timeout_s: int = ENGINE_TIMEOUT_S) -> dict:
     _results[key] = result
     _record(spec, result)
     return result
+
+
+# A spec's ``engine_hooks`` name folders here whose sitecustomize every process of the run executes
+# (tests/engine/ipc_record's sitecustomize runs the next one on the path): what a model needs of the
+# tests in vLLM's spawned processes too, e.g. tests/engine/dsv4_cpu.
+ENGINE_HOOKS_DIR = Path(__file__).resolve().parent
+
+
+def _after_ipc_record(python_path: str, folder: Path) -> str:
+    entries = python_path.split(os.pathsep)
+    at = entries.index(str(IPC_RECORD_DIR)) + 1 if str(IPC_RECORD_DIR) in entries else 0
+    return os.pathsep.join(entries[:at] + [str(folder)] + entries[at:])
 
 
 SHARED_MEMORY_DIR = Path("/dev/shm")

@@ -42,10 +42,15 @@ def install(worker) -> bool:
     context = runner.vllm_config.compilation_config.static_forward_context
     layers = {}  # attention layer -> (group index, block size)
     for index, group in enumerate(runner.kv_cache_config.kv_cache_groups):
-        if "Attention" not in type(group.kv_cache_spec).__name__:
-            continue  # state-space groups hold a state per request, not blocks of tokens
+        spec = group.kv_cache_spec
+        # A bundle (UniformTypeKVCacheSpecs, DeepSeek-V4) holds one spec per layer: each layer's own
+        # kind decides; every one of its layers pages the group's blocks (rows of block_size tokens).
+        inner = getattr(spec, "kv_cache_specs", None) or {}
         for name in group.layer_names:
-            layers[name] = (index, group.kv_cache_spec.block_size)
+            kind = type(inner.get(name, spec)).__name__
+            if "Attention" not in kind and not (inner and "Mamba" not in kind):
+                continue  # state-space groups hold a state per request, not blocks of tokens
+            layers[name] = (index, spec.block_size)
 
     def cache_of(name: str) -> torch.Tensor:
         cache = context[name].kv_cache

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MODELS", "TinyModel", "add_word_tokenizer", "build"]
+__all__ = ["DSV4", "MODELS", "TinyModel", "add_word_tokenizer", "build"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,8 @@ class TinyModel:
     # vLLM attention backend to ask for (None: vLLM's choice), where its choice depends on the CPU.
     attention_backend: str | None = None
     dtype: str = "float32"  # the engine's dtype
+    # vLLM load format that draws the weights in the engine (None: a checkpoint transformers writes).
+    load_format: str | None = None
 
     @property
     def cache_key(self) -> str:
@@ -265,15 +267,81 @@ KIND_MODELS: dict[str, TinyModel] = {
 }
 
 
-def build(model: TinyModel, directory: Path) -> Path:
-    """Write `model`'s checkpoint under `directory` (reused when already written)."""
-    import torch
-    import transformers
+# DeepSeek-V4 (vLLM's CPU build), bfloat16: every KV-cache kind of the model. Layer 0 attends to
+# its sliding window alone; layers 1 and 3 add ratio-4 compressed attention with its indexer (an
+# indexer K cache and compressor state for each); layer 2 ratio-128 compressed attention (and its
+# compressor state). vLLM's CPU kernels fix some sizes: routing takes 64, 128, 256 or 384 experts
+# and 6 of them per token, the indexer's top-k is 512, the attention head 512 wide (64 of it rope).
+# No transformers class writes this model: the engine draws its weights
+# (tests/engine/dsv4_cpu/seeded_weights.py).
+DSV4 = TinyModel(
+    name="deepseek-v4",
+    architecture="DeepseekV4ForCausalLM",
+    config=dict(
+        model_type="deepseek_v4",
+        torch_dtype="bfloat16",
+        bos_token_id=0,
+        eos_token_id=1,
+        vocab_size=512,
+        hidden_size=256,
+        num_hidden_layers=4,
+        compress_ratios=[0, 4, 128, 4],
+        sliding_window=128,
+        num_attention_heads=16,
+        num_key_value_heads=1,
+        head_dim=512,
+        qk_rope_head_dim=64,
+        q_lora_rank=128,
+        o_lora_rank=128,
+        o_groups=4,
+        index_n_heads=64,
+        index_head_dim=128,
+        index_topk=512,
+        hc_mult=4,
+        hc_sinkhorn_iters=20,
+        hc_eps=1e-6,
+        n_routed_experts=64,
+        n_shared_experts=1,
+        num_experts_per_tok=6,
+        moe_intermediate_size=64,
+        num_hash_layers=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=1.5,
+        scoring_func="sqrtsoftplus",
+        topk_method="noaux_tc",
+        expert_dtype="bf16",
+        hidden_act="silu",
+        swiglu_limit=10.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=4096,
+        rope_theta=10000,
+        compress_rope_theta=160000,
+        num_nextn_predict_layers=0,
+    ),
+    seed=1,
+    expected_groups=("UniformTypeKVCacheSpecs",) * 5,
+    sliding_window=128,
+    dtype="bfloat16",
+    load_format="lmcache_ascend_seeded",
+)
 
+
+def build(model: TinyModel, directory: Path) -> Path:
+    """Write `model`'s checkpoint under `directory` (reused when already written); for a model whose
+    weights the engine draws (``load_format``), its config alone."""
     target = Path(directory) / model.name
     stamp = target / "lmcache_ascend_model.json"
     if stamp.exists() and stamp.read_text() == model.cache_key:
         return target
+    if model.load_format:
+        target.mkdir(parents=True, exist_ok=True)
+        config = {"architectures": [model.architecture], **model.config, "lmcache_ascend_weight_seed": model.seed}
+        (target / "config.json").write_text(json.dumps(config, indent=1))
+        stamp.write_text(model.cache_key)
+        return target
+    import torch
+    import transformers
+
     architecture = getattr(transformers, model.architecture)
     config = architecture.config_class(**model.config)
     torch.manual_seed(model.seed)

@@ -10,7 +10,10 @@ stored, however slow the machine).  OUT gets,
 per round and prompt, the greedy tokens with their logprobs and vLLM's
 ``num_cached_tokens``; vLLM's prefix-cache counters; the KV-cache groups the
 worker really allocated; what lmcache-ascend's connector moved; and, with
-``kv_oracle``, digests of each prompt's KV blocks (`tests.engine.kv_oracle`). With
+``kv_oracle``, digests of each prompt's KV blocks (`tests.engine.kv_oracle`); with
+``skip_groups`` (KV-cache group indices; ``skip_fill``, a float, NaN unless given), the
+cached-prefix blocks of those groups overwritten before a warm request's first step
+(`tests.engine.skipped_groups`). With
 ``faults`` (round index -> fault) and ``fault_store``, each such round's first load (or
 store) meets that fault of the shared store (`tests.engine.faults`), a killed server is
 restarted (a removed folder made again, an MP adapter waited for until it finds the
@@ -108,6 +111,8 @@ def llm_options(spec: dict) -> dict:
         disable_hybrid_kv_cache_manager=spec.get("disable_hybrid_kv_cache_manager", False),
         enforce_eager=spec.get("enforce_eager", False),
     )
+    if spec.get("load_format"):
+        options["load_format"] = spec["load_format"]
     if spec.get("attention_backend"):
         options["attention_backend"] = spec["attention_backend"]
     for key, default in (("max_num_batched_tokens", 2048), ("kv_cache_memory_bytes", 256 << 20)):
@@ -151,6 +156,10 @@ def main(spec_path: str, out_path: str) -> None:
         from tests.engine import kv_oracle
 
         llm.collective_rpc(kv_oracle.install)
+    if spec.get("skip_groups"):
+        from tests.engine import skipped_groups
+
+        llm.collective_rpc(skipped_groups.install, args=(spec["skip_groups"], float(spec.get("skip_fill", "nan"))))
     ready = time.monotonic()
     sampling = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 12), logprobs=0, detokenize=False)
     rounds = []
@@ -179,6 +188,7 @@ def main(spec_path: str, out_path: str) -> None:
         "fault_counts": llm.collective_rpc(faults.worker_counts) if spec.get("faults") else None,
         "workers": workers,
         "kv_oracle": llm.collective_rpc(kv_oracle.report) if spec.get("kv_oracle") else None,
+        "skipped_groups": llm.collective_rpc(skipped_groups.report) if spec.get("skip_groups") else None,
         "seconds": {"start": ready - started, "total": time.monotonic() - started},
     }
     with open(out_path, "w") as handle:

@@ -192,3 +192,29 @@ def test_blocker_logged_once_at_start(caplog):
     attention.force_skip_save = False
     assert adapter_scheduler.connector_reuse_blocker(attention) is None
     assert attention.force_skip_save is False
+
+
+def _compressed(tokens_per_state: int) -> MLAAttentionSpec:
+    return MLAAttentionSpec(block_size=256, num_kv_heads=1, head_size=512, dtype=torch.uint8,
+                            tokens_per_state=tokens_per_state)
+
+
+@pytest.mark.skipif("tokens_per_state" not in getattr(MLAAttentionSpec, "__dataclass_fields__", {}),
+                    reason="this vLLM's MLA spec has no tokens_per_state (DeepSeek-V4's compression in vLLM 0.32)")
+def test_compression_read_from_tokens_per_state_and_mixed_ratios_refuse_reuse():
+    """vLLM 0.32 bundles DeepSeek-V4's compressed caches in one group per block size: a group of
+    ratio-4 caches is moved at ratio 4; one holding ratio-4 and ratio-128 caches (64 and 2 rows per
+    256-token block) makes the engine reuse nothing, naming both ratios."""
+    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
+
+    def bundle(*ratios):
+        return UniformTypeKVCacheSpecs(block_size=256, kv_cache_specs={
+            f"model.layers.{index}.attn": _compressed(ratio) for index, ratio in enumerate(ratios)})
+
+    (uniform,) = kv_groups_from_config(_config(bundle(4, 4)), 256, StateGroupPolicy()).groups
+    assert (uniform.compress_ratio, uniform.rows_per_block, uniform.no_reuse) == (4, 64, None)
+    mixed = kv_groups_from_config(_config(bundle(4, 128)), 256, StateGroupPolicy())
+    assert mixed.transferred == (False,)
+    why = reuse_blocker(mixed, None)
+    assert "group 0 (MLAAttentionSpec: its layers compress at different ratios [4, 128]" in why
+    assert "[64, 2]" in why

@@ -1,0 +1,64 @@
+"""What the engine tests add to every process of a DeepSeek-V4 engine on vLLM's CPU build.
+
+The harness puts this folder on the ``PYTHONPATH`` of an engine run whose spec
+names it (``engine_hooks``), after tests/engine/ipc_record, whose
+sitecustomize runs this one. vLLM's CPU worker processes are spawned, so each
+process patches for itself, as each module loads: the torch stand-ins for the
+Triton kernels of DeepSeek-V4's attention-metadata builders
+(`tests.engine.dsv4_cpu.triton_stand_ins`), the seeded-weight model loader
+(`tests.engine.dsv4_cpu.seeded_weights`) and, where the spec asks, the CPU
+platform's AMX decision (`tests.engine.dsv4_cpu.amx_decision`).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+
+
+def _hooks() -> dict:
+    from tests.engine.dsv4_cpu import amx_decision, seeded_weights, triton_stand_ins
+
+    hooks = dict(triton_stand_ins.PATCHED_MODULES)
+    hooks["vllm.model_executor.model_loader"] = lambda module: seeded_weights.register()
+    hooks["vllm.platforms.cpu"] = amx_decision.patch
+    return hooks
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a hook on a module right after it first executes."""
+
+    def __init__(self, hooks: dict):
+        self.hooks = hooks
+
+    def find_spec(self, fullname, path, target=None):
+        hook = self.hooks.get(fullname)
+        if hook is None:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        plain_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            plain_exec(module)
+            hook(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _install() -> None:
+    hooks = _hooks()
+    for name, hook in hooks.items():
+        if name in sys.modules:
+            hook(sys.modules[name])
+    sys.meta_path.insert(0, _AfterImport(hooks))
+
+
+_install()
