@@ -89,8 +89,14 @@ def _own_reuse(model_dir, **options) -> dict:
     return run_engine(_spec(model_dir, enable_prefix_caching=True, env=AMX_DECISION, **options))
 
 
-def test_kv_cache_groups_and_control(model_dir):
-    cold = run_engine(_spec(model_dir))
+@pytest.fixture(scope="module")
+def cold(model_dir) -> dict:
+    """The engine without a connector or prefix caching: every test below compares with its run
+    (one engine start for all of them)."""
+    return run_engine(_spec(model_dir))
+
+
+def test_kv_cache_groups_and_control(cold):
     (worker,) = cold["workers"]
     table = [(group["block_size"], sorted(group["layers"])) for group in worker["groups"]]
     assert table == [
@@ -115,10 +121,9 @@ def _assert_equal_outputs(got: dict, expected: dict, label: str) -> None:
         assert output["logprobs"] == reference["logprobs"], f"{label}: prompt {index}: logprobs differ"
 
 
-def test_vllm_own_reuse_equals_cold(model_dir):
+def test_vllm_own_reuse_equals_cold(model_dir, cold):
     """What the tests below rest on: vLLM's own prefix reuse of every group gives the cold prefill's
     outputs bit for bit on this CPU."""
-    cold = run_engine(_spec(model_dir))
     warm = _own_reuse(model_dir)
     assert _hits(warm) == WARM_HITS, f"vLLM's own cache supplied {_hits(warm)}: the prompts no longer fit the test"
     _assert_equal_outputs(warm, cold, "vLLM's own reuse")
@@ -134,8 +139,7 @@ SKIPPED = {
 
 
 @pytest.mark.parametrize("layer", list(SKIPPED))
-def test_group_skipped_at_a_chunk_boundary(model_dir, layer):
-    cold = run_engine(_spec(model_dir))
+def test_group_skipped_at_a_chunk_boundary(model_dir, cold, layer):
     group = _group_index(cold, layer)
     skipped = _own_reuse(model_dir, skip_groups=[group])
     assert _hits(skipped) == WARM_HITS
@@ -149,14 +153,13 @@ def test_group_skipped_at_a_chunk_boundary(model_dir, layer):
         assert warm != reference, f"group {group} ({layer}) is never read past a chunk boundary"
 
 
-def test_lmcache_where_vllm_turned_prefix_caching_off(model_dir):
+def test_lmcache_where_vllm_turned_prefix_caching_off(model_dir, cold):
     """A CPU without AMX tiles, as users have it: vLLM turns its own prefix caching off for DeepSeek-V4,
     and the overlay's verdict follows it (and names the group whose layers compress at two ratios): the
     engine runs with LMCache in process, which supplies and stores nothing, and every output is the
     no-connector engine's."""
     if _amx_tiles():
         pytest.skip("on a CPU with AMX tiles vLLM keeps its prefix caching on for DeepSeek-V4")
-    cold = run_engine(_spec(model_dir))
     run = run_engine(_spec(model_dir, lmcache=True, env={**LMCACHE_ENV, "LMCACHE_ASCEND_BUNDLE_MULTI_SPEC": "1"}))
     (worker,) = run["workers"]
     assert worker["kv_connector"] is not None, "the run had no KV connector: it would prove nothing"
@@ -179,13 +182,12 @@ def _amx_tiles() -> bool:
     "256-token block); the connector moves one ratio per group, so the worker (which sees each layer's spec) "
     "refuses reuse, while the scheduler's merged spec of that group says ratio 4: the first step stops on "
     "'the KV-cache group geometry ... differs between scheduler and worker'"))
-def test_lmcache_reuse_exact_on_every_group(model_dir):
+def test_lmcache_reuse_exact_on_every_group(model_dir, cold):
     """LMCache in process with the overlay: warm prompts get their chunk-aligned prefixes from LMCache
     (vLLM's own caching off, so that every reused token is LMCache's), and every output equals vLLM's
     own reuse's and the no-connector engine's; the byte oracle checks every loaded block."""
     from tests.engine.kv_oracle import assert_loaded_blocks_were_computed
 
-    cold = run_engine(_spec(model_dir))
     own = run_engine(_spec(model_dir, enable_prefix_caching=True))
     spec = _spec(model_dir, lmcache=True, kv_oracle=True, env={**LMCACHE_ENV, "LMCACHE_ASCEND_BUNDLE_MULTI_SPEC": "1"})
     run = run_engine(spec, timeout_s=600)
