@@ -37,14 +37,10 @@ __all__ = [
 ]
 
 
-# The worker's name for a registered layer's layout: every layout's (`lmcache_ascend.layouts`),
-# and DeepSeek-V4's bundled planes: three planes of one paging geometry (latent, rope, indexer
-# K), four of mixed dtypes (int8 caches plus their scales), or planes with different
-# geometry / dtype / scheduler group.
-_BUNDLE_FORMATS = {"DSA": "dsa", "DSA_C8": "dsa-c8", "MULTI_PLANE": "multi-plane"}
+# The worker's name for a registered layer's layout: every layout's (`lmcache_ascend.layouts`).
 KVFormat = enum.Enum(
     "KVFormat",
-    [item for layout in LAYOUTS for item in layout.worker_formats.items()] + list(_BUNDLE_FORMATS.items()),
+    [item for layout in LAYOUTS for item in layout.worker_formats.items()],
     module=__name__,
 )
 
@@ -246,11 +242,7 @@ def _classify(tensors: list[torch.Tensor], planes: list[_Plane]) -> KVFormat:
         name = layout.recognise_tuple(traits) if layout.recognise_tuple else None
         if name is not None:
             return KVFormat[name]
-    if count == 3 and traits.uniform:
-        return KVFormat.DSA
-    if count == 4 and traits.uniform and traits.dtypes > 1:
-        return KVFormat.DSA_C8
-    return KVFormat.MULTI_PLANE
+    raise KVCacheShapeError(f"layer of {count} tensors: no layout recognises it")
 
 
 def _described_format(backend_dims: BackendDims, planes: Sequence) -> KVFormat:

@@ -9,14 +9,11 @@ imports nothing from LMCache (LMCache imports `lmcache_ascend.ops`, which uses i
 from __future__ import annotations
 
 from lmcache_ascend.kernels.spec import TransferError
-from lmcache_ascend.layouts import BLOCK_OP, FormatFacts, format_by_code
+from lmcache_ascend.layouts import FormatFacts, format_by_code
 
 __all__ = ["FORMATS", "FormatFacts", "format_facts"]
 
 FORMATS: dict[int, FormatFacts] = format_by_code()
-# DeepSeek-V4's bundled planes: per layer a tuple of MLA planes.
-FORMATS[17] = FormatFacts(17, "NL_X_NP_X_NB_BS_ONE_HS", frozenset({BLOCK_OP}), mla=True, kv_tuple=True)
-FORMATS = dict(sorted(FORMATS.items()))
 
 
 def format_facts(engine_kv_format: object, op: str) -> FormatFacts:

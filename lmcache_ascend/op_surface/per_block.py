@@ -36,7 +36,7 @@ from lmcache_ascend.op_surface.arguments import (
     slot_tensor,
     tables,
 )
-from lmcache_ascend.layouts import BLOCK_OP, FormatFacts, layout_of, paged_layer_shape, planes_of_tuples
+from lmcache_ascend.layouts import BLOCK_OP, FormatFacts, layout_of, paged_layer_shape
 from lmcache_ascend.op_surface.formats import format_facts
 from lmcache_ascend.op_surface.moves import (
     move,
@@ -96,10 +96,6 @@ def _over_pointers(table: torch.Tensor, facts: FormatFacts, shape_desc: PageBuff
     return [at_pointer(p, shape, dtype, device, strides) for p in pointers]
 
 
-def _bundle_planes(paged: object, facts: FormatFacts, refuse) -> list:
-    return planes_of_tuples(paged, facts, refuse, lambda length: True, "plane tuples of one length")
-
-
 def _block_planes(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
                   device: torch.device, op: str) -> list[list[torch.Tensor]]:
     """Per plane the per-layer blocks-first tensors, in chunk order, cut as the format's layout says."""
@@ -110,8 +106,7 @@ def _block_planes(paged: object, facts: FormatFacts, shape_desc: PageBufferShape
         paged = checked_tensor(paged, what, op, dims=6)
     elif not facts.kv_list and (not isinstance(paged, (list, tuple)) or not paged):
         raise TransferError(f"{op}: {what} is a {type(paged).__name__}; allowed: a list of per-layer tensors")
-    cut = layout_of(facts).cut_block_planes if facts.layout else _bundle_planes
-    return cut(paged, facts, _refusal(f"{op}: "))
+    return layout_of(facts).cut_block_planes(paged, facts, _refusal(f"{op}: "))
 
 
 def _checked_block_arguments(objects: object, direction: object, chunk_size: object, skip: object,
@@ -450,15 +445,9 @@ def _object_regions(obj: torch.Tensor, facts: FormatFacts, row_bytes: list[int],
     total = obj.numel() * obj.element_size()
     if not obj.is_contiguous():
         raise TransferError(f"{op}: {what} has strides {obj.stride()}; allowed: a contiguous tensor")
-    placed = layout_of(facts).block_object_regions if facts.layout else None
+    placed = layout_of(facts).block_object_regions
     if placed is not None:
         return placed(obj, row_bytes, layers, token_offset, _refusal(f"{op}: {what} "))
-    if facts.kv_tuple and facts.mla:  # [NL, T, row]: the planes' bytes side by side in each token row
-        token_row = obj.shape[-1] * obj.element_size() if obj.dim() == 3 else sum(row_bytes)
-        if sum(row_bytes) > token_row:
-            raise TransferError(f"{op}: {what} rows hold {token_row} bytes; the planes need {sum(row_bytes)}")
-        offsets = [token_offset * token_row + sum(row_bytes[:p]) for p in range(planes)]
-        return offsets, [token_row] * planes, total // layers
     if facts.hnd:  # per K/V (or the one packed plane) the heads' bytes side by side in a token row
         halves = 1 if facts.fused else 2
         per_half = planes // halves
