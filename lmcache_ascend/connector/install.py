@@ -101,7 +101,7 @@ def plan_for_engine(
     built here and for one the engine already has (None: a connector built here reads
     the flag itself, one the engine has keeps its own).
     `backend_dims`: the attention backend's `BackendDims` of each layer
-    registered as a single tensor (see `connector.backend_dims`). `model`: the
+    registered as a single tensor (see `connector.attention_backends`). `model`: the
     model's identity (`kv_worker.chunk_identity.model_identity`), folded with the
     chunk plan into the model name of every chunk key (`name_keys_by_plan`).
     `num_blocks`: vLLM's block count, where `geometry_by_group` is vLLM's groups (checked
@@ -206,7 +206,7 @@ def install_multigroup_connector(adapter: Any):
             )
         # One group of full attention: its block size never shapes a transfer.
         geometry = {0: KVGroupSpec(0, "single group", block_size=1)}
-    from lmcache_ascend.connector.backend_dims import describe_kv_caches
+    from lmcache_ascend.connector.attention_backends import describe_kv_caches
 
     # Layers of groups that are not moved (e.g. mamba state registered as a raw buffer
     # under no attention layer) are not described.

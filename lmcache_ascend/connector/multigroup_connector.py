@@ -236,7 +236,7 @@ class MultiGroupGPUConnector(GPUConnectorInterface):
     def _move_many(self, memory_objs: Any, starts: Sequence[int], ends: Sequence[int], kwargs: dict[str, Any],
                    *, store: bool) -> None:
         """Every memory object's size checked before any byte moves (their placement by the mover: through
-        staging, the first wave's before the others, see `ChunkMover._move_staged`); then the full chunks
+        staging, the first wave's before the others, see `staging.Stager.move`); then the full chunks
         in one batched move (one launch), a partial one on its own; one synchronization.
 
         The slots are resolved when first needed: a staged load queues its first copies before."""

@@ -1,4 +1,4 @@
-"""Transfer ops between vLLM's paged KV caches and LMCache's flat chunk buffers.
+"""Transfer kernels between vLLM's paged KV caches and LMCache's flat chunk buffers.
 
 Contract (both backends implement exactly this; bytes are moved, never values):
 
@@ -42,7 +42,7 @@ Contract (both backends implement exactly this; bytes are moved, never values):
   LMCACHE_ASCEND_TRANSFER_BACKEND=torch forces the reference.
 """
 
-from lmcache_ascend.kernels.ops import (
+from lmcache_ascend.kernels.dispatch import (
     BACKENDS,
     LaunchCounter,
     launch_counter,

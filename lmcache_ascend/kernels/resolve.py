@@ -122,6 +122,57 @@ def _check_regions(group: PagedGroup, slots: tuple[PlaneSlots, ...], regions: Ch
             )
 
 
+def _check_plane_slots(group: PagedGroup, index: int, plane_slots: PlaneSlots, first: PlaneSlots) -> None:
+    """One plane's slot array against the contract (and against plane 0's, `first`)."""
+    if not isinstance(plane_slots, PlaneSlots):
+        raise TransferError(f"slots[{index}] is a {type(plane_slots).__name__}; allowed: PlaneSlots")
+    tensor = plane_slots.slots
+    if tensor.dtype != torch.int64:
+        raise TransferError(f"slots[{index}] has dtype {tensor.dtype}; allowed: torch.int64 (use .long())")
+    if tensor.dim() != 1 or (tensor.numel() > 1 and tensor.stride(0) != 1):
+        raise TransferError(
+            f"slots[{index}] has shape {tuple(tensor.shape)} strides {tensor.stride()}; "
+            "allowed: a contiguous 1-D tensor"
+        )
+    if not group.on_group_device(tensor):
+        raise TransferError(
+            f"slots[{index}] is on {tensor.device} but the caches are on {group.device}; "
+            "all tensors of a transfer must be on one device"
+        )
+    rows = tensor.numel() * plane_slots.rows_per_id
+    if plane_slots.start + plane_slots.count > rows:
+        raise TransferError(
+            f"slots[{index}]: start={plane_slots.start} + count={plane_slots.count} exceeds its "
+            + (f"{rows} entries" if plane_slots.rows_per_id == 1 else
+               f"{rows} rows ({tensor.numel()} block ids of {plane_slots.rows_per_id} rows)")
+        )
+    if plane_slots.rows_per_id > 1 and rows >= INT32_LIMIT:
+        raise TransferError(
+            f"slots[{index}]: {tensor.numel()} block ids of {plane_slots.rows_per_id} rows; allowed: fewer "
+            "than 2**31 rows in all"
+        )
+    if plane_slots.rows_per_id != first.rows_per_id:
+        raise TransferError(
+            f"slots[{index}] has rows_per_id={plane_slots.rows_per_id} but slots[0] has "
+            f"{first.rows_per_id}; allowed: one kind of slot array per transfer"
+        )
+    if plane_slots.rows_per_id > 1 and plane_slots.count and tensor.data_ptr() != first.slots.data_ptr():
+        raise TransferError(
+            f"slots[{index}] holds block ids in another tensor than slots[0]; allowed: one block id "
+            "tensor for every plane"
+        )
+    if plane_slots.region_rows * group.planes[index].row_bytes >= INT32_LIMIT:
+        raise TransferError(
+            f"slots[{index}]: region_rows={plane_slots.region_rows} x row_bytes="
+            f"{group.planes[index].row_bytes} is 2 GiB or more; allowed: a region below 2**31 bytes"
+        )
+    if plane_slots.region_rows < plane_slots.count:
+        raise TransferError(
+            f"slots[{index}]: region_rows={plane_slots.region_rows} < count={plane_slots.count}; "
+            "the region must hold every moved row"
+        )
+
+
 def resolve_transfer(
     group: PagedGroup,
     slots: Sequence[PlaneSlots],
@@ -149,53 +200,7 @@ def resolve_transfer(
             f"got {len(slots)} PlaneSlots for a group of {group.plane_count} planes; need one per plane"
         )
     for index, plane_slots in enumerate(slots):
-        if not isinstance(plane_slots, PlaneSlots):
-            raise TransferError(f"slots[{index}] is a {type(plane_slots).__name__}; allowed: PlaneSlots")
-        tensor = plane_slots.slots
-        if tensor.dtype != torch.int64:
-            raise TransferError(f"slots[{index}] has dtype {tensor.dtype}; allowed: torch.int64 (use .long())")
-        if tensor.dim() != 1 or (tensor.numel() > 1 and tensor.stride(0) != 1):
-            raise TransferError(
-                f"slots[{index}] has shape {tuple(tensor.shape)} strides {tensor.stride()}; "
-                "allowed: a contiguous 1-D tensor"
-            )
-        if not group.on_group_device(tensor):
-            raise TransferError(
-                f"slots[{index}] is on {tensor.device} but the caches are on {group.device}; "
-                "all tensors of a transfer must be on one device"
-            )
-        rows = tensor.numel() * plane_slots.rows_per_id
-        if plane_slots.start + plane_slots.count > rows:
-            raise TransferError(
-                f"slots[{index}]: start={plane_slots.start} + count={plane_slots.count} exceeds its "
-                + (f"{rows} entries" if plane_slots.rows_per_id == 1 else
-                   f"{rows} rows ({tensor.numel()} block ids of {plane_slots.rows_per_id} rows)")
-            )
-        if plane_slots.rows_per_id > 1 and rows >= INT32_LIMIT:
-            raise TransferError(
-                f"slots[{index}]: {tensor.numel()} block ids of {plane_slots.rows_per_id} rows; allowed: fewer "
-                "than 2**31 rows in all"
-            )
-        if plane_slots.rows_per_id != slots[0].rows_per_id:
-            raise TransferError(
-                f"slots[{index}] has rows_per_id={plane_slots.rows_per_id} but slots[0] has "
-                f"{slots[0].rows_per_id}; allowed: one kind of slot array per transfer"
-            )
-        if plane_slots.rows_per_id > 1 and plane_slots.count and tensor.data_ptr() != slots[0].slots.data_ptr():
-            raise TransferError(
-                f"slots[{index}] holds block ids in another tensor than slots[0]; allowed: one block id "
-                "tensor for every plane"
-            )
-        if plane_slots.region_rows * group.planes[index].row_bytes >= INT32_LIMIT:
-            raise TransferError(
-                f"slots[{index}]: region_rows={plane_slots.region_rows} x row_bytes="
-                f"{group.planes[index].row_bytes} is 2 GiB or more; allowed: a region below 2**31 bytes"
-            )
-        if plane_slots.region_rows < plane_slots.count:
-            raise TransferError(
-                f"slots[{index}]: region_rows={plane_slots.region_rows} < count={plane_slots.count}; "
-                "the region must hold every moved row"
-            )
+        _check_plane_slots(group, index, plane_slots, slots[0])
     chunk_bytes = _chunk_as_bytes(chunk)
     if not group.on_group_device(chunk_bytes):
         raise TransferError(

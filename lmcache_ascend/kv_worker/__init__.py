@@ -6,7 +6,7 @@ wires it into LMCache.
 
 from lmcache_ascend.kv_worker.backend_dims import BackendDims, DimRole, PackedKV
 from lmcache_ascend.kv_worker.chunk_plan import ChunkBufferPlan, ChunkPlanner, GroupRegion
-from lmcache_ascend.kv_worker.formats import KVFormat, LayerPlanes, KVCacheShapeError, PlaneGeometry, detect_layer_planes
+from lmcache_ascend.kv_worker.layer_planes import KVFormat, LayerPlanes, KVCacheShapeError, PlaneGeometry, detect_layer_planes
 from lmcache_ascend.kv_worker.groups import LayerGroup, PlaneIdentity, build_layer_groups
 from lmcache_ascend.kv_worker.registration import (
     needs_multigroup_connector,

@@ -5,7 +5,8 @@ backend that allocated it: the same 4-dim shape is ``[num_blocks, block_size,
 heads, head_size]`` for one backend and ``[num_blocks, heads, block_size,
 2 * head_size]`` for another.  Guessing from the number of dims moves the wrong
 bytes, so a layer is only accepted with a `BackendDims`, built from the
-backend's own description (see `lmcache_ascend.connector.backend_dims`), and
+backend's own description (see `lmcache_ascend.connector.attention_backends`; the roles
+and the backends' K/V packing are the layouts', `lmcache_ascend.layouts`), and
 turned here into planes of the transfer kernels: per plane, blocks of
 `block_size` contiguous rows of `row_bytes`, blocks `block_stride_bytes` apart.
 
@@ -22,13 +23,13 @@ Pure logic: torch only, no vLLM / LMCache.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import torch
 
 from lmcache_ascend.kv_worker.errors import KVCacheShapeError
+from lmcache_ascend.layouts import DimRole, PackedKV, packed_kv_by_backend
 
 __all__ = [
     "BackendDims",
@@ -44,52 +45,10 @@ __all__ = [
 ]
 
 
-class DimRole(enum.Enum):
-    BLOCK = "block"  # num_blocks
-    TOKEN = "token"  # slot inside a block (block_size)
-    HEAD = "head"  # KV head (or head slot)
-    KV = "kv"  # 2: K, then V
-    CONTENT = "content"  # the elements of one (head, token) cell, moved whole
-
-
-class PackedKV(enum.Enum):
-    """How a CONTENT dim that holds K and V together splits them."""
-
-    NONE = "none"  # the content is K or V alone, or a latent (MLA)
-    PER_CELL = "per-cell"  # each (head, token) cell holds that token's K, then its V: moved whole
-    # Per block and head, the [TOKEN, CONTENT] interior holds every token's K row,
-    # then every token's V row (vLLM CPU_ATTN: view(..., 2 * block_size, head_size)).
-    ROWS_PER_BLOCK_HEAD = "rows-per-block-head"
-    # vLLM >= 0.32: the spec publishes two head slots (`num_head_slots=2`) instead of
-    # one per KV head: slot 0 is K, slot 1 V, each (slot, token) cell that token's K
-    # (or V) of every head side by side.
-    KV_HEAD_SLOTS = "kv-head-slots"
-
-
-# Backends whose cache packs K and V together, by `get_name()`, and how, read from
-# their forward / do_kv_cache_update code (vLLM 0.23 / 0.32 / 0.33).  A packing
-# backend missing here is refused: its rows cannot be told apart without reading it.
-PACKED_KV_BY_BACKEND: Mapping[str, PackedKV] = {
-    # cpu_attn.py: kv_cache.view((num_blocks, num_kv_heads, block_size * 2, -1)).chunk(2, dim=2)
-    "CPU_ATTN": PackedKV.ROWS_PER_BLOCK_HEAD,
-    # kv_cache.transpose(1, 2).split(head_size, dim=-1): K then V inside each cell.
-    "TRITON_ATTN": PackedKV.PER_CELL,  # triton_attn.py (per-token-head quant: inline scales, still per cell)
-    "FLEX_ATTENTION": PackedKV.PER_CELL,  # flex_attention.py
-    "FLASH_ATTN": PackedKV.PER_CELL,  # flash_attn.py; rocm_aiter_fa.py without shuffle; triton_flash_attn._FABackend
-    "FLASH_ATTN_DIFFKV": PackedKV.PER_CELL,  # flash_attn_diffkv.py: cell of head_size + head_size_v
-    "TRITON_FLASH_ATTN": PackedKV.PER_CELL,  # triton_flash_attn.py: composite of TRITON_ATTN and FLASH_ATTN
-    "HPC_ATTN": PackedKV.PER_CELL,  # hpc_attn.py
-    "ROCM_AITER_UNIFIED_ATTN": PackedKV.PER_CELL,  # rocm_aiter_unified_attn.py (vLLM 0.32)
-    # triton_attn_diffkv.py: kv_cache[..., :head_size_qk], kv_cache[..., head_size_qk:]
-    "TRITON_ATTN_DIFFKV": PackedKV.PER_CELL,
-    # rocm_octave_attn.py customize_spec: "one packed K+V slot per (token, KV head)" of
-    # the octave quantized format; the slot bytes are moved verbatim.
-    "ROCM_OCTAVE": PackedKV.PER_CELL,
-    # b12x.py: kv_cache.unbind(1); rocm_segmented_attn.py: kv_cache[:, 0] / kv_cache[:, 1],
-    # each side .unflatten(-1, (num_kv_heads, head_size)).
-    "B12X": PackedKV.KV_HEAD_SLOTS,
-    "ROCM_SEGMENTED_ATTN": PackedKV.KV_HEAD_SLOTS,
-}
+# Backends whose cache packs K and V together, by `get_name()`, and how: each layout names the
+# backends only it explains. A packing backend missing here is refused: its rows cannot be
+# told apart without reading it.
+PACKED_KV_BY_BACKEND: Mapping[str, PackedKV] = packed_kv_by_backend()
 
 # Backends whose kernels re-read the cache in a way its shape and spec do not show,
 # so that a token's bytes cannot be located exactly: refused, with the reason.

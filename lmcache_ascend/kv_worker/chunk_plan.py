@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 from lmcache_ascend.kernels.spec import DEFAULT_REGION_ALIGNMENT
 from lmcache_ascend.kernels.spec import ChunkRegions
 from lmcache_ascend.kernels.spec import chunk_regions as kernel_chunk_regions
-from lmcache_ascend.kv_worker.formats import KVCacheShapeError
+from lmcache_ascend.kv_worker.errors import KVCacheShapeError
 from lmcache_ascend.kv_worker.chunk_seal import SEAL_BYTES
 from lmcache_ascend.kv_worker.groups import LayerGroup
 from lmcache_ascend.multigroup.specs import KVGroupSpec, chunk_row_window, geometry_digest

@@ -21,7 +21,7 @@ import torch
 
 from lmcache_ascend.kernels import select_backend
 from lmcache_ascend.kernels.upload import to_device
-from lmcache_ascend.kv_worker.formats import KVCacheShapeError
+from lmcache_ascend.kv_worker.errors import KVCacheShapeError
 from lmcache_ascend.multigroup.slots import GroupGeometry, StepBlockIds
 from lmcache_ascend.multigroup.specs import KVGroupSpec, cached_row_count
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID

@@ -23,7 +23,7 @@ from typing import Iterable, Mapping
 
 import torch
 
-from lmcache_ascend.kv_worker.formats import KVFormat, LayerPlanes, KVCacheShapeError, PlaneGeometry
+from lmcache_ascend.kv_worker.layer_planes import KVFormat, LayerPlanes, KVCacheShapeError, PlaneGeometry
 from lmcache_ascend.multigroup.specs import KVGroupSpec
 
 __all__ = [
@@ -75,6 +75,63 @@ class LayerGroup:
         return tuple(plane.scheduler_group for plane in self.planes)
 
 
+def _kept_planes(layer: LayerPlanes, geometry_by_group: Mapping[int, KVGroupSpec],
+                 seen: dict[tuple, str]) -> list[tuple[PlaneGeometry, torch.Tensor]]:
+    """The layer's planes that move and were not met before (`seen`, updated)."""
+    kept = []
+    for plane, rows in zip(layer.planes, layer.paged_rows):
+        geometry = geometry_by_group.get(plane.scheduler_group)
+        if geometry is None:
+            raise KVCacheShapeError(
+                f"layer {layer.layer_name!r}: plane {plane.plane_index} maps to scheduler group "
+                f"{plane.scheduler_group}, which is not among the registered groups "
+                f"{sorted(geometry_by_group)}"
+            )
+        if not geometry.transferred:
+            continue
+        # A plane is identified by its bytes AND its scheduler group: vLLM's KV
+        # sharing registers one cache under two layer names of one group (moved
+        # once), while the hybrid KV-cache manager backs a layer of each group
+        # with one tensor whose groups own disjoint blocks (each group moves).
+        identity = (
+            rows.untyped_storage().data_ptr(),
+            rows.storage_offset(),
+            tuple(rows.shape),
+            rows.stride(),
+            plane.scheduler_group,
+        )
+        if identity in seen:
+            continue
+        seen[identity] = layer.layer_name
+        kept.append((plane, rows))
+    return kept
+
+
+def _bundled_members(layer: LayerPlanes, kept: list) -> Iterable[tuple[tuple, tuple]]:
+    """(group key, member) per member of a bundled layer: a head-major layer travels as one member
+    per head (each with its K / V planes), so the plane count of a launch stays that of one head."""
+    by_head: dict[int | None, list] = {}
+    for plane, rows in kept:
+        by_head.setdefault(plane.head, []).append((plane, rows))
+    for head, members in by_head.items():
+        key = (layer.format, tuple(PlaneIdentity.of(plane) for plane, _ in members))
+        name = layer.layer_name if head is None else f"{layer.layer_name}#h{head}"
+        yield key, (name, tuple(rows for _, rows in members), tuple(plane for plane, _ in members))
+
+
+def _exploded_members(layer: LayerPlanes, kept: list) -> Iterable[tuple[tuple, tuple]]:
+    """(group key, member) per plane: exploded planes group by plane identity alone, whatever layer
+    format they came from."""
+    for plane, rows in kept:
+        key = (None, (PlaneIdentity.of(plane),))
+        name = layer.layer_name
+        if plane.head is not None:
+            name += f"#h{plane.head}"
+        if sum(other.head == plane.head for other in layer.planes) > 1:
+            name += f"#p{plane.plane_index}"
+        yield key, (name, (rows,), (plane,))
+
+
 def build_layer_groups(
     layers: Iterable[LayerPlanes],
     geometry_by_group: Mapping[int, KVGroupSpec],
@@ -86,68 +143,22 @@ def build_layer_groups(
     formats: dict[tuple, KVFormat] = {}
     seen: dict[tuple, str] = {}
     for layer in layers:
-        kept = []
-        for plane, rows in zip(layer.planes, layer.paged_rows):
-            geometry = geometry_by_group.get(plane.scheduler_group)
-            if geometry is None:
-                raise KVCacheShapeError(
-                    f"layer {layer.layer_name!r}: plane {plane.plane_index} maps to scheduler group "
-                    f"{plane.scheduler_group}, which is not among the registered groups "
-                    f"{sorted(geometry_by_group)}"
-                )
-            if not geometry.transferred:
-                continue
-            # A plane is identified by its bytes AND its scheduler group: vLLM's KV
-            # sharing registers one cache under two layer names of one group (moved
-            # once), while the hybrid KV-cache manager backs a layer of each group
-            # with one tensor whose groups own disjoint blocks (each group moves).
-            identity = (
-                rows.untyped_storage().data_ptr(),
-                rows.storage_offset(),
-                tuple(rows.shape),
-                rows.stride(),
-                plane.scheduler_group,
-            )
-            if identity in seen:
-                continue
-            seen[identity] = layer.layer_name
-            kept.append((plane, rows))
-        if not kept:
-            continue
-        if bundle_multi_spec:
-            # A head-major layer travels as one member per head (each with its K / V
-            # planes), so the plane count of a launch stays that of one head.
-            by_head: dict[int | None, list] = {}
-            for plane, rows in kept:
-                by_head.setdefault(plane.head, []).append((plane, rows))
-            for head, members in by_head.items():
-                key = (layer.format, tuple(PlaneIdentity.of(plane) for plane, _ in members))
-                name = layer.layer_name if head is None else f"{layer.layer_name}#h{head}"
-                buckets.setdefault(key, []).append(
-                    (name, tuple(rows for _, rows in members), tuple(plane for plane, _ in members))
-                )
+        kept = _kept_planes(layer, geometry_by_group, seen)
+        members = _bundled_members(layer, kept) if bundle_multi_spec else _exploded_members(layer, kept)
+        for key, member in members:
+            buckets.setdefault(key, []).append(member)
+            if bundle_multi_spec:
                 formats[key] = layer.format
-        else:
-            for plane, rows in kept:
-                # Exploded planes group by plane identity alone, whatever layer format they came from.
-                key = (None, (PlaneIdentity.of(plane),))
-                name = layer.layer_name
-                if plane.head is not None:
-                    name += f"#h{plane.head}"
-                if sum(other.head == plane.head for other in layer.planes) > 1:
-                    name += f"#p{plane.plane_index}"
-                buckets.setdefault(key, []).append((name, (rows,), (plane,)))
+            else:
                 formats.setdefault(key, layer.format)
-    groups = []
-    for index, (key, members) in enumerate(buckets.items()):
-        groups.append(
-            LayerGroup(
-                index=index,
-                format=formats[key],
-                planes=key[1],
-                member_names=tuple(name for name, _, _ in members),
-                paged_rows=tuple(rows for _, rows, _ in members),
-                plane_geometries=tuple(planes for _, _, planes in members),
-            )
+    return tuple(
+        LayerGroup(
+            index=index,
+            format=formats[key],
+            planes=key[1],
+            member_names=tuple(name for name, _, _ in members),
+            paged_rows=tuple(rows for _, rows, _ in members),
+            plane_geometries=tuple(planes for _, _, planes in members),
         )
-    return tuple(groups)
+        for index, (key, members) in enumerate(buckets.items())
+    )

@@ -17,7 +17,7 @@ import torch
 
 from lmcache_ascend.kv_worker.backend_dims import BackendDims
 from lmcache_ascend.kv_worker.chunk_plan import ChunkPlanner
-from lmcache_ascend.kv_worker.formats import KVFormat, LayerPlanes, KVCacheShapeError, detect_layer_planes
+from lmcache_ascend.kv_worker.layer_planes import KVFormat, LayerPlanes, KVCacheShapeError, detect_layer_planes
 from lmcache_ascend.kv_worker.groups import build_layer_groups
 from lmcache_ascend.multigroup.specs import KVGroupSpec
 

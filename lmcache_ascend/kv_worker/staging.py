@@ -2,7 +2,8 @@
 
 `staging_waves` sizes the waves; `StagedWaves` holds one staged call's chunks and
 says what each wave copies where (neighbouring host chunks joined into one copy where
-the staging buffer allows). `ChunkMover` (transfer.py) drives the streams and events.
+the staging buffer allows); `Stager` owns the buffer and drives the copy stream and
+the events around the launches, which the mover (`transfer.ChunkMover`) hands it.
 
 Pure logic: torch, numpy and lmcache_ascend only.
 """
@@ -10,15 +11,16 @@ Pure logic: torch, numpy and lmcache_ascend only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
 
 from lmcache_ascend.bounded_cache import BoundedCache
 from lmcache_ascend.kernels import ChunkBuffers, align_up, chunk_buffers, pool_chunk_buffers
-from lmcache_ascend.kv_worker.formats import KVCacheShapeError
+from lmcache_ascend.kv_worker.errors import KVCacheShapeError
 
-__all__ = ["FIRST_WAVE_CHUNKS", "STAGING_ALIGNMENT", "STAGING_BYTES", "StagedWaves", "staging_waves"]
+__all__ = ["FIRST_WAVE_CHUNKS", "STAGING_ALIGNMENT", "STAGING_BYTES", "StagedWaves", "Stager", "staging_waves"]
 
 # Host chunks reach a device's caches through a device staging buffer, in waves whose
 # copies run beside the next wave's kernels. (Kernels reading CUDA pinned memory in
@@ -59,7 +61,7 @@ class StagedWaves:
     stride: int  # bytes between chunks in the staging buffer
     store: bool
     staging: torch.Tensor
-    staged_chunks: BoundedCache[ChunkBuffers]  # the mover's `_staged_chunks`
+    staged_chunks: BoundedCache[ChunkBuffers]  # the stager's chunks of its buffer, by offsets
     halves: int  # wave k uses half k % halves
     half_bytes: int
     waves: list[tuple[int, int]]
@@ -157,3 +159,162 @@ def _copy_spans(chunks: list[torch.Tensor], addresses: list[int], spans, total: 
                 staged.copy_(span, non_blocking=True)
             else:
                 span.copy_(staged, non_blocking=True)
+
+
+def _device_module(device: torch.device):
+    """torch.cuda / torch.npu for a device with streams and events; None for the CPU."""
+    if device.type == "cpu":
+        return None
+    module = getattr(torch, device.type, None)
+    return module if module is not None and hasattr(module, "Stream") else None
+
+
+# A staged call's wave launches: (the wave's chunks in the staging buffer, their starts, slots,
+# store=) -> the launches made.
+MoveBatch = Callable[..., int]
+
+
+class Stager:
+    """The device staging buffer of one set of caches and the copy stream that fills and empties it."""
+
+    def __init__(self, device: torch.device, chunk_bytes: int, cache_bound: int):
+        self.device = device
+        self.chunk_bytes = chunk_bytes  # bytes of a full chunk
+        self._buffer: torch.Tensor | None = None
+        # Per (chunks, STAGING_BYTES) of a staged call: (buffer, chunk stride, halves, half bytes, waves);
+        # emptied with the buffer.
+        self._shapes: BoundedCache[tuple] = BoundedCache(cache_bound)
+        # The buffer's chunks at a wave's offsets (`pool_chunk_buffers`), by offsets: requests of one
+        # shape whose host chunks lie alike (one allocation) use the same few; emptied with the buffer.
+        self._chunks: BoundedCache[ChunkBuffers] = BoundedCache(cache_bound)
+        self._module = _device_module(device)
+        self._copy_stream = None
+        self._released = None  # an event after the last staged call's work on the buffer
+
+    def buffer(self, chunks: int) -> tuple[torch.Tensor, int]:
+        """(device staging buffer, bytes per chunk in it) for up to `chunks` full chunks (fewer where
+        `STAGING_BYTES` is reached; one at least). Allocated once, grown on demand."""
+        stride = align_up(self.chunk_bytes, STAGING_ALIGNMENT)
+        wanted = stride * max(1, min(chunks, STAGING_BYTES // stride))
+        if self._buffer is None or self._buffer.numel() < wanted:
+            self._buffer = None  # the old buffer goes first: both may not fit
+            self._chunks.clear()
+            self._shapes.clear()
+            self._buffer = torch.empty(wanted, dtype=torch.uint8, device=self.device)
+        return self._buffer, stride
+
+    def _shape(self, chunks: int) -> tuple:
+        """(buffer, chunk stride, halves, half bytes, waves) of a staged call of `chunks` full chunks."""
+        staging, stride = self.buffer(chunks)
+        halves = 2 if self._module is not None and staging.numel() >= 2 * stride else 1
+        half_bytes = (staging.numel() // halves) // STAGING_ALIGNMENT * STAGING_ALIGNMENT
+        return staging, stride, halves, half_bytes, staging_waves(chunks, max(1, half_bytes // stride))
+
+    def move(self, chunks: list[torch.Tensor], starts: list[int], resolve_slots: Callable[[], object],
+             move_batch: MoveBatch, *, store: bool) -> int:
+        """Host chunks through the staging buffer in waves (`staging_waves`: a small first wave, then
+        doubling), alternating between the buffer's halves, copies on a copy stream. A store's copies of
+        wave k follow its kernels, which run beside wave k - 1's copies; a load's copies run one wave
+        ahead: wave k + 1's copies are queued before wave k's launches (and the first waves' before the
+        slots are resolved), so the copy engine does not wait for the host. Chunks lying back to back
+        in one host allocation are copied as one span (on a store only where every byte of the span is
+        the chunks' own).
+
+        The first wave's host chunks are checked on their own and its work issued before the other
+        chunks are checked (`StagedWaves.check`): the copy engine starts that much earlier. A later
+        chunk that fails its check raises with the first wave's copies queued; only checked chunks
+        are ever written, and a failed store is not kept by LMCache.
+        """
+        module = self._module
+        staging, stride, halves, half_bytes, waves = self._shapes.get_or_build(
+            (len(chunks), STAGING_BYTES), lambda: self._shape(len(chunks)))
+        staged = StagedWaves(chunks, starts, self.chunk_bytes, stride, store, staging, self._chunks, halves,
+                             half_bytes, waves)
+        if module is None:
+            return _move_in_order(staged, resolve_slots, move_batch)
+        staged.check(staged.waves[0][1])
+        if self._copy_stream is None:
+            self._copy_stream = module.Stream(device=self.device)
+        compute = module.current_stream(self.device)
+        copy = self._copy_stream
+        if self._released is not None:
+            copy.wait_event(self._released)  # the last staged call's kernels are done with the buffer
+        try:
+            if store:
+                return _staged_store(staged, resolve_slots(), move_batch, module, compute, copy)
+            return _staged_load(staged, resolve_slots, move_batch, module, compute, copy)
+        finally:  # (also after a failed check: what was queued is ordered before the buffer's next use)
+            compute.wait_stream(copy)
+            self._released = module.Event()
+            self._released.record(compute)
+
+
+def _move_in_order(staged: StagedWaves, resolve_slots: Callable[[], object], move_batch: MoveBatch) -> int:
+    """No streams: every wave's copies and launches in order on the host."""
+    staged.check(len(staged.chunks))
+    slots = resolve_slots()
+    launches = 0
+    for index in range(len(staged.waves)):
+        spans, buffers, wave_starts = staged.plan(index)
+        if not staged.store:
+            staged.copy(spans, to_staging=True)
+        launches += move_batch(buffers, wave_starts, slots, store=staged.store)
+        if staged.store:
+            staged.copy(spans, to_staging=False)
+    return launches
+
+
+def _staged_store(staged: StagedWaves, slots: object, move_batch: MoveBatch, module, compute, copy) -> int:
+    """Each wave's launches, then its copies out once its kernels are done; a half is rewritten
+    only after its last copies out."""
+    released: list = [None] * staged.halves  # per half: the event after which it may be rewritten
+    launches = 0
+    for index in range(len(staged.waves)):
+        spans, buffers, wave_starts = staged.plan(index)
+        part = index % staged.halves
+        if released[part] is not None:
+            compute.wait_event(released[part])
+        launches += move_batch(buffers, wave_starts, slots, store=True)
+        written = module.Event()
+        written.record(compute)
+        copy.wait_event(written)
+        with module.stream(copy):
+            staged.copy(spans, to_staging=False)
+        released[part] = module.Event()
+        released[part].record(copy)
+        staged.check(len(staged.chunks))  # (after the first wave's copies: a no-op from then on)
+    return launches
+
+
+def _staged_load(staged: StagedWaves, resolve_slots: Callable[[], object], move_batch: MoveBatch, module, compute,
+                 copy) -> int:
+    """One wave per half copied in before the slots are resolved; then each wave's launches once its
+    copies are in, followed by the copies of the wave that reuses its half once its kernels are done."""
+    plans: dict[int, tuple] = {}
+    loaded: dict[int, object] = {}
+    released: list = [None] * staged.halves  # per half: the event after which it may be rewritten
+
+    def queue_copies(index: int) -> None:
+        plans[index] = plan = staged.plan(index)
+        part = index % staged.halves
+        if released[part] is not None:
+            copy.wait_event(released[part])
+        with module.stream(copy):
+            staged.copy(plan[0], to_staging=True)
+        loaded[index] = module.Event()
+        loaded[index].record(copy)
+
+    for index in range(min(staged.halves, len(staged.waves))):
+        queue_copies(index)
+        staged.check(len(staged.chunks))  # (after the first wave's copies: a no-op from then on)
+    slots = resolve_slots()
+    launches = 0
+    for index in range(len(staged.waves)):
+        _, buffers, wave_starts = plans.pop(index)
+        compute.wait_event(loaded.pop(index))
+        launches += move_batch(buffers, wave_starts, slots, store=False)
+        released[index % staged.halves] = module.Event()
+        released[index % staged.halves].record(compute)
+        if index + staged.halves < len(staged.waves):
+            queue_copies(index + staged.halves)
+    return launches

@@ -5,7 +5,8 @@ once (`device_slots.DeviceSlots`); a chunk then only picks rows of it
 (`chunk_row_window`: compressed groups ``ceil(tokens / ratio)`` rows,
 sliding-window groups only their tail). `ChunkMover.move` moves one chunk with
 one launch per layer group; `ChunkMover.move_batch` moves many full chunks of every
-layer group with one launch (Triton; the torch reference counts one per layer group).
+layer group with one launch (Triton; the torch reference counts one per layer group);
+`ChunkMover.move_chunks` takes host chunks through its `staging.Stager`.
 
 Pure logic: torch, numpy and lmcache_ascend only.
 """
@@ -24,7 +25,6 @@ from lmcache_ascend.kernels import (
     PagedGroup,
     PagedPlane,
     PlaneSlots,
-    align_up,
     chunk_buffers,
     chunk_rows,
     resolve_chunk_batches,
@@ -33,8 +33,8 @@ from lmcache_ascend.kernels import (
 )
 from lmcache_ascend.kv_worker.chunk_plan import ChunkPlanner
 from lmcache_ascend.kv_worker.device_slots import DeviceSlots
-from lmcache_ascend.kv_worker.formats import KVCacheShapeError
-from lmcache_ascend.kv_worker.staging import STAGING_BYTES, STAGING_ALIGNMENT, StagedWaves, staging_waves
+from lmcache_ascend.kv_worker.errors import KVCacheShapeError
+from lmcache_ascend.kv_worker.staging import Stager
 from lmcache_ascend.multigroup.specs import chunk_row_window
 
 __all__ = ["ChunkMover", "SlotsSource"]
@@ -46,14 +46,6 @@ SlotsSource = Union[DeviceSlots, Mapping[int, object], Callable[[], Union[Device
 # Bound of each cache of per-request-shape values (chunk rows by chunk bounds and slot layout):
 # see docs/hot-path.md.
 _MAX_CACHED_ROWS = 64
-
-
-def _device_module(device: torch.device):
-    """torch.cuda / torch.npu for a device with streams and events; None for the CPU."""
-    if device.type == "cpu":
-        return None
-    module = getattr(torch, device.type, None)
-    return module if module is not None and hasattr(module, "Stream") else None
 
 
 class ChunkMover:
@@ -89,18 +81,10 @@ class ChunkMover:
         self.block_counts: dict[int, int] = {
             g: count // planner.geometry_by_group[g].rows_per_block for g, count in rows.items()
         }
-        self._staging: torch.Tensor | None = None
-        # Per (chunks, STAGING_BYTES) of a staged call: (buffer, chunk stride, halves, half bytes, waves);
-        # emptied with the buffer.
-        self._staging_shapes: BoundedCache[tuple] = BoundedCache(_MAX_CACHED_ROWS)
-        self._stream_module = _device_module(self.device)
-        self._copy_stream = None
-        self._staging_released = None  # an event after the last staged call's work on the buffer
+        # Host chunks reach the caches through its device staging buffer.
+        self.stager = Stager(self.device, planner.full_plan.total_bytes, _MAX_CACHED_ROWS)
         self._windows: BoundedCache[tuple] = BoundedCache(_MAX_CACHED_ROWS)
         self._rows: BoundedCache[tuple] = BoundedCache(_MAX_CACHED_ROWS)
-        # The staging buffer's chunks at a wave's offsets (`pool_chunk_buffers`), by offsets: requests of
-        # one shape whose host chunks lie alike (one allocation) use the same few; emptied with the buffer.
-        self._staged_chunks: BoundedCache[ChunkBuffers] = BoundedCache(_MAX_CACHED_ROWS)
 
     @property
     def device(self) -> torch.device:
@@ -225,23 +209,8 @@ class ChunkMover:
         return transfer_chunk_batches(batches, backend=self.backend)
 
     def staging_buffer(self, chunks: int) -> tuple[torch.Tensor, int]:
-        """(device staging buffer, bytes per chunk in it) for up to `chunks` full chunks (fewer where
-        `STAGING_BYTES` is reached; one at least). Allocated once, grown on demand."""
-        stride = align_up(self.planner.full_plan.total_bytes, STAGING_ALIGNMENT)
-        wanted = stride * max(1, min(chunks, STAGING_BYTES // stride))
-        if self._staging is None or self._staging.numel() < wanted:
-            self._staging = None  # the old buffer goes first: both may not fit
-            self._staged_chunks.clear()
-            self._staging_shapes.clear()
-            self._staging = torch.empty(wanted, dtype=torch.uint8, device=self.device)
-        return self._staging, stride
-
-    def _staging_shape(self, chunks: int) -> tuple:
-        """(buffer, chunk stride, halves, half bytes, waves) of a staged call of `chunks` full chunks."""
-        staging, stride = self.staging_buffer(chunks)
-        halves = 2 if self._stream_module is not None and staging.numel() >= 2 * stride else 1
-        half_bytes = (staging.numel() // halves) // STAGING_ALIGNMENT * STAGING_ALIGNMENT
-        return staging, stride, halves, half_bytes, staging_waves(chunks, max(1, half_bytes // stride))
+        """(device staging buffer, bytes per chunk in it) for up to `chunks` full chunks (`Stager.buffer`)."""
+        return self.stager.buffer(chunks)
 
     def reachable(self, chunks: Sequence[torch.Tensor]) -> bool:
         """Whether the kernels can address every chunk where it lies (else they are staged)."""
@@ -273,107 +242,8 @@ class ChunkMover:
             # (chunks on the device: `chunk_buffers` checks that they all are, and on which one)
             buffers = chunk_buffers(chunks)
             return self.move_batch(buffers, starts, self._resolved_slots(slots), store=store)
-        return self._move_staged(list(chunks), list(starts), slots, store=store)
+        return self.stager.move(list(chunks), list(starts), lambda: self._resolved_slots(slots),
+                                self.move_batch, store=store)
 
     def _resolved_slots(self, slots: SlotsSource) -> DeviceSlots:
         return self._device_slots(slots() if callable(slots) else slots)
-
-    def _move_staged(self, chunks: list[torch.Tensor], starts: list[int], slots: SlotsSource, *, store: bool) -> int:
-        """Host chunks through the staging buffer in waves (`staging_waves`: a small first wave, then
-        doubling), alternating between the buffer's halves, copies on a copy stream. A store's copies of
-        wave k follow its kernels, which run beside wave k - 1's copies; a load's copies run one wave
-        ahead: wave k + 1's copies are queued before wave k's launches (and the first waves' before the
-        slots are resolved), so the copy engine does not wait for the host. Chunks lying back to back
-        in one host allocation are copied as one span (on a store only where every byte of the span is
-        the chunks' own).
-
-        The first wave's host chunks are checked on their own and its work issued before the other
-        chunks are checked (`StagedWaves.check`): the copy engine starts that much earlier. A later
-        chunk that fails its check raises with the first wave's copies queued; only checked chunks
-        are ever written, and a failed store is not kept by LMCache.
-        """
-        module = self._stream_module
-        staging, stride, halves, half_bytes, waves = self._staging_shapes.get_or_build(
-            (len(chunks), STAGING_BYTES), lambda: self._staging_shape(len(chunks)))
-        staged = StagedWaves(chunks, starts, self.planner.full_plan.total_bytes, stride, store, staging,
-                              self._staged_chunks, halves, half_bytes, waves)
-        if module is None:  # no streams: in order on the host
-            staged.check(len(chunks))
-            resolved = self._resolved_slots(slots)
-            launches = 0
-            for index in range(len(staged.waves)):
-                spans, buffers, wave_starts = staged.plan(index)
-                if not store:
-                    staged.copy(spans, to_staging=True)
-                launches += self.move_batch(buffers, wave_starts, resolved, store=store)
-                if store:
-                    staged.copy(spans, to_staging=False)
-            return launches
-        staged.check(staged.waves[0][1])
-        if self._copy_stream is None:
-            self._copy_stream = module.Stream(device=self.device)
-        compute = module.current_stream(self.device)
-        copy = self._copy_stream
-        if self._staging_released is not None:
-            copy.wait_event(self._staging_released)  # the last staged call's kernels are done with the buffer
-        try:
-            if store:
-                return self._staged_store(staged, self._resolved_slots(slots), module, compute, copy)
-            return self._staged_load(staged, slots, module, compute, copy)
-        finally:  # (also after a failed check: what was queued is ordered before the buffer's next use)
-            compute.wait_stream(copy)
-            self._staging_released = module.Event()
-            self._staging_released.record(compute)
-
-    def _staged_store(self, staged: "StagedWaves", slots: DeviceSlots, module, compute, copy) -> int:
-        """Each wave's launches, then its copies out once its kernels are done; a half is rewritten
-        only after its last copies out."""
-        released: list = [None] * staged.halves  # per half: the event after which it may be rewritten
-        launches = 0
-        for index in range(len(staged.waves)):
-            spans, buffers, wave_starts = staged.plan(index)
-            part = index % staged.halves
-            if released[part] is not None:
-                compute.wait_event(released[part])
-            launches += self.move_batch(buffers, wave_starts, slots, store=True)
-            written = module.Event()
-            written.record(compute)
-            copy.wait_event(written)
-            with module.stream(copy):
-                staged.copy(spans, to_staging=False)
-            released[part] = module.Event()
-            released[part].record(copy)
-            staged.check(len(staged.chunks))  # (after the first wave's copies: a no-op from then on)
-        return launches
-
-    def _staged_load(self, staged: "StagedWaves", slots: SlotsSource, module, compute, copy) -> int:
-        """One wave per half copied in before the slots are resolved; then each wave's launches once its
-        copies are in, followed by the copies of the wave that reuses its half once its kernels are done."""
-        plans: dict[int, tuple] = {}
-        loaded: dict[int, object] = {}
-        released: list = [None] * staged.halves  # per half: the event after which it may be rewritten
-
-        def queue_copies(index: int) -> None:
-            plans[index] = plan = staged.plan(index)
-            part = index % staged.halves
-            if released[part] is not None:
-                copy.wait_event(released[part])
-            with module.stream(copy):
-                staged.copy(plan[0], to_staging=True)
-            loaded[index] = module.Event()
-            loaded[index].record(copy)
-
-        for index in range(min(staged.halves, len(staged.waves))):
-            queue_copies(index)
-            staged.check(len(staged.chunks))  # (after the first wave's copies: a no-op from then on)
-        resolved = self._resolved_slots(slots)
-        launches = 0
-        for index in range(len(staged.waves)):
-            _, buffers, wave_starts = plans.pop(index)
-            compute.wait_event(loaded.pop(index))
-            launches += self.move_batch(buffers, wave_starts, resolved, store=False)
-            released[index % staged.halves] = module.Event()
-            released[index % staged.halves].record(compute)
-            if index + staged.halves < len(staged.waves):
-                queue_copies(index + staged.halves)
-        return launches

@@ -87,16 +87,7 @@ def advance_trackers(block_trackers, scheduler_output, kv_groups, retire_from=No
             block_trackers.pop(req_id, None)
     cached = scheduler_output.scheduled_cached_reqs
     if isinstance(cached, list):
-        # vLLM < 0.9.2: one record per request.
-        num_groups = kv_groups.num_groups
-        for request_data in cached:
-            req_id = request_data.req_id
-            if request_data.resumed_from_preemption:
-                _resume(block_trackers, req_id, request_data.new_block_ids, num_groups)
-                continue
-            groups = block_trackers.get(req_id)
-            if groups is not None and request_data.new_block_ids is not None:
-                groups.append_new_blocks(request_data.new_block_ids)
+        _advance_per_request_records(block_trackers, cached, kv_groups.num_groups)
         return
     req_ids = cached.req_ids
     if not req_ids:
@@ -104,32 +95,56 @@ def advance_trackers(block_trackers, scheduler_output, kv_groups, retire_from=No
     # Which requests resumed after preemption, where upstream looks: a set of ids, or (older vLLM) a flag per request.
     resumed = getattr(cached, "resumed_req_ids", None)
     if resumed is None:
-        flags = getattr(cached, "resumed_from_preemption", None)
-        if flags is None:
+        resumed = _flagged_resumed(cached, req_ids)
+        if resumed is None:
             return  # upstream refuses a step that does not say which requests resumed
-        resumed = {req_id for req_id, flag in zip(req_ids, flags) if flag}
     new_block_ids = cached.new_block_ids
-    num_groups = kv_groups.num_groups
     if resumed:
-        # A step that resumes a request (rare): every request takes the general test.
-        for req_id, request_new_ids in zip(req_ids, new_block_ids):
-            if req_id in resumed:
-                _resume(block_trackers, req_id, request_new_ids, num_groups)
-            elif not _brings_nothing(request_new_ids, num_groups):
-                groups = block_trackers.get(req_id)
-                if groups is not None:
-                    groups.append_new_blocks(request_new_ids)
-        return
-    # Runs for every running request on every step. Most are decoding with no new block, which
-    # vLLM says with None: those (and any empty table) are passed over at C level (`compress` on
-    # the tables' truth), without a turn of the loop. The rest mostly bring vLLM's usual form, one
-    # list per group: appended here, touching only the groups that got a block, rather than
-    # through `GroupBlockTracker.append_new_blocks`, whose call alone cost about a quarter of this
-    # loop at a server's batch (docs/design-decisions.md, section 3). Any other form takes that
-    # checked path. A decoding request whose blocks are never read again is retired at its first
-    # new block (`retires`), so from then on its turn is the lookup that finds None.
-    if not any(new_block_ids):  # (most steps of a small batch: no iterators made)
-        return
+        _advance_with_resumed(block_trackers, req_ids, new_block_ids, resumed, kv_groups.num_groups)
+    elif any(new_block_ids):  # (most steps of a small batch bring no block: no call, no iterator made)
+        _advance_running(block_trackers, req_ids, new_block_ids, kv_groups.num_groups, retire_from)
+
+
+def _advance_per_request_records(block_trackers, cached: list, num_groups: int) -> None:
+    """vLLM < 0.9.2: one record per request."""
+    for request_data in cached:
+        req_id = request_data.req_id
+        if request_data.resumed_from_preemption:
+            _resume(block_trackers, req_id, request_data.new_block_ids, num_groups)
+            continue
+        groups = block_trackers.get(req_id)
+        if groups is not None and request_data.new_block_ids is not None:
+            groups.append_new_blocks(request_data.new_block_ids)
+
+
+def _flagged_resumed(cached, req_ids) -> set | None:
+    """Older vLLM: the requests whose resumed-from-preemption flag is set; None where the step has no flags."""
+    flags = getattr(cached, "resumed_from_preemption", None)
+    if flags is None:
+        return None
+    return {req_id for req_id, flag in zip(req_ids, flags) if flag}
+
+
+def _advance_with_resumed(block_trackers, req_ids, new_block_ids, resumed, num_groups: int) -> None:
+    """A step that resumes a request (rare): every request takes the general test."""
+    for req_id, request_new_ids in zip(req_ids, new_block_ids):
+        if req_id in resumed:
+            _resume(block_trackers, req_id, request_new_ids, num_groups)
+        elif not _brings_nothing(request_new_ids, num_groups):
+            groups = block_trackers.get(req_id)
+            if groups is not None:
+                groups.append_new_blocks(request_new_ids)
+
+
+def _advance_running(block_trackers, req_ids, new_block_ids, num_groups: int, retire_from) -> None:
+    """Runs for every running request of a step that brings a block. Most are decoding with no new block, which
+    vLLM says with None: those (and any empty table) are passed over at C level (`compress` on
+    the tables' truth), without a turn of the loop. The rest mostly bring vLLM's usual form, one
+    list per group: appended here, touching only the groups that got a block, rather than
+    through `GroupBlockTracker.append_new_blocks`, whose call alone cost about a quarter of this
+    loop at a server's batch (docs/design-decisions.md, section 3). Any other form takes that
+    checked path. A decoding request whose blocks are never read again is retired at its first
+    new block (`retires`), so from then on its turn is the lookup that finds None."""
     for req_id, request_new_ids in compress(zip(req_ids, new_block_ids), new_block_ids):
         if type(request_new_ids) is tuple and len(request_new_ids) == num_groups and type(request_new_ids[0]) is list:
             if not any(request_new_ids):

@@ -15,7 +15,7 @@ import torch
 
 from lmcache_ascend.bounded_cache import BoundedCache
 from lmcache_ascend.flags import flag_value
-from lmcache_ascend.kernels.ops import prepare_relaunch, transfer_group
+from lmcache_ascend.kernels.dispatch import prepare_relaunch, transfer_group
 from lmcache_ascend.kernels.paged import PagedGroup, PagedPlane
 from lmcache_ascend.kernels.resolve import PlaneSlots
 from lmcache_ascend.kernels.spec import TransferError, strided_chunk_regions

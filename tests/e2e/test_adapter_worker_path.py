@@ -78,7 +78,7 @@ def pipeline_group():
 def fixture_backend_dims(monkeypatch):
     """The worker asks vLLM's attention layers for each single tensor's layout; no
     model is loaded here, so the fixture's own (documented) layouts answer."""
-    import lmcache_ascend.connector.backend_dims as backend_dims
+    import lmcache_ascend.connector.attention_backends as backend_dims
 
     dims_by_layer = dsv4_ascend_kv_caches("zeros").backend_dims
     monkeypatch.setattr(

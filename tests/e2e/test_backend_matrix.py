@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.kv_worker._geometry import geometry as group_geometry
-from lmcache_ascend.connector.backend_dims import backend_dims_of
+from lmcache_ascend.connector.attention_backends import backend_dims_of
 from lmcache_ascend.kv_worker import ChunkMover, DimRole, KVCacheShapeError, PackedKV, plan_kv_caches
 
 vllm = pytest.importorskip("vllm")

@@ -1,4 +1,4 @@
-"""The folders' import arrows point one way: kernels below the op surface, pure logic free of vLLM and LMCache.
+"""The folders' import arrows point one way: kernels and layouts below the op surface, pure logic free of vLLM and LMCache.
 
 Read from the source (every import statement, function-level ones included), so
 a module that would import against the arrows fails here before it can run.
@@ -18,7 +18,10 @@ UPSTREAM = ("vllm", "vllm_ascend", "lmcache")
 MAY_IMPORT = {
     "bounded_cache.py": (),
     "kernels": ("lmcache_ascend.bounded_cache",),
-    "op_surface": ("lmcache_ascend.bounded_cache", "lmcache_ascend.flags", "lmcache_ascend.kernels"),
+    # a layout is facts and plane cuts: torch only, read by the worker and the op surface alike
+    "layouts": (),
+    "op_surface": ("lmcache_ascend.bounded_cache", "lmcache_ascend.flags", "lmcache_ascend.kernels",
+                   "lmcache_ascend.layouts"),
 }
 # pure logic: any lmcache_ascend module but the patch glue; nothing of vLLM or LMCache
 PURE = ("multigroup", "kv_worker", "prefix_cache", "blend")

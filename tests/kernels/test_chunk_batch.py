@@ -370,7 +370,7 @@ def test_a_kept_relaunch_outlives_the_launch_cache_on_cuda():
     import gc
 
     from lmcache_ascend.kernels import triton_transfer
-    from lmcache_ascend.kernels.ops import prepare_chunks_relaunch
+    from lmcache_ascend.kernels.dispatch import prepare_chunks_relaunch
 
     group, slots, starts, counts, regions, caches = _case("cuda")
     rows = chunk_rows(group, regions, starts, counts)

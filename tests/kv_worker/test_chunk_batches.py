@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import lmcache_ascend.kv_worker.staging as staging
-import lmcache_ascend.kv_worker.transfer as transfer
 from lmcache_ascend.kernels import launch_counter
 from lmcache_ascend.kv_worker import ChunkMover, plan_kv_caches
 from tests.kv_worker._geometry import geometry as group_geometry
@@ -127,7 +126,7 @@ def test_staging_waves_and_spans_equal_single_chunks_on_cpu(pad, capacity_chunks
     (one copy per span), with bytes of no chunk between them (never written), or far apart."""
     parts = _mover("cpu")
     mover = parts[0]
-    monkeypatch.setattr(transfer, "STAGING_BYTES", capacity_chunks * (mover.planner.full_plan.total_bytes + 256))
+    monkeypatch.setattr(staging, "STAGING_BYTES", capacity_chunks * (mover.planner.full_plan.total_bytes + 256))
     monkeypatch.setattr(mover, "reachable", lambda chunks: False)
     copies = []
     real_copy = staging._copy_spans
@@ -169,7 +168,7 @@ def test_staging_waves_start_small_and_double():
 def test_batched_chunks_equal_single_chunks_on_cuda(host, monkeypatch):
     mover, *_ = _mover("cuda")
     # Two chunks per staging half at most: 4 chunks take 2 waves, both halves.
-    monkeypatch.setattr(transfer, "STAGING_BYTES", 4 * (mover.planner.full_plan.total_bytes + 256))
+    monkeypatch.setattr(staging, "STAGING_BYTES", 4 * (mover.planner.full_plan.total_bytes + 256))
     launches, layer_groups = _round_trip("cuda", host)
     waves = 2 if host else 1
     assert layer_groups == 3 and launches == waves  # on Triton every layer group of a wave in one launch
@@ -180,7 +179,7 @@ def test_staged_load_queues_first_copies_before_resolving_slots(monkeypatch):
     """A staged load given its slots as a function queues one wave per staging half before calling it,
     then the next wave's copies before each wave's launches; the bytes equal the single-chunk path."""
     mover, *rest = _mover("cuda")
-    monkeypatch.setattr(transfer, "STAGING_BYTES", 2 * (mover.planner.full_plan.total_bytes + 256))  # 1 chunk a half
+    monkeypatch.setattr(staging, "STAGING_BYTES", 2 * (mover.planner.full_plan.total_bytes + 256))  # 1 chunk a half
     events: list[str] = []
     real_copy = staging._copy_spans
     monkeypatch.setattr(staging, "_copy_spans",
@@ -210,7 +209,7 @@ def test_staged_first_wave_is_issued_before_the_other_chunks_are_checked(monkeyp
     """The first wave's chunks are checked alone and its work queued (a store's launches and copies out,
     a load's copies in) before the rest are checked; the bytes equal the single-chunk path."""
     mover, *rest = _mover("cuda")
-    monkeypatch.setattr(transfer, "STAGING_BYTES", 4 * (mover.planner.full_plan.total_bytes + 256))  # 2 a half
+    monkeypatch.setattr(staging, "STAGING_BYTES", 4 * (mover.planner.full_plan.total_bytes + 256))  # 2 a half
     events: list = []
     _record_staged_steps(monkeypatch, mover, events)
     _round_trip("cuda", host=True, mover_parts=(mover, *rest), events=events)
@@ -228,7 +227,7 @@ def test_staged_chunk_too_small_past_the_first_wave_is_refused(device, monkeypat
     only chunks it checked, and the next call runs as if nothing had failed."""
     mover, kv_caches, slots, starts = _mover(device)
     total = mover.planner.full_plan.total_bytes
-    monkeypatch.setattr(transfer, "STAGING_BYTES", 4 * (total + 256))  # 2 chunks a half: waves of 2
+    monkeypatch.setattr(staging, "STAGING_BYTES", 4 * (total + 256))  # 2 chunks a half: waves of 2
     if device == "cpu":
         monkeypatch.setattr(mover, "reachable", lambda chunks: False)
     pinned = device == "cuda"

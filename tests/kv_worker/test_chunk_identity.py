@@ -20,7 +20,7 @@ from lmcache_ascend.kv_worker.chunk_identity import (
     plan_description,
 )
 from lmcache_ascend.kv_worker.chunk_plan import ChunkPlanner
-from lmcache_ascend.kv_worker.formats import KVFormat
+from lmcache_ascend.kv_worker.layer_planes import KVFormat
 from lmcache_ascend.kv_worker.groups import LayerGroup, PlaneIdentity
 from lmcache_ascend.multigroup.specs import KVGroupSpec
 

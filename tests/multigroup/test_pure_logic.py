@@ -27,7 +27,7 @@ from lmcache_ascend.multigroup.slicing import (
     group_block_range,
     prefix_bound_in_vllm_blocks,
 )
-from lmcache_ascend.kv_worker.formats import KVCacheShapeError
+from lmcache_ascend.kv_worker.errors import KVCacheShapeError
 from lmcache_ascend.kv_worker import device_slots as slot_module
 from lmcache_ascend.kv_worker.device_slots import DeviceSlots
 from lmcache_ascend.multigroup.attachments import STEP_BLOCK_IDS, Attachment

@@ -5,7 +5,7 @@ there) `load_from_sources(folder)` runs LMCache's own baseline files
 (`torch_ops/mem_kernels.py`, `mp_mem_kernels.py`, `_tensor_from_ptr.py`, copied
 unmodified from the wheel) over a stand-in for the few LMCache modules they
 import: enums with LMCache's values and format facts from
-`lmcache_ascend.op_surface.formats` (which `test_format_facts_match_lmcache`
+`lmcache_ascend.layouts` (which `test_format_facts_match_lmcache`
 checks against LMCache's spec classes).
 """
 
@@ -18,7 +18,8 @@ import types
 
 import torch
 
-from lmcache_ascend.op_surface.formats import FORMATS, paged_layer_shape
+from lmcache_ascend.layouts import paged_layer_shape
+from lmcache_ascend.op_surface.formats import FORMATS
 
 
 class Adapter:

@@ -161,7 +161,7 @@ def build(op: str, draw, device: torch.device, big: bool = False) -> dict:
         store = op == "load_and_reshape_flash"
         meta["store"] = store
         tokens = draw.int(0, min(pbs, 24))
-        slots = _slots(draw, gen, tokens, pbs, holes=False)  # the baseline wraps -1 (see op_surface.transfer_ops)
+        slots = _slots(draw, gen, tokens, pbs, holes=False)  # the baseline wraps -1 (see lmcache_ascend.ops)
         caches = [_filled((nb, bs, nh, hs), dtype, gen, device, poison=not store) for _ in range(2)]
         kv = _filled((2, layers, tokens, nh * hs), dtype, gen, device, poison=store)
         layer = draw.int(0, layers - 1)
@@ -201,7 +201,7 @@ def _build_block(draw, gen, device, dtype, store, layers, bs, nb, nh, hs, meta, 
                  for _ in range(layers)]
     elif fmt == 17:
         # Widest elements first: each plane then starts on a multiple of its element size, which the
-        # baseline needs to view a 1-token slice (we do not; see op_surface.transfer_ops).
+        # baseline needs to view a 1-token slice (we do not; see lmcache_ascend.ops).
         planes_dtypes = sorted((draw.pick(DTYPES) for _ in range(draw.int(1, 3))), key=lambda d: -d.itemsize)
         widths = [draw.pick((1, 2, 4, 8, 16)) for _ in planes_dtypes]
         paged = [tuple(_filled((nb, bs, 1, w), d, gen, device, poison=not store)
@@ -218,7 +218,7 @@ def _build_block(draw, gen, device, dtype, store, layers, bs, nb, nh, hs, meta, 
     objects_count = max(1, -(-blocks // per_object))
     if fmt == 17:
         # Rows a multiple of 16 bytes: the baseline cannot view a 1-token slice of a row whose length is no
-        # multiple of a plane's element size (a RuntimeError we do not share; see op_surface.transfer_ops).
+        # multiple of a plane's element size (a RuntimeError we do not share; see lmcache_ascend.ops).
         row = -(-sum(w * d.itemsize for w, d in zip(widths, planes_dtypes)) // 16) * 16 + draw.pick((0, 16))
         obj_shape, obj_dtype = (layers, chunk, row), torch.uint8
     elif fmt in (3, 5, 14):

@@ -11,7 +11,7 @@ import torch
 
 from lmcache_ascend.kernels import launch_counter
 from lmcache_ascend.op_surface import arguments
-from lmcache_ascend.op_surface import transfer_ops as ops
+import lmcache_ascend.ops as ops
 
 H2D, D2H = 0, 1
 MLA = 3  # NL_X_NB_BS_HS: one latent row per token, per layer [NB, BS, H]
@@ -109,14 +109,14 @@ def test_a_description_without_every_field_is_keyed_and_moved():
     lacks (`block_stride_elems`) is None in the key, and the call moves what a full description moves."""
     import types
 
-    from lmcache_ascend.op_surface import block_ops
+    from lmcache_ascend.op_surface import per_block
 
     full = _desc()
-    partial = types.SimpleNamespace(**{field: getattr(full, field) for field in block_ops._SHAPE_DESC_FIELDS
+    partial = types.SimpleNamespace(**{field: getattr(full, field) for field in per_block._SHAPE_DESC_FIELDS
                                        if field != "block_stride_elems"})
-    assert block_ops._shape_desc_values(full) == tuple(getattr(full, f) for f in block_ops._SHAPE_DESC_FIELDS)
-    assert block_ops._shape_desc_values(partial) == tuple(
-        None if field == "block_stride_elems" else getattr(full, field) for field in block_ops._SHAPE_DESC_FIELDS)
+    assert per_block._shape_desc_values(full) == tuple(getattr(full, f) for f in per_block._SHAPE_DESC_FIELDS)
+    assert per_block._shape_desc_values(partial) == tuple(
+        None if field == "block_stride_elems" else getattr(full, field) for field in per_block._SHAPE_DESC_FIELDS)
     caches = [torch.arange(BLOCKS * BLOCK * HIDDEN, dtype=torch.float32).reshape(BLOCKS, BLOCK, HIDDEN) + layer
               for layer in range(LAYERS)]
     moved = []

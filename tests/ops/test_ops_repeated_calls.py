@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from lmcache_ascend.kernels import TransferError, launch_counter
-from lmcache_ascend.op_surface import block_ops, moves
-from lmcache_ascend.op_surface import transfer_ops as ops
+from lmcache_ascend.op_surface import per_block, moves
+import lmcache_ascend.ops as ops
 
 H2D, D2H = 0, 1
 MLA = 3  # NL_X_NB_BS_HS
@@ -95,7 +95,7 @@ def _block_calls(device: str, count: int = 3) -> int:
         objects = [torch.full((LAYERS, 2 * BS, HIDDEN), POISON, dtype=torch.bfloat16, device=device)
                    for _ in range(count)]
         before = launch_counter.triton
-        key = block_ops._block_repeat_key(moves.transfer_backend(), objects, block_ids, (device, D2H, 2 * BS, MLA, 0),
+        key = per_block._block_repeat_key(moves.transfer_backend(), objects, block_ids, (device, D2H, 2 * BS, MLA, 0),
                                           _desc())
         kept = moves.repeats.lookup(caches, key)[1]
         ops.multi_layer_block_kv_transfer(caches, objects, block_ids, device, D2H, _desc(), 2 * BS, MLA, 0)
@@ -158,7 +158,7 @@ def _bundle_calls(device: str, count: int = 3) -> int:
                 others[slots] = False
                 untouched = _bundle_rows(caches, torch.arange(BLOCKS * BS)[others])
             before = launch_counter.triton
-            key = block_ops._block_repeat_key(moves.transfer_backend(), objects, block_ids,
+            key = per_block._block_repeat_key(moves.transfer_backend(), objects, block_ids,
                                               (device, direction, 2 * BS, BUNDLE, 0), _bundle_desc())
             kept = moves.repeats.lookup(caches, key)[1]
             ops.multi_layer_block_kv_transfer(caches, objects, block_ids, device, direction, _bundle_desc(), 2 * BS,

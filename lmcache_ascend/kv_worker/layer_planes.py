@@ -24,8 +24,9 @@ from typing import Sequence
 
 import torch
 
-from lmcache_ascend.kv_worker.backend_dims import BackendDims, DimRole, described_planes
+from lmcache_ascend.kv_worker.backend_dims import BackendDims, described_planes
 from lmcache_ascend.kv_worker.errors import KVCacheShapeError
+from lmcache_ascend.layouts import LAYOUTS, DescribedTraits, TupleTraits
 
 __all__ = [
     "KVFormat",
@@ -36,16 +37,12 @@ __all__ = [
 ]
 
 
-class KVFormat(enum.Enum):
-    MERGED = "merged"  # one tensor, K and V in a leading dimension of 2
-    SEPARATE = "separate"  # (K, V) of equal shapes and dtypes
-    MLA = "mla"  # one latent tensor, or a pair of one dtype with different shapes
-    DSA = "dsa"  # three planes of one paging geometry (latent, rope, indexer K)
-    DSA_C8 = "dsa-c8"  # four planes of mixed dtypes (int8 caches plus their scales)
-    MULTI_PLANE = "multi-plane"  # planes with different geometry / dtype / scheduler group
-    # Described by the attention backend (`BackendDims`):
-    HEAD_MAJOR = "head-major"  # per block, per head, the token rows: a plane per head (and K / V)
-    TOKEN_ROWS = "token-rows"  # one row per token holding K and V of every head
+# The worker's name for a registered layer's layout: every layout's (`lmcache_ascend.layouts`).
+KVFormat = enum.Enum(
+    "KVFormat",
+    [item for layout in LAYOUTS for item in layout.worker_formats.items()],
+    module=__name__,
+)
 
 
 @dataclass(frozen=True)
@@ -231,33 +228,42 @@ def _fold_views(layer_name: str, tensors: list[torch.Tensor], groups: list[int])
 
 
 def _classify(tensors: list[torch.Tensor], planes: list[_Plane]) -> KVFormat:
+    """The layout of a registered tuple: the first layout that recognises it."""
     count = len(tensors)
     geometries = {(plane.geometry.num_blocks, plane.geometry.block_size) for plane in planes}
     one_group = len({plane.scheduler_group for plane in planes}) == 1
-    dtypes = {tensor.dtype for tensor in tensors}
-    uniform = one_group and len(geometries) == 1 and len(planes) == count
-    if count == 2 and uniform and len(dtypes) == 1:
-        return KVFormat.SEPARATE if tensors[0].shape == tensors[1].shape else KVFormat.MLA
-    if count == 3 and uniform:
-        return KVFormat.DSA
-    if count == 4 and uniform and len(dtypes) > 1:
-        return KVFormat.DSA_C8
-    return KVFormat.MULTI_PLANE
+    traits = TupleTraits(
+        count=count,
+        uniform=one_group and len(geometries) == 1 and len(planes) == count,
+        dtypes=len({tensor.dtype for tensor in tensors}),
+        same_shapes=all(tensor.shape == tensors[0].shape for tensor in tensors),
+    )
+    for layout in LAYOUTS:
+        name = layout.recognise_tuple(traits) if layout.recognise_tuple else None
+        if name is not None:
+            return KVFormat[name]
+    raise KVCacheShapeError(f"layer of {count} tensors: no layout recognises it")
+
+
+def _described_format(backend_dims: BackendDims, planes: Sequence) -> KVFormat:
+    """The layout of a single tensor read with its backend's dims: the first layout that recognises it."""
+    traits = DescribedTraits(
+        roles=backend_dims.dims,
+        heads_split=any(plane.head is not None for plane in planes),
+        kv_split=any(plane.kv is not None for plane in planes),
+    )
+    for layout in LAYOUTS:
+        name = layout.recognise_described(traits) if layout.recognise_described else None
+        if name is not None:
+            return KVFormat[name]
+    raise KVCacheShapeError(f"backend {backend_dims.backend!r}: no layout reads {backend_dims.describe()}")
 
 
 def _described_layer(
     layer_name: str, tensor: torch.Tensor, group: int, backend_dims: BackendDims
 ) -> tuple[KVFormat, tuple[PlaneGeometry, ...], tuple[torch.Tensor, ...]]:
     planes = described_planes(layer_name, tensor, backend_dims)
-    heads_split = any(plane.head is not None for plane in planes)
-    if heads_split:
-        fmt = KVFormat.HEAD_MAJOR
-    elif any(plane.kv is not None for plane in planes):
-        fmt = KVFormat.MERGED
-    elif DimRole.HEAD in backend_dims.dims or DimRole.KV in backend_dims.dims:
-        fmt = KVFormat.TOKEN_ROWS
-    else:
-        fmt = KVFormat.MLA
+    fmt = _described_format(backend_dims, planes)
     geometries, views = [], []
     for plane in planes:
         packed = plane.block_stride_bytes == plane.block_size * plane.row_bytes

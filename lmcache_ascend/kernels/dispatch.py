@@ -1,4 +1,4 @@
-"""Entry points of the transfer ops and the per-device backend choice."""
+"""Where a transfer runs: the entry points that dispatch a launch to a backend, and the per-device backend choice."""
 
 from __future__ import annotations
 

@@ -24,14 +24,9 @@ from lmcache_ascend.op_surface.arguments import (
     slot_tensor,
     tables,
 )
-from lmcache_ascend.op_surface.formats import FormatFacts, format_facts
+from lmcache_ascend.layouts import FormatFacts
+from lmcache_ascend.op_surface.formats import format_facts
 from lmcache_ascend.op_surface.moves import byte_strides, move, paged_group, repeat_key, repeats, transfer_backend
-
-# Formats each op supports (LMCache's enum values). The per-token ops follow the
-# baseline's three paged shapes: MLA rows, blocks-first K/V, K/V-major.
-_MULTI_LAYER_FORMATS = (1, 2, 3, 5)
-_UNILATERAL_FORMATS = (3, 4, 5, 9)
-_SINGLE_LAYER_FORMATS = (1, 2, 3, 5)
 
 
 def _token_layers(key_value_ptrs: object, layers: int, facts: FormatFacts, dtype: torch.dtype, hidden: int,
@@ -228,7 +223,7 @@ def multi_layer_kv_transfer(
         skip_prefix_n_tokens, block_stride_elems))
     if ran:
         return
-    facts = format_facts(engine_kv_format, op, _MULTI_LAYER_FORMATS)
+    facts = format_facts(engine_kv_format, op)
     store, key_value, slot_mapping = _multi_layer_arguments(op, direction, key_value, slot_mapping, page_buffer_size)
     int_arg(block_size, "block_size", op)
     int_arg(skip_prefix_n_tokens, "skip_prefix_n_tokens", op)
@@ -276,7 +271,7 @@ def multi_layer_kv_transfer_unilateral(
                                      (paged_memory_device, page_buffer_size, direction, engine_kv_format))
     if ran:
         return
-    facts = format_facts(engine_kv_format, op, _UNILATERAL_FORMATS)
+    facts = format_facts(engine_kv_format, op)
     if facts.mla:
         multi_layer_kv_transfer(key_value, key_value_ptrs, slot_mapping, paged_memory_device, page_buffer_size,
                                 direction, engine_kv_format)
@@ -307,7 +302,7 @@ def single_layer_kv_transfer(
 ) -> None:
     """One layer: LMCache's [T, H] (MLA), [2, T, H] or token-major [T, 2, H] <-> vLLM's paged layer."""
     op = "single_layer_kv_transfer"
-    facts = format_facts(engine_kv_format, op, _SINGLE_LAYER_FORMATS)
+    facts = format_facts(engine_kv_format, op)
     store = is_store(direction, op)
     lmc = checked_tensor(lmc_key_value_cache, "lmc_key_value_cache", op)
     paged = checked_tensor(vllm_key_value_cache, "vllm_key_value_cache", op)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 import operator
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from lmcache_ascend.kernels.ops import prepare_chunks_relaunch, transfer_chunk_batches
+from lmcache_ascend.kernels.dispatch import prepare_chunks_relaunch, transfer_chunk_batches
 from lmcache_ascend.kernels.paged import PagedGroup
 from lmcache_ascend.kernels.resolve import (
     ChunkRows,
@@ -35,7 +36,8 @@ from lmcache_ascend.op_surface.arguments import (
     slot_tensor,
     tables,
 )
-from lmcache_ascend.op_surface.formats import FormatFacts, format_facts, paged_layer_shape
+from lmcache_ascend.layouts import BLOCK_OP, FormatFacts, layout_of, paged_layer_shape
+from lmcache_ascend.op_surface.formats import format_facts
 from lmcache_ascend.op_surface.moves import (
     move,
     never,
@@ -46,86 +48,110 @@ from lmcache_ascend.op_surface.moves import (
     transfer_backend,
 )
 
-# Block transfer: every format the baseline moves except the RBLN layout (15).
-_BLOCK_FORMATS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 17, 18)
+def _refusal(prefix: str):
+    """A layout's way to refuse an argument: a TransferError whose message starts with `prefix`."""
+    def refuse(message: str) -> None:
+        raise TransferError(prefix + message)
+
+    return refuse
+
+
+def _tight_strides(shape: tuple[int, ...], block_stride: int) -> tuple[int, ...]:
+    """Strides of `shape` with its rows packed and its blocks `block_stride` elements apart."""
+    inner = []
+    step = 1
+    for size in reversed(shape[1:]):
+        inner.append(step)
+        step *= size
+    return (block_stride, *reversed(inner))
+
+
+def _over_pointers(table: torch.Tensor, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
+                   device: torch.device, op: str) -> object:
+    """The paged cache a pointer table describes: tensors over its addresses, shaped as `facts` says."""
+    nb, nl, bs, nh, hs = (int(shape_desc.nb), int(shape_desc.nl), int(shape_desc.bs), int(shape_desc.nh),
+                          int(shape_desc.hs))
+    what = "paged_buffer_ptrs_tensor"
+    if facts.kv_tuple:
+        raise TransferError(f"{op}: {what} is a pointer table for {facts.name}; allowed: a list of tuples")
+    entries = 1 if facts.cross_layer else 2 * nl if facts.kv_list else nl
+    pointers = pointer_list(table, entries, what, op)
+    if facts.cross_layer:
+        shape = (nb, nl, 2, nh, bs, hs) if facts.hnd else (nb, nl, 2, bs, nh, hs)
+        return at_pointer(pointers[0], shape, dtype, device)
+    if facts.kv_list:
+        shape = (nb * bs, nh, hs) if facts.pbs_fused else (nb, bs, nh, hs)
+        tensors = [at_pointer(p, shape, dtype, device) for p in pointers]
+        return [tensors[:nl], tensors[nl:]]
+    shape = paged_layer_shape(facts, nb, bs, nh, hs)
+    stride = int(getattr(shape_desc, "block_stride_elems", 0) or 0)
+    strides = None
+    if stride and stride != math.prod(shape[1:]):
+        if facts.two_major or facts.pbs_fused:
+            raise TransferError(
+                f"{op}: shape_desc.block_stride_elems={stride} with {facts.name}; allowed: 0 or the tight "
+                f"{math.prod(shape[1:])} (its first dim is not the block dim)"
+            )
+        strides = _tight_strides(shape, stride)
+    return [at_pointer(p, shape, dtype, device, strides) for p in pointers]
 
 
 def _block_planes(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
                   device: torch.device, op: str) -> list[list[torch.Tensor]]:
-    """Per plane the per-layer blocks-first tensors, in chunk order (K planes, then V planes)."""
-    nb, nl, bs, nh, hs = (int(shape_desc.nb), int(shape_desc.nl), int(shape_desc.bs), int(shape_desc.nh),
-                          int(shape_desc.hs))
+    """Per plane the per-layer blocks-first tensors, in chunk order, cut as the format's layout says."""
     what = "paged_buffer_ptrs_tensor"
     if isinstance(paged, torch.Tensor) and paged.dtype in (torch.int64, torch.uint64) and paged.dim() == 1:
-        if facts.kv_tuple:
-            raise TransferError(f"{op}: {what} is a pointer table for {facts.name}; allowed: a list of tuples")
-        entries = 1 if facts.cross_layer else 2 * nl if facts.kv_list else nl
-        pointers = pointer_list(paged, entries, what, op)
-        if facts.cross_layer:
-            shape = (nb, nl, 2, nh, bs, hs) if facts.hnd else (nb, nl, 2, bs, nh, hs)
-            paged = at_pointer(pointers[0], shape, dtype, device)
-        elif facts.kv_list:
-            shape = (nb * bs, nh, hs) if facts.pbs_fused else (nb, bs, nh, hs)
-            tensors = [at_pointer(p, shape, dtype, device) for p in pointers]
-            paged = [tensors[:nl], tensors[nl:]]
-        else:
-            shape = paged_layer_shape(facts, nb, bs, nh, hs)
-            stride = int(getattr(shape_desc, "block_stride_elems", 0) or 0)
-            strides = None
-            if stride and stride != math.prod(shape[1:]):
-                if facts.two_major or facts.pbs_fused:
-                    raise TransferError(
-                        f"{op}: shape_desc.block_stride_elems={stride} with {facts.name}; allowed: 0 or the tight "
-                        f"{math.prod(shape[1:])} (its first dim is not the block dim)"
-                    )
-                strides = [stride]
-                step = 1
-                inner = []
-                for size in reversed(shape[1:]):
-                    inner.append(step)
-                    step *= size
-                strides = tuple(strides + list(reversed(inner)))
-            paged = [at_pointer(p, shape, dtype, device, strides) for p in pointers]
+        paged = _over_pointers(paged, facts, shape_desc, dtype, device, op)
     if facts.cross_layer:
-        tensor = checked_tensor(paged, what, op, dims=6)
-        if facts.hnd:
-            return [[tensor[:, layer, kv, head] for layer in range(tensor.shape[1])]
-                    for kv in range(2) for head in range(tensor.shape[3])]
-        return [[tensor[:, layer, kv] for layer in range(tensor.shape[1])] for kv in range(2)]
-    if facts.kv_list:
-        if not isinstance(paged, (list, tuple)):
-            raise TransferError(f"{op}: {what} is a {type(paged).__name__}; allowed: [[K layers], [V layers]]")
-        if len(paged) != 2 or not all(isinstance(side, (list, tuple)) for side in paged):
-            if len(paged) % 2 or not all(isinstance(t, torch.Tensor) for t in paged):
-                raise TransferError(f"{op}: {what} has {len(paged)} entries; allowed: [[K layers], [V layers]] "
-                                    "or a flat list of 2 x NL tensors")
-            paged = [list(paged[: len(paged) // 2]), list(paged[len(paged) // 2:])]
-        return [list(paged[0]), list(paged[1])]
-    if not isinstance(paged, (list, tuple)) or not paged:
+        paged = checked_tensor(paged, what, op, dims=6)
+    elif not facts.kv_list and (not isinstance(paged, (list, tuple)) or not paged):
         raise TransferError(f"{op}: {what} is a {type(paged).__name__}; allowed: a list of per-layer tensors")
-    if facts.kv_tuple:
-        counts = {len(entry) if isinstance(entry, (list, tuple)) else -1 for entry in paged}
-        if len(counts) != 1 or -1 in counts or (not facts.mla and counts != {2}):
-            raise TransferError(
-                f"{op}: {what} for {facts.name} must be a list of per-layer "
-                f"{'plane tuples of one length' if facts.mla else '(K, V) tuples'}; got lengths {sorted(counts)}"
-            )
-        return [[entry[plane] for entry in paged] for plane in range(counts.pop())]
-    if facts.mla or facts.single_kv:
-        return [list(paged)]
-    if facts.fused:
-        # [NB, BS, NH, 2, HS] splits flatten back to one packed row per token.
-        layers = [layer.reshape(*layer.shape[:3], -1) if layer.dim() == 5 else layer for layer in paged]
-        if facts.hnd:
-            return [[layer[:, head] for layer in layers] for head in range(layers[0].shape[1])]
-        return [layers]
-    if facts.two_major:
-        halves = [[layer[kv] for layer in paged] for kv in range(2)]
-    else:
-        halves = [[layer[:, kv] for layer in paged] for kv in range(2)]
-    if facts.hnd:  # [NB, NH, BS, HS] per K/V: one plane per head
-        return [[layer[:, head] for layer in half] for half in halves for head in range(half[0].shape[1])]
-    return halves
+    return layout_of(facts).cut_block_planes(paged, facts, _refusal(f"{op}: "))
+
+
+def _checked_block_arguments(objects: object, direction: object, chunk_size: object, skip: object,
+                             shape_desc: PageBufferShapeDesc, op: str) -> tuple[bool, int]:
+    """(whether the call stores, the block size): the block op's scalar arguments, checked in the
+    order LMCache's baseline reads them."""
+    store = is_store(direction, op)
+    int_arg(chunk_size, "lmcache_chunk_size", op, 1)
+    int_arg(skip, "skip_prefix_n_blocks", op)
+    bs = getattr(shape_desc, "bs", None)
+    if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0 or chunk_size % bs:
+        raise TransferError(
+            f"{op}: shape_desc.bs={bs!r} with lmcache_chunk_size={chunk_size}; allowed: a block size > 0 "
+            "dividing the chunk size"
+        )
+    if not isinstance(objects, list):
+        raise TransferError(
+            f"{op}: lmcache_objects_ptrs is a {type(objects).__name__}; allowed: a list of tensors "
+            "or of host addresses"
+        )
+    return store, bs
+
+
+@dataclass
+class _BlockCall:
+    """One block call's checked arguments and the moves it is made of: objects moved whole from
+    their first row in one launch when they share a layout and a placement the kernel reaches
+    (`batch`: object, bytes, first block, end block), any other object on its own (`alone`)."""
+
+    op: str
+    backend: str
+    facts: FormatFacts
+    store: bool
+    bs: int
+    group: PagedGroup
+    rows: int
+    row_bytes: tuple[int, ...]
+    objects: list[torch.Tensor]
+    ids: torch.Tensor
+    ids_as_given: bool
+    per_object: int
+    batch: list = field(default_factory=list)
+    batch_shape: tuple | None = None
+    batch_regions: tuple | None = None
+    alone: int = 0
 
 
 def multi_layer_block_kv_transfer(
@@ -145,92 +171,86 @@ def multi_layer_block_kv_transfer(
     K/V) or [NL, T, row] of the planes' bytes side by side (MLA plane tuples);
     the first `skip_prefix_n_blocks` blocks are not moved.
     """
-    op = "multi_layer_block_kv_transfer"
+    op = BLOCK_OP
     backend = transfer_backend()
     key = _block_repeat_key(backend, lmcache_objects_ptrs, block_ids, (
         device, direction, lmcache_chunk_size, engine_kv_format, skip_prefix_n_blocks), shape_desc)
     handle, repeat = repeats.lookup(paged_buffer_ptrs_tensor, key) if key is not None else (None, None)
     if repeat is not None and repeat(lmcache_objects_ptrs, block_ids):
         return
-    facts = format_facts(engine_kv_format, op, _BLOCK_FORMATS)
-    store = is_store(direction, op)
-    int_arg(lmcache_chunk_size, "lmcache_chunk_size", op, 1)
-    int_arg(skip_prefix_n_blocks, "skip_prefix_n_blocks", op)
-    bs = getattr(shape_desc, "bs", None)
-    if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0 or lmcache_chunk_size % bs:
-        raise TransferError(
-            f"{op}: shape_desc.bs={bs!r} with lmcache_chunk_size={lmcache_chunk_size}; allowed: a block size > 0 "
-            "dividing the chunk size"
-        )
-    if not isinstance(lmcache_objects_ptrs, list):
-        raise TransferError(
-            f"{op}: lmcache_objects_ptrs is a {type(lmcache_objects_ptrs).__name__}; allowed: a list of tensors "
-            "or of host addresses"
-        )
+    facts = format_facts(engine_kv_format, op)
+    store, bs = _checked_block_arguments(lmcache_objects_ptrs, direction, lmcache_chunk_size, skip_prefix_n_blocks,
+                                         shape_desc, op)
     dtype = _kv_dtype(paged_buffer_ptrs_tensor, lmcache_objects_ptrs, shape_desc, op)
-    device = torch.device(device)
-    group, rows, row_bytes = _block_group(paged_buffer_ptrs_tensor, facts, shape_desc, dtype, device, op)
-    layers, plane_count = group.layer_count, group.plane_count
-
-    objects = _objects(lmcache_objects_ptrs, facts, shape_desc, lmcache_chunk_size, dtype, layers, op)
+    group, rows, row_bytes = _block_group(paged_buffer_ptrs_tensor, facts, shape_desc, dtype, torch.device(device), op)
+    objects = _objects(lmcache_objects_ptrs, facts, shape_desc, lmcache_chunk_size, dtype, group.layer_count, op)
     ids = _block_id_tensor(block_ids, bs, rows, op)
     # A repeat reads the ids where the caller put them: only ids given as they are moved (or as a list).
     ids_as_given = isinstance(block_ids, list) or ids is block_ids
     if ids.device != group.device:
         ids = ids.to(device=group.device, non_blocking=True)
-    per_object = lmcache_chunk_size // bs
-    # Objects moved whole from their first row go in one launch when they share a layout and a
-    # placement the kernel reaches; an object the skipped prefix cuts into, or one that differs,
-    # is moved on its own.
-    batch: list[tuple[int, torch.Tensor, int, int]] = []  # (object, bytes, first block, end block)
-    batch_regions = batch_shape = None
-    alone = 0  # objects moved on their own
-    for index, obj in enumerate(objects):
-        first = max(index * per_object, skip_prefix_n_blocks)
-        end = min((index + 1) * per_object, ids.numel())
+    call = _BlockCall(op, backend, facts, store, bs, group, rows, row_bytes, objects, ids, ids_as_given,
+                      lmcache_chunk_size // bs)
+    _move_or_batch(call, skip_prefix_n_blocks)
+    repeats.keep(handle, _launch_batch(call, handle is not None))
+
+
+def _move_or_batch(call: _BlockCall, skip: int) -> None:
+    """Move every object the batch cannot take on its own, and gather the others into the batch."""
+    group, bs, per_object = call.group, call.bs, call.per_object
+    for index, obj in enumerate(call.objects):
+        first = max(index * per_object, skip)
+        end = min((index + 1) * per_object, call.ids.numel())
         if first >= end:
             continue
         token_offset = (first - index * per_object) * bs
         shape = (obj.shape, obj.stride(), obj.dtype, obj.device, obj.is_cpu and obj.is_pinned())
-        if token_offset == 0 and shape == batch_shape:
+        if token_offset == 0 and shape == call.batch_shape:
             # The batch's shape, strides and placement: its layout, checked once.
-            batch.append((index, obj.view(-1).view(torch.uint8), first, end))
+            call.batch.append((index, obj.view(-1).view(torch.uint8), first, end))
             continue
         what = f"lmcache_objects_ptrs[{index}]"
-        offsets, pitch, layer_stride = _object_regions(obj, facts, row_bytes, plane_count, layers, token_offset, what, op)
-        if token_offset == 0 and batch_shape is None and _kernel_reaches(group, obj):
-            batch_shape, batch_regions = shape, (tuple(offsets), tuple(pitch), layer_stride)
-            batch.append((index, obj.view(-1).view(torch.uint8), first, end))
+        offsets, pitch, layer_stride = _object_regions(obj, call.facts, call.row_bytes, group.plane_count,
+                                                       group.layer_count, token_offset, what, call.op)
+        if token_offset == 0 and call.batch_shape is None and _kernel_reaches(group, obj):
+            call.batch_shape, call.batch_regions = shape, (tuple(offsets), tuple(pitch), layer_stride)
+            call.batch.append((index, obj.view(-1).view(torch.uint8), first, end))
             continue
-        alone += 1
-        move(group, PlaneSlots(ids, first * bs, (end - first) * bs, rows_per_id=bs), obj, offsets, pitch,
-              layer_stride, store, op, what, backend)
-    # A repeat makes the call's one launch again over other objects and block ids of the same shapes
-    # (see "repeated calls" in `moves`): where that launch moved every object it reached, on the caches' device.
-    repeatable = (handle is not None and not alone and bool(batch) and batch_shape[3] == group.device
-                  and ids_as_given)
+        call.alone += 1
+        move(group, PlaneSlots(call.ids, first * bs, (end - first) * bs, rows_per_id=bs), obj, offsets, pitch,
+             layer_stride, call.store, call.op, what, call.backend)
+
+
+def _launch_batch(call: _BlockCall, keeping: bool):
+    """Move the batch in one launch; returns the call's repeat (`never` where it has none). A repeat
+    makes that launch again over other objects and block ids of the same shapes (see "repeated
+    calls" in `moves`): only where it moved every object the call reached, on the caches' device."""
+    group, bs, batch = call.group, call.bs, call.batch
+    if not batch:
+        return never
+    repeatable = keeping and not call.alone and call.batch_shape[3] == group.device and call.ids_as_given
+    offsets, pitch, layer_stride = call.batch_regions
+    first_index = batch[0][0]
     if len(batch) == 1:
         index, obj_bytes, first, end = batch[0]
-        offsets, pitch, layer_stride = batch_regions
-        launch = move(group, PlaneSlots(ids, first * bs, (end - first) * bs, rows_per_id=bs), obj_bytes, offsets,
-                       pitch, layer_stride, store, op, f"lmcache_objects_ptrs[{index}]", backend, repeatable)
-        if launch is not None and launch is not never:
-            repeats.keep(handle, _BlockRepeat(launch, True, SameLayout(objects[index], len(objects)), index,
-                                               index + 1, bs, rows, group.device))
-            return
-    elif batch:
-        offsets, pitch, layer_stride = batch_regions
-        regions = strided_regions(row_bytes, (per_object * bs,) * plane_count, offsets, pitch, layer_stride, layers)
+        launch = move(group, PlaneSlots(call.ids, first * bs, (end - first) * bs, rows_per_id=bs), obj_bytes, offsets,
+                      pitch, layer_stride, call.store, call.op, f"lmcache_objects_ptrs[{index}]", call.backend,
+                      repeatable)
+        single = True
+    else:
+        regions = strided_regions(call.row_bytes, (call.per_object * bs,) * group.plane_count, offsets, pitch,
+                                  layer_stride, group.layer_count)
         spans = tuple((first * bs, (end - first) * bs) for _, _, first, end in batch)
         chunks = chunk_buffers([obj_bytes for _, obj_bytes, _, _ in batch])
-        resolved = resolve_chunk_batch(ids, chunks, _object_rows(group, regions, spans), store=store, rows_per_id=bs)
-        transfer_chunk_batches([resolved], backend=backend)
-        launch = prepare_chunks_relaunch(resolved, backend=backend) if repeatable else None
-        if launch is not None:
-            repeats.keep(handle, _BlockRepeat(launch, False, SameLayout(objects[batch[0][0]], len(objects)),
-                                               batch[0][0], batch[-1][0] + 1, bs, rows, group.device))
-            return
-    repeats.keep(handle, never)
+        resolved = resolve_chunk_batch(call.ids, chunks, _object_rows(group, regions, spans), store=call.store,
+                                       rows_per_id=bs)
+        transfer_chunk_batches([resolved], backend=call.backend)
+        launch = prepare_chunks_relaunch(resolved, backend=call.backend) if repeatable else None
+        single = False
+    if launch is None or launch is never:
+        return never
+    alike = SameLayout(call.objects[first_index], len(call.objects))
+    return _BlockRepeat(launch, single, alike, first_index, batch[-1][0] + 1, bs, call.rows, group.device)
 
 
 _SHAPE_DESC_FIELDS = ("nb", "nl", "bs", "nh", "hs", "dtype", "element_size", "block_stride_elems", "kv_size")
@@ -425,12 +445,9 @@ def _object_regions(obj: torch.Tensor, facts: FormatFacts, row_bytes: list[int],
     total = obj.numel() * obj.element_size()
     if not obj.is_contiguous():
         raise TransferError(f"{op}: {what} has strides {obj.stride()}; allowed: a contiguous tensor")
-    if facts.kv_tuple and facts.mla:  # [NL, T, row]: the planes' bytes side by side in each token row
-        token_row = obj.shape[-1] * obj.element_size() if obj.dim() == 3 else sum(row_bytes)
-        if sum(row_bytes) > token_row:
-            raise TransferError(f"{op}: {what} rows hold {token_row} bytes; the planes need {sum(row_bytes)}")
-        offsets = [token_offset * token_row + sum(row_bytes[:p]) for p in range(planes)]
-        return offsets, [token_row] * planes, total // layers
+    placed = layout_of(facts).block_object_regions
+    if placed is not None:
+        return placed(obj, row_bytes, layers, token_offset, _refusal(f"{op}: {what} "))
     if facts.hnd:  # per K/V (or the one packed plane) the heads' bytes side by side in a token row
         halves = 1 if facts.fused else 2
         per_half = planes // halves
