@@ -119,7 +119,7 @@ class Flag(
         return self.owned_by_patches or not self.name.startswith(FLAG_PREFIX)
 
 
-# The spec types that hold state a prefix reuse does not need (`SpecKind.SKIP` in the spec table):
+# The compressor-state spec types that may be skipped on request (`SpecKind.SKIP` in the spec table):
 # the only names LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST may hold.  Any other name would leave out
 # KV that reuse needs (a sliding window's, say), and the reused outputs would silently be wrong.
 STATE_SPEC_NAMES: tuple[str, ...] = names_of_kind(SpecKind.SKIP)
@@ -153,8 +153,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "LMCACHE_ASCEND_SKIP_STATE_GROUPS",
         FlagKind.BOOL,
-        True,
-        "Do not store or load KV-cache groups that hold recurrent state (DeepSeek-V4 *State* specs).",
+        False,
+        "Do not store or load the DeepSeek-V4 compressor-state KV-cache groups (*State* specs). Off by default: "
+        "a resumed prefill reads state rows from before the chunk boundary (ratio 4 always, its windows overlap; "
+        "ratio 128 where the prefix does not end on a multiple of 128, as when LMCache recomputes a whole "
+        "prompt's last token), so skipping them changes the outputs. Only for a model whose compressors read "
+        "no state across a boundary.",
         lmcache_config_key="ascend_skip_state_groups",
     ),
     Flag(

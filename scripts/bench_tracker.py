@@ -17,7 +17,7 @@ cases differ only in how the model's KV cache is split into groups:
 - ``ours 5 groups``: the same tokens split into DeepSeek-V4's 5 CUDA groups
   (block sizes 256/64/64/4/8, one sliding window);
 - ``ours 11 groups``: the same tokens in vllm-ascend's 11 DeepSeek-V4 groups
-  (six state groups skipped, one sliding window).
+  (the six compressor-state groups moved, as by default; one sliding window).
 
 Upstream cannot run the multi-group cases (it keeps ``block_ids[0]`` and
 would build wrong slots), so its single-group cost on the same tokens is the
@@ -69,7 +69,6 @@ lmcache_ascend.deactivate()
 from lmcache_ascend.compat.versions import installed_version  # noqa: E402
 from lmcache_ascend.patches import State, registry  # noqa: E402
 from tests.fixtures.kv_cache_configs import (  # noqa: E402
-    DSV4_ASCEND_STATE_GROUPS,
     KVCacheFixture,
     dsv4_ascend_kv_cache_config,
     dsv4_cuda_kv_cache_config,
@@ -96,11 +95,10 @@ METRICS = (
 
 
 class BlockAllocator:
-    """Hands out fresh block ids per group as a request grows (state groups: one block)."""
+    """Hands out fresh block ids per group as a request grows (every group, the moved state groups too)."""
 
     def __init__(self, fixture: KVCacheFixture, first_id: int = 1) -> None:
         self.block_sizes = [g.kv_cache_spec.block_size for g in fixture.kv_cache_config.kv_cache_groups]
-        self.state = {i for i, _ in DSV4_ASCEND_STATE_GROUPS} if fixture.name.startswith("dsv4-ascend") else set()
         self.held = [0] * len(self.block_sizes)
         self.next_id = first_id
 
@@ -109,7 +107,7 @@ class BlockAllocator:
         a running request's new blocks: one list per group, or None when no group gets one."""
         new = []
         for group, size in enumerate(self.block_sizes):
-            wanted = 1 if group in self.state else -(-num_tokens // size)
+            wanted = -(-num_tokens // size)
             count = max(0, wanted - self.held[group])
             new.append(list(range(self.next_id, self.next_id + count)))
             self.next_id += count

@@ -9,8 +9,8 @@ Bundled (LMCACHE_ASCEND_BUNDLE_MULTI_SPEC=1) a layer's planes travel together in
 one launch; exploded (=0) each plane becomes its own pseudo-layer and planes are
 grouped one by one (more launches, simplest kernels).
 
-Planes of scheduler groups that are not transferred (recurrent-state groups
-under the state-skip policy, LMCACHE_ASCEND_SKIP_STATE_GROUPS) are left out of
+Planes of scheduler groups that are not transferred (compressor-state groups
+when LMCACHE_ASCEND_SKIP_STATE_GROUPS asks to skip them) are left out of
 the plan: never stored, never loaded.
 
 Pure logic: torch only, no vLLM / LMCache.

@@ -5,14 +5,19 @@ by class name, with one of three kinds:
 
 - ``MOVE``: per-token (or per compressed row) KV that the overlay's row rules
   move exactly (full attention, sliding windows, MLA, compressed MLA);
-- ``SKIP``: not needed to reuse a prefix that ends on a chunk boundary, so it is
-  left out (DeepSeek-V4's compressor/indexer ``*State*`` specs on vllm-ascend,
-  encoder-only attention, which keeps nothing between steps);
+- ``SKIP``: DeepSeek-V4's compressor/indexer ``*State*`` specs on vllm-ascend,
+  the only groups ``LMCACHE_ASCEND_SKIP_STATE_GROUPS`` may leave out. They are
+  moved by default: a prefill resumed after a reused prefix reads state rows
+  from before the chunk boundary (the ratio-4 compressors' windows overlap the
+  previous window; any ratio reads its open window when the prefix does not end
+  on a multiple of the ratio, as when LMCache recomputes a whole prompt's last
+  token), so leaving them out would change the outputs;
 - ``NO_REUSE``: state or KV without which a reused prefix cannot be exact here
   (a Mamba layer's recurrent state is the state after the whole request, not
   per token; cross-attention KV comes from the encoder input, not the prefix;
-  layouts the overlay has no row rule for). A model with such a group gets no
-  reuse from LMCache: every lookup reports nothing, and the start log says why.
+  layouts the overlay has no row rule for), or nothing to reuse at all
+  (encoder-only attention). A model with such a group gets no reuse from
+  LMCache: every lookup reports nothing, and the start log says why.
 
 `classify` takes a spec's class name and the names of its ancestors (the MRO,
 most derived first), so it runs without importing vLLM: the first name found in
@@ -40,7 +45,7 @@ __all__ = [
 
 class SpecKind(enum.Enum):
     MOVE = "KV to move"
-    SKIP = "not needed for reuse, skipped"
+    SKIP = "compressor state, skipped only on request"
     NO_REUSE = "state without which reuse is impossible"
 
 
@@ -60,6 +65,11 @@ _RECURRENT = (
     "not per-token KV: a prefix's state cannot be read from a later request's cache"
 )
 _NO_ROW_RULE = "the overlay has no exact row rule for this layout"
+_COMPRESSOR_STATE = (
+    "DeepSeek-V4 compressor state: a resumed prefill reads its rows from before the chunk boundary "
+    "(overlapping ratio-4 windows; an open window where the prefix does not end on a multiple of the ratio), "
+    "so it is moved unless LMCACHE_ASCEND_SKIP_STATE_GROUPS asks to skip it"
+)
 
 # name -> (kind, reason). Abstract bases are absent on purpose: a spec that is only a
 # KVCacheSpec / AttentionSpec is not known.
@@ -72,7 +82,7 @@ SPEC_KINDS: dict[str, tuple[SpecKind, str]] = {
     "MLAAttentionSpec": (SpecKind.MOVE, "per-token latent KV (one row per token, or per compress_ratio tokens)"),
     "SlidingWindowSpec": (SpecKind.MOVE, "per-token K/V; each chunk's last window is moved"),
     "SlidingWindowMLASpec": (SpecKind.MOVE, "per-token latent KV in a sliding window"),
-    "EncoderOnlyAttentionSpec": (SpecKind.SKIP, "encoder-only attention keeps no KV between steps"),
+    "EncoderOnlyAttentionSpec": (SpecKind.NO_REUSE, "encoder-only attention keeps no KV between steps: nothing to reuse"),
     "MambaSpec": (SpecKind.NO_REUSE, _RECURRENT),
     "CrossAttentionSpec": (SpecKind.NO_REUSE, "cross-attention KV is computed from the encoder input, not the prefix"),
     "ChunkedLocalAttentionSpec": (
@@ -90,12 +100,12 @@ SPEC_KINDS: dict[str, tuple[SpecKind, str]] = {
     "AscendMLAAttentionSpec": (SpecKind.MOVE, "per-token MLA planes (latent, rope, indexer keys, scales)"),
     "AscendSlidingWindowMLASpec": (SpecKind.MOVE, "per-token latent KV in a sliding window"),
     # vllm-ascend's DeepSeek-V4 compressor / indexer state (C4 indexer KV itself is MLA KV)
-    "C4AttnKVState": (SpecKind.SKIP, "DeepSeek-V4 compressor state: rebuilt from the prefix at a chunk boundary"),
-    "C4AttnScoreState": (SpecKind.SKIP, "DeepSeek-V4 compressor scores: rebuilt at a chunk boundary"),
-    "C4IndexerKVState": (SpecKind.SKIP, "DeepSeek-V4 indexer compressor state: rebuilt at a chunk boundary"),
-    "C4IndexerScoreState": (SpecKind.SKIP, "DeepSeek-V4 indexer compressor scores: rebuilt at a chunk boundary"),
-    "C128AttnKVState": (SpecKind.SKIP, "DeepSeek-V4 compressor state: rebuilt at a chunk boundary"),
-    "C128AttnScoreState": (SpecKind.SKIP, "DeepSeek-V4 compressor scores: rebuilt at a chunk boundary"),
+    "C4AttnKVState": (SpecKind.SKIP, _COMPRESSOR_STATE),
+    "C4AttnScoreState": (SpecKind.SKIP, _COMPRESSOR_STATE),
+    "C4IndexerKVState": (SpecKind.SKIP, _COMPRESSOR_STATE),
+    "C4IndexerScoreState": (SpecKind.SKIP, _COMPRESSOR_STATE),
+    "C128AttnKVState": (SpecKind.SKIP, _COMPRESSOR_STATE),
+    "C128AttnScoreState": (SpecKind.SKIP, _COMPRESSOR_STATE),
 }
 
 # Wrappers whose members are the specs to classify.
@@ -120,6 +130,6 @@ def classify(class_name: str, ancestor_names: Sequence[str] | Iterable[str] = ()
             return SpecVerdict(kind=entry[0], reason=entry[1], classified_as=name)
     raise UnknownSpecError(
         f"KV-cache spec type {class_name!r} (classes {[class_name, *ancestor_names]}) is not classified: "
-        "lmcache-ascend cannot tell whether it is KV to move, state it may skip, or state that makes reuse "
-        f"impossible; known types: {', '.join(sorted(SPEC_KINDS))}"
+        "lmcache-ascend cannot tell whether it is KV to move, compressor state it may skip on request, "
+        f"or state that makes reuse impossible; known types: {', '.join(sorted(SPEC_KINDS))}"
     )

@@ -1,16 +1,24 @@
-"""Which KV-cache groups hold recurrent state and are left out of LMCache.
+"""Which KV-cache groups hold compressor state, and whether they are left out of LMCache.
 
 DeepSeek-V4 on vllm-ascend has groups whose specs hold compressor/indexer
-state (class names ending in ``State``) rather than per-token KV; they are not
-needed to reuse a prefix, so storing them only costs space and bandwidth. The
-C4 indexer KV group is real per-token KV and is kept.
+state (class names ending in ``State``) rather than per-token KV. They are
+moved like any other group by default, because a prefill resumed after a
+reused prefix reads them: the ratio-4 compressors' windows overlap, so the
+previous window's state rows are read at every chunk boundary, and any
+compressor reads its open window when the prefix does not end on a multiple of
+its ratio (LMCache recomputes a whole prompt's last token, so a full hit
+resumes one token short of a 128 boundary). Left out, those rows would be the
+new request's stale blocks, and the outputs would silently differ.
+vllm-ascend's own prefix cache keeps them too (as sliding-window groups).
 
 The decision comes from two flags (see `lmcache_ascend.flags`):
-``LMCACHE_ASCEND_SKIP_STATE_GROUPS`` (on by default) and
+``LMCACHE_ASCEND_SKIP_STATE_GROUPS`` (off by default; an opt-in for a model
+whose compressors read no state across a chunk boundary) and
 ``LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST`` (spec class names to skip, each a
-type `spec_kinds.SPEC_KINDS` knows; empty keeps `DEFAULT_STATE_SPEC_CLASS_NAMES`).
-Groups whose spec makes reuse impossible (``SpecKind.NO_REUSE``) are never moved,
-whatever the flags say.
+type `spec_kinds.SPEC_KINDS` classes ``SKIP``; empty keeps
+`DEFAULT_STATE_SPEC_CLASS_NAMES`). The C4 indexer KV group is real per-token KV
+and is never skipped. Groups whose spec makes reuse impossible
+(``SpecKind.NO_REUSE``) are never moved, whatever the flags say.
 """
 
 from __future__ import annotations
@@ -25,18 +33,19 @@ __all__ = [
     "policy_from_values",
 ]
 
-# The spec types classified as not needed for reuse (`spec_kinds.SpecKind.SKIP`):
-# vllm-ascend's DeepSeek-V4 state specs among them. The C4 indexer *KV* spec is
-# deliberately absent: its rows are needed for reuse.
+# The spec types the skip may leave out (`spec_kinds.SpecKind.SKIP`): vllm-ascend's
+# DeepSeek-V4 compressor-state specs. The C4 indexer *KV* spec is deliberately
+# absent: its rows are per-token KV.
 DEFAULT_STATE_SPEC_CLASS_NAMES: frozenset[str] = frozenset(names_of_kind(SpecKind.SKIP))
 
 
 @dataclass(frozen=True)
 class StateGroupPolicy:
-    """``skip_state_groups``: whether state groups are skipped at all;
-    ``state_spec_class_names``: the spec class names that count as state."""
+    """``skip_state_groups``: whether state groups are skipped at all (off: they
+    are moved, which keeps a reused prefix exact); ``state_spec_class_names``:
+    the spec class names that count as state."""
 
-    skip_state_groups: bool = True
+    skip_state_groups: bool = False
     state_spec_class_names: frozenset[str] = DEFAULT_STATE_SPEC_CLASS_NAMES
 
     def is_state_spec(self, spec_class_name: str) -> bool:

@@ -184,7 +184,7 @@ def test_wait_for_save_then_start_load_kv_round_trips_every_group(patches, pipel
         assert isinstance(engine.gpu_connector, MultiGroupGPUConnector)
         saver._parent._connector_metadata = store_meta
         saver.wait_for_save()
-        assert engine.gpu_connector.launches == 5  # one launch per layer group moves all 3 chunks
+        assert engine.gpu_connector.launches == 11  # one launch per layer group (state groups too) moves all 3 chunks
 
         target = dsv4_ascend_kv_caches("zeros")
         loader = _worker(fixture, config, engine)
@@ -272,7 +272,7 @@ def test_a_steps_store_slots_are_resolved_at_hand_over_and_the_store_only_indexe
 
 @pytest.mark.parametrize(
     ("environ", "expected_layer_groups"),
-    [({}, 5), ({"LMCACHE_ASCEND_BUNDLE_MULTI_SPEC": "0"}, 11)],
+    [({}, 11), ({"LMCACHE_ASCEND_BUNDLE_MULTI_SPEC": "0"}, 17)],
     ids=["bundled", "exploded"],
 )
 def test_register_honours_the_bundle_flag(patches, monkeypatch, environ, expected_layer_groups):
@@ -329,7 +329,7 @@ def test_chunks_with_rows_on_the_null_block_are_not_persisted(patches, pipeline_
         saver.register_kv_caches(dsv4_ascend_kv_caches("random", seed=5).kv_caches)
         saver._parent._connector_metadata = store_meta
         saver.wait_for_save()
-        assert engine.gpu_connector.launches == 1 * 5  # chunk 2 only, 5 layer groups
+        assert engine.gpu_connector.launches == 1 * 11  # chunk 2 only, 11 layer groups
         # Chunk 0 was not stored, so the prompt has no LMCache prefix hit at all.
         assert engine.lookup(list(range(2000, 2000 + PROMPT_TOKENS))) == 0
     finally:
@@ -372,7 +372,7 @@ def test_prefill_node_never_persists_chunks_with_rows_on_the_null_block(
         saver._parent._connector_metadata = store_meta
         with caplog.at_level(logging.WARNING, logger="lmcache_ascend"):
             saver.wait_for_save()
-        assert engine.gpu_connector.launches == 1 * 5  # chunk 2 only
+        assert engine.gpu_connector.launches == 1 * 11  # chunk 2 only
         assert engine.lookup(tokens) == 0
         skipped = [r for r in caplog.records if r.name == "lmcache_ascend" and r.levelno == logging.WARNING]
         assert len(skipped) == 1 and "req-producer" in skipped[0].getMessage()

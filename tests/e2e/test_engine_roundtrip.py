@@ -4,9 +4,9 @@ The DeepSeek-V4-like model of `tests.fixtures` (11 real vLLM KV-cache groups;
 MLA pairs, DSA, MERGED, an int8 blob with dtype views, DSA-C8, state groups)
 stores a 3-chunk prompt from random caches and retrieves it into zeroed ones.
 Every byte of every registered tensor is compared with an expectation computed
-here from the slot mappings alone: moved rows equal the source, everything
-else (state groups, null-block rows, sliding-window rows before each chunk's
-tail, unused blocks) stays zero.
+here from the slot mappings alone: moved rows (the state groups' too, moved by
+default) equal the source, everything else (null-block rows, sliding-window
+rows before each chunk's tail, unused blocks) stays zero.
 """
 
 from __future__ import annotations
@@ -30,8 +30,13 @@ NUM_TOKENS = 3 * CHUNK
 METADATA_PATCH = "lmcache-metadata-chunk-bytes"
 _instance_ids = itertools.count()
 
-# Block ids per scheduler group (block 0 is vLLM's null block: its rows are -1).
-BLOCK_IDS = {0: [0, 5], 1: [3], 2: [7, 2, 5, 1, 6, 4], 3: [6, 2], 8: [4]}
+# Block ids per scheduler group (block 0 is vLLM's null block: its rows are -1). The state
+# groups (4-7, 9, 10: one row per token, 128-token blocks) are moved by default, so they have tables too.
+BLOCK_IDS = {
+    0: [0, 5], 1: [3], 2: [7, 2, 5, 1, 6, 4], 3: [6, 2], 8: [4],
+    4: [1, 2, 3, 4, 5, 6], 5: [6, 5, 4, 3, 2, 1], 6: [2, 4, 6, 1, 3, 5], 7: [7, 6, 5, 4, 3, 2],
+    9: [3, 1, 4, 7, 5, 2], 10: [5, 7, 1, 2, 6, 3],
+}
 
 
 @pytest.fixture
@@ -120,11 +125,12 @@ def test_store_then_retrieve_every_group_byte_exact(metadata_patch, config_and_g
         tokens = torch.arange(NUM_TOKENS)
         engine.store(tokens, slot_mappings_by_group=slot_mappings)
         launches_per_store = connector.launches
-        # One launch per layer group moves the store's 3 chunks; bundled, the 5 kept scheduler
-        # groups give 5 layer groups; exploded, each distinct plane identity is its own (11).
+        # One launch per layer group moves the store's 3 chunks; bundled, the 11 scheduler groups
+        # (state groups included) give 11 layer groups; exploded, each distinct plane identity is its own (17).
         assert connector.tokens_stored == 3 * connector.chunk_size
         assert launches_per_store == len(connector.planner.layer_groups)
-        assert len(connector.planner.layer_groups) == (5 if bundle else 11)
+        assert len(connector.planner.layer_groups) == (11 if bundle else 17)
+        assert set(connector.planner.scheduler_groups_in_use()) == set(range(11))
 
         _plan(engine, target, kv_cache_config, kv_groups, bundle)  # register the zeroed caches
         retrieved = engine.retrieve(tokens, slot_mappings_by_group=slot_mappings)
@@ -139,8 +145,14 @@ def test_store_then_retrieve_every_group_byte_exact(metadata_patch, config_and_g
 
 def test_state_groups_are_skipped_and_window_holds_only_its_tail(metadata_patch, config_and_groups):
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
+    from lmcache_ascend.multigroup.specs import kv_groups_from_config
+    from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 
-    kv_cache_config, kv_groups = config_and_groups
+    kv_cache_config, _ = config_and_groups
+    # Skipping is an opt-in (a resumed prefill reads DeepSeek-V4's compressor state): asked for here.
+    kv_groups = kv_groups_from_config(
+        kv_cache_config, dsv4_ascend_kv_cache_config().vllm_block_size, StateGroupPolicy(skip_state_groups=True)
+    )
     source = dsv4_ascend_kv_caches("random", seed=2)
     slot_mappings = _slot_mappings(kv_groups)
     # Give the state groups slots too: they must still not be stored.

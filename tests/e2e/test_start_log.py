@@ -114,7 +114,10 @@ def test_registration_logs_one_start_line(patches, hash_patch, collected, monkey
             "the same in every process); KV-cache groups moved: 0 C4AttnKV (block 512, compress ratio 4), "
             "1 C128AttnKV (block 16384, compress ratio 128), 2 C1AttnKV (block 128), 3 C4IndexerKV "
         ), line
-        assert "8 C128SlidingWindowKV (block 16384, compress ratio 128, window 128); skipped: 4 C4AttnKVState" in line
+        # The compressor-state groups are moved by default: nothing is skipped.
+        assert "4 C4AttnKVState (block 128), " in line
+        assert "8 C128SlidingWindowKV (block 16384, compress ratio 128, window 128), " in line
+        assert "10 C128AttnScoreState (block 128); skipped: none; " in line
         assert line.endswith("transfers by lmcache-ascend's MultiGroupGPUConnector")
     finally:
         LMCacheEngineBuilder.destroy("ascend-adapter-e2e")

@@ -89,13 +89,13 @@ def test_every_moved_group_counts_and_a_skipped_state_group_does_not():
     check_chunk_size(ascend, 256)  # several chunks in one block of each compressed group
     with pytest.raises(MultiGroupConfigError, match="set chunk_size to 256 or 512"):
         check_chunk_size(ascend, 384)
-    # A group that is not moved does not constrain the chunk.
+    # A state group is moved by default, so it constrains the chunk; skipped on request, it does not.
     groups = (KVGroupSpec(0, "Full", 128), KVGroupSpec(1, "C4AttnKVState", 96, is_state=True))
-    kv_groups = kv_groups_from_specs(groups, 32, StateGroupPolicy())
+    with pytest.raises(MultiGroupConfigError, match=r"96 \(group 1 C4AttnKVState\)"):
+        check_chunk_size(kv_groups_from_specs(groups, 32, StateGroupPolicy()), 256)
+    kv_groups = kv_groups_from_specs(groups, 32, StateGroupPolicy(skip_state_groups=True))
     assert kv_groups.transferred == (True, False)
     check_chunk_size(kv_groups, 256)
-    with pytest.raises(MultiGroupConfigError, match=r"96 \(group 1 C4AttnKVState\)"):
-        check_chunk_size(kv_groups_from_specs(groups, 32, StateGroupPolicy(skip_state_groups=False)), 256)
 
 
 def test_compress_ratio_rule_still_comes_first():

@@ -134,7 +134,7 @@ def test_layout_rejects_groups_out_of_order_and_all_skipped():
         KVGroups(groups, 16)
     only_state = (KVGroupSpec(0, "C4AttnKVState", 16, is_state=True),)
     with pytest.raises(ValueError, match="every KV-cache group would be skipped"):
-        kv_groups_from_specs(only_state, 16, StateGroupPolicy())
+        kv_groups_from_specs(only_state, 16, StateGroupPolicy(skip_state_groups=True))
 
 
 def test_state_policy_default_allowlist_and_switch():
@@ -143,15 +143,17 @@ def test_state_policy_default_allowlist_and_switch():
         "C4AttnKVState", "C4AttnScoreState", "C4IndexerKVState", "C4IndexerScoreState", "C128AttnKVState",
         "C128AttnScoreState",
     }
+    # Moved by default: a resumed DeepSeek-V4 prefill reads compressor state from before the chunk boundary.
     default = policy_from_environment({})
-    assert default.skip_state_groups and default.state_spec_class_names == DEFAULT_STATE_SPEC_CLASS_NAMES
+    assert not default.skip_state_groups and default.state_spec_class_names == DEFAULT_STATE_SPEC_CLASS_NAMES
+    assert default == StateGroupPolicy()
     custom = policy_from_environment({"LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST": "C4AttnKVState, C128AttnKVState"})
     assert custom.state_spec_class_names == frozenset({"C4AttnKVState", "C128AttnKVState"})
     # A misspelt name would leave every other state group moved: refused, naming it.
     with pytest.raises(ValueError, match="names C4AttnKVStat, which is no known KV-cache spec type"):
         policy_from_environment({"LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST": "C4AttnKVStat, C128AttnKVState"})
-    off = policy_from_environment({"LMCACHE_ASCEND_SKIP_STATE_GROUPS": "0"})
-    assert not off.skip_state_groups
+    on = policy_from_environment({"LMCACHE_ASCEND_SKIP_STATE_GROUPS": "1"})
+    assert on.skip_state_groups and on.state_spec_class_names == DEFAULT_STATE_SPEC_CLASS_NAMES
     with pytest.raises(ValueError, match="LMCACHE_ASCEND_SKIP_STATE_GROUPS='maybe'"):
         policy_from_environment({"LMCACHE_ASCEND_SKIP_STATE_GROUPS": "maybe"})
     with pytest.raises(ValueError, match="LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST"):
@@ -160,14 +162,14 @@ def test_state_policy_default_allowlist_and_switch():
 
 def test_flag_beats_lmcache_config_value(monkeypatch):
     class Config:
-        ascend_skip_state_groups = False
+        ascend_skip_state_groups = True
         ascend_skip_state_spec_allowlist = ("C128AttnKVState",)
 
     monkeypatch.delenv("LMCACHE_ASCEND_SKIP_STATE_GROUPS", raising=False)
     monkeypatch.delenv("LMCACHE_ASCEND_SKIP_STATE_SPEC_ALLOWLIST", raising=False)
-    assert policy_for_config(Config()) == StateGroupPolicy(False, frozenset({"C128AttnKVState"}))
-    monkeypatch.setenv("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "1")
-    assert flag_value("LMCACHE_ASCEND_SKIP_STATE_GROUPS", lmcache_config=Config()) is True
+    assert policy_for_config(Config()) == StateGroupPolicy(True, frozenset({"C128AttnKVState"}))
+    monkeypatch.setenv("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "0")
+    assert flag_value("LMCACHE_ASCEND_SKIP_STATE_GROUPS", lmcache_config=Config()) is False
     assert policy_for_config(None) == StateGroupPolicy()
 
 
@@ -254,11 +256,13 @@ def test_step_block_ids_need_enough_blocks():
 
 
 def test_step_block_ids_ship_compact_numpy_ids_and_resolve_per_direction():
-    kv_groups = _kv_groups(
+    # The state group is skipped on request, so the step also shows a group that ships nothing.
+    groups = (
         KVGroupSpec(0, "C4AttnKV", 16, 4),
         KVGroupSpec(1, "C4AttnKVState", 4, is_state=True),
         KVGroupSpec(2, "SWA", 8, 1, sliding_window=4),
     )
+    kv_groups = kv_groups_from_specs(groups, 4, StateGroupPolicy(skip_state_groups=True))
     tracker = GroupBlockTracker.for_new_request(([1, 2, 9], [3, 4, 5, 6], [7, 8, 9, 10, 11]), 3)
     step = step_block_ids(kv_groups, tracker, num_tokens=32, chunk_size=16, vllm_cached_tokens=8)
     assert step.transferred_groups(kv_groups) == (0, 2)

@@ -65,7 +65,7 @@ def _resolve(step, kv_groups, cached_tokens=0):
     return {g: flat[device_slots.offsets[g] : device_slots.offsets[g] + device_slots.lengths[g]] for g in device_slots.offsets}
 
 
-def _assert_rows(meta, fixture, block_ids_by_group, chunk_size=256, vllm_cached=0):
+def _assert_rows(meta, fixture, block_ids_by_group, chunk_size=256, vllm_cached=0, skipped=frozenset()):
     step = STEP_BLOCK_IDS.get(meta)
     assert step is not None
     num_tokens = len(meta.token_ids)
@@ -77,7 +77,7 @@ def _assert_rows(meta, fixture, block_ids_by_group, chunk_size=256, vllm_cached=
     assert step.geometry_digest == kv_groups.geometry_digest
     store, load = _resolve(step, kv_groups), _resolve(step, kv_groups, step.vllm_cached_tokens)
     for group, (block_size, ratio, window) in enumerate(_specs(fixture)):
-        if group in STATE_GROUPS and fixture.name.startswith("dsv4-ascend"):
+        if group in skipped:
             assert group not in store and group not in step.group_block_ids(kv_groups)
             continue
         ids = block_ids_by_group[group]
@@ -91,8 +91,9 @@ def _assert_rows(meta, fixture, block_ids_by_group, chunk_size=256, vllm_cached=
     return step, store, load
 
 
-def _dsv4_tables(first: int, num_tokens: int, one_state_block: bool = True) -> tuple[list[int], ...]:
-    """Block tables of the 11 DSv4 groups for `num_tokens` tokens, ids from `first` up."""
+def _dsv4_tables(first: int, num_tokens: int, one_state_block: bool = False) -> tuple[list[int], ...]:
+    """Block tables of the 11 DSv4 groups for `num_tokens` tokens, ids from `first` up (`one_state_block`:
+    the state groups hold one block, enough only when they are skipped)."""
     tables = []
     for group, (block_size, _, _) in enumerate(_specs(dsv4_ascend_kv_cache_config())):
         if group in STATE_GROUPS and one_state_block:
@@ -122,7 +123,7 @@ def test_dsv4_request_life_tracks_every_group_row_by_row(patched):
     assert _block_tracker(impl, "req-dsv4").block_id_lists() == [list(t) for t in tables_512]
     assert tracker.allocated_block_ids == tables_512[0]  # upstream's own field is untouched
     slots, store, _ = _assert_rows(req, fixture, tables_512)
-    assert slots.transferred_groups(_kv_groups_of(fixture)) == (0, 1, 2, 3, 8)
+    assert slots.transferred_groups(_kv_groups_of(fixture)) == tuple(range(11))  # state groups too
     # Upstream's own slot mapping: group 0's table in its 512-token blocks, owning its memory.
     assert req.slot_mapping.tolist() == reference_raw_slots(512, 1, tables_512[0], 512)
     assert req.slot_mapping.untyped_storage().nbytes() == 512 * 8
@@ -237,16 +238,23 @@ def test_single_group_results_identical_to_unpatched_lmcache():
     assert patched_tracker == unpatched_tracker  # no extra attribute on single-group trackers
 
 
-def test_state_groups_transferred_when_skipping_is_off(patched, monkeypatch):
-    monkeypatch.setenv("LMCACHE_ASCEND_SKIP_STATE_GROUPS", "0")
+@pytest.mark.parametrize("skip", [None, "1"], ids=["default", "skip-on"])
+def test_state_groups_move_by_default_and_are_skipped_only_on_request(patched, monkeypatch, skip):
+    """A resumed DeepSeek-V4 prefill reads compressor state from before the chunk boundary, so the
+    default moves every state group; the skip flag (the control) leaves all six out."""
+    if skip is None:
+        monkeypatch.delenv("LMCACHE_ASCEND_SKIP_STATE_GROUPS", raising=False)
+    else:
+        monkeypatch.setenv("LMCACHE_ASCEND_SKIP_STATE_GROUPS", skip)
     fixture = dsv4_ascend_kv_cache_config()
     impl = make_connector_impl(fixture)
-    tables = _dsv4_tables(1, 256, one_state_block=False)
+    tables = _dsv4_tables(1, 256, one_state_block=skip is not None)
     (req,) = RequestDriver(impl, "r", list(range(1, 257))).start(256, tables).requests
     slots = STEP_BLOCK_IDS.get(req)
     kv_groups = CONNECTOR_GROUPS.get(impl)
-    assert slots.transferred_groups(kv_groups) == tuple(range(11))
-    assert _resolve(slots, kv_groups)[4] == reference_raw_slots(128, 1, tables[4], 256)
+    skipped = STATE_GROUPS if skip else frozenset()
+    assert slots.transferred_groups(kv_groups) == tuple(g for g in range(11) if g not in skipped)
+    _assert_rows(req, fixture, tables, skipped=skipped)  # every moved group's rows, the state groups' too
 
 
 def test_metadata_with_block_ids_survives_pickling_to_workers(patched):
@@ -295,7 +303,6 @@ class _Tables:
 
     def __init__(self, fixture, first_id: int) -> None:
         self.specs = _specs(fixture)
-        self.state = STATE_GROUPS if fixture.name.startswith("dsv4-ascend") else set()
         self.next_id = first_id
         self.tables = [[] for _ in self.specs]
 
@@ -305,7 +312,7 @@ class _Tables:
             self.tables = [[] for _ in self.specs]
         new = []
         for group, (block_size, _, _) in enumerate(self.specs):
-            wanted = 1 if group in self.state else -(-num_tokens // block_size)
+            wanted = -(-num_tokens // block_size)
             count = max(0, wanted - len(self.tables[group]))
             new.append(list(range(self.next_id, self.next_id + count)))
             self.tables[group].extend(new[-1])

@@ -32,6 +32,7 @@ from lmcache_ascend.multigroup.spec_kinds import (
     SpecKind,
     UnknownSpecError,
     classify,
+    names_of_kind,
 )
 from lmcache_ascend.multigroup.specs import kv_groups_from_config
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
@@ -88,6 +89,16 @@ def test_classify_by_class_then_ancestors_and_refuse_unknown():
     assert (inherited.kind, inherited.classified_as) == (SpecKind.MOVE, "MLAAttentionSpec")
     with pytest.raises(UnknownSpecError, match="'NewSpec'.*not classified"):
         classify("NewSpec", ["AttentionSpec", "KVCacheSpec"])
+
+
+def test_only_deepseek_v4_compressor_states_may_be_skipped():
+    """SKIP names exactly the six compressor-state specs the skip flag may leave out; encoder-only
+    attention, which keeps nothing between steps, is no reuse rather than something to skip."""
+    assert names_of_kind(SpecKind.SKIP) == (
+        "C128AttnKVState", "C128AttnScoreState", "C4AttnKVState", "C4AttnScoreState", "C4IndexerKVState",
+        "C4IndexerScoreState",
+    )
+    assert classify("EncoderOnlyAttentionSpec").kind is SpecKind.NO_REUSE
 
 
 def _config(*specs) -> KVCacheConfig:
