@@ -174,6 +174,11 @@ def _settle(engine, timeout_s: float = 60.0) -> None:
         asyncio.run_coroutine_threadsafe(asyncio.sleep(0), backend.loop).result(timeout_s)
 
 
+def settle(worker) -> None:
+    """Runs inside each vLLM worker: `_settle` its engine."""
+    _settle(_engine())
+
+
 def arm(worker, fault: str, store: dict) -> None:
     """Runs inside each vLLM worker: the next ``retrieve`` (or, for ``<fault>@store``, ``store``) of
     its LMCache engine does `fault` first."""

@@ -167,6 +167,10 @@ def main(spec_path: str, out_path: str) -> None:
     for index, prompts in enumerate(spec["rounds"]):
         if index and spec.get("wait_for_stores"):
             wait_for_stores(llm)
+        if index and spec.get("faults"):
+            # The round before's remote writes complete first: a round after a server's restart
+            # must find what the round before stored, however slow the machine is.
+            llm.collective_rpc(faults.settle)
         fault = (spec.get("faults") or {}).get(str(index))
         if fault:
             llm.collective_rpc(faults.arm, args=(fault, spec["fault_store"]))
