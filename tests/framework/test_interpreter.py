@@ -11,18 +11,14 @@ import threading
 from lmcache_ascend.compat import interpreter
 
 
-def _module_file(tmp_path, name: str, body: str) -> None:
-    (tmp_path / f"{name}.py").write_text(body)
+def _module_file(tmp_path, monkeypatch, name: str, *lines: str) -> None:
+    """A module `name` of `lines` (after interpreter's import) importable from `tmp_path`."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / f"{name}.py").write_text("\n".join(("import sys", "from lmcache_ascend.compat import interpreter", *lines, "")))
 
 
 def test_a_module_is_initializing_while_its_body_runs_and_not_after(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(tmp_path))
-    _module_file(
-        tmp_path,
-        "interp_body_probe",
-        "import sys\nfrom lmcache_ascend.compat import interpreter\n"
-        "DURING = interpreter.is_initializing(sys.modules[__name__])\n",
-    )
+    _module_file(tmp_path, monkeypatch, "interp_body_probe", "DURING = interpreter.is_initializing(sys.modules[__name__])")
     module = importlib.import_module("interp_body_probe")
     try:
         assert module.DURING is True
@@ -32,14 +28,11 @@ def test_a_module_is_initializing_while_its_body_runs_and_not_after(tmp_path, mo
 
 
 def test_waiting_for_another_threads_import_returns_once_its_body_ends(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(tmp_path))
     _module_file(
-        tmp_path,
-        "interp_slow_probe",
-        "import sys, threading\nfrom lmcache_ascend.compat import interpreter\n"
-        "gate = sys.modules['interp_gate']\n"
-        "SELF_WAIT = interpreter.wait_for_import_elsewhere(__name__)\n"  # this thread's own import: no wait
-        "gate.started.set()\ngate.release.wait(10)\nDONE = True\n",
+        tmp_path, monkeypatch, "interp_slow_probe",
+        "gate = sys.modules['interp_gate']",
+        "SELF_WAIT = interpreter.wait_for_import_elsewhere(__name__)",  # this thread's own import: no wait
+        "gate.started.set()", "gate.release.wait(10)", "DONE = True",
     )
     gate = type(sys)("interp_gate")
     gate.started, gate.release = threading.Event(), threading.Event()
