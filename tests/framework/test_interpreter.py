@@ -14,11 +14,14 @@ from lmcache_ascend.compat import interpreter
 def _module_file(tmp_path, monkeypatch, name: str, *lines: str) -> None:
     """A module `name` of `lines` (after interpreter's import) importable from `tmp_path`."""
     monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / f"{name}.py").write_text("\n".join(("import sys", "from lmcache_ascend.compat import interpreter", *lines, "")))
+    header = ("import sys", "from lmcache_ascend.compat import interpreter")
+    (tmp_path / f"{name}.py").write_text("\n".join((*header, *lines, "")))
 
 
 def test_a_module_is_initializing_while_its_body_runs_and_not_after(tmp_path, monkeypatch):
-    _module_file(tmp_path, monkeypatch, "interp_body_probe", "DURING = interpreter.is_initializing(sys.modules[__name__])")
+    _module_file(
+        tmp_path, monkeypatch, "interp_body_probe", "DURING = interpreter.is_initializing(sys.modules[__name__])"
+    )
     module = importlib.import_module("interp_body_probe")
     try:
         assert module.DURING is True
@@ -44,7 +47,9 @@ def test_waiting_for_another_threads_import_returns_once_its_body_ends(tmp_path,
         module = sys.modules["interp_slow_probe"]
         assert interpreter.is_initializing(module)
         waited = []
-        waiter = threading.Thread(target=lambda: waited.append(interpreter.wait_for_import_elsewhere("interp_slow_probe")))
+        waiter = threading.Thread(
+            target=lambda: waited.append(interpreter.wait_for_import_elsewhere("interp_slow_probe"))
+        )
         waiter.start()
         waiter.join(0.5)
         assert waiter.is_alive(), "returned while the other thread's body was still running"
