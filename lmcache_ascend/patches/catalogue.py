@@ -102,6 +102,10 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
     _entry("lmcache-redis-get-releases", "lmcache.redis_get_releases",
            "lmcache.v1.storage_backend.connector.redis_connector", {"lmcache": ">=0.4.5,<0.6", "redis": ">=4"}),
     _entry("vllm-lmcache-chunk-size-early", "vllm.lmcache_chunk_size_early", "vllm.config.vllm", {"vllm": ">=0.18.0"}),
+    _entry("lmcache-redis-reconnect", "lmcache.redis_reconnect", "lmcache.v1.storage_backend.connector.redis_connector",
+           {"lmcache": ">=0.4.5,<0.6", "redis": ">=4.2"}),
+    _entry("lmcache-job-queue-cancelled-jobs", "lmcache.job_queue_cancelled_jobs",
+           "lmcache.v1.storage_backend.job_executor.pq_executor", {"lmcache": ">=0.4.5,<0.6"}),
 )
 
 # The declaration modules, in order.
