@@ -52,3 +52,19 @@ def run_fresh_python(code: str, env: dict[str, str] | None = None, timeout: floa
 @pytest.fixture
 def fresh_python():
     return run_fresh_python
+
+
+@pytest.fixture(params=[True, False], ids=["patched", "control"])
+def patched(request):
+    """The test module's ``PATCH`` applied for the test (True), or left off for its control run
+    (False): a test that takes this fixture runs twice and asserts what differs without the patch."""
+    from lmcache_ascend.patches import State, registry
+
+    name = request.module.PATCH
+    if request.param:
+        assert registry.apply_now(name) is State.APPLIED, registry.record(name).reason
+    else:
+        assert registry.record(name).state is not State.APPLIED
+    yield request.param
+    if request.param:
+        registry.revert(name)

@@ -13,6 +13,8 @@ slots keeps the poison) and lookups stop at it from then on. With the seal patch
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import shutil
 import time
 
@@ -31,6 +33,11 @@ from tests.e2e.test_engine_roundtrip import (  # noqa: F401 - fixtures
 )
 from tests.fixtures.kv_caches import assert_bytes_equal, dsv4_ascend_kv_caches, expected_after_roundtrip
 
+# A real Redis server, and redis-py for LMCache's Redis connector (LMCache installs it only with its full set).
+NEEDS_REDIS = pytest.mark.skipif(
+    shutil.which("redis-server") is None or importlib.util.find_spec("redis") is None,
+    reason="no redis-server on PATH, or no redis-py in this stack (LMCache's Redis connector needs it)",
+)
 SEAL_PATCHES = {"fs": "lmcache-remote-chunk-seal", "disk": "lmcache-disk-chunk-seal"}
 # Each store's engine settings, and how it names a chunk's file after the chunk's key.
 STORES = {
@@ -64,6 +71,34 @@ def _wait_for(condition, what: str, timeout_s: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} after {timeout_s} s")
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def stored_over_redis(config_and_groups, source, slot_mappings, tokens):
+    """A real LMCache engine over a fresh Redis server (LMCache's Redis connector, no local CPU cache)
+    that has stored `tokens` of `source` and whose chunks are all written; yields the engine, a
+    client of the server and its port."""
+    import redis
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from tests.engine.harness import redis_server
+
+    kv_cache_config, kv_groups = config_and_groups
+    with redis_server() as port:
+        client = redis.Redis(host="127.0.0.1", port=port)
+        instance_id, engine = _engine(None, local_cpu=False, max_local_cpu_size=0.05,
+                                      remote_url=f"redis://127.0.0.1:{port}", remote_serde="naive")
+        try:
+            _plan(engine, source, kv_cache_config, kv_groups)
+            engine.store(tokens, slot_mappings_by_group=slot_mappings)
+            _wait_for(lambda: len(client.keys(b"*kv_bytes")) == NUM_TOKENS // CHUNK
+                      and engine.lookup(tokens) == NUM_TOKENS, "the three chunks were not written")
+            yield engine, client, port
+        finally:
+            # LMCache 0.5.6's Redis connector shuts its job queue down from the event loop it then
+            # waits on, which hangs: the remote backend is left open until the process ends.
+            engine.storage_manager.storage_backends.pop("RemoteBackend", None)
+            LMCacheEngineBuilder.destroy(instance_id)
 
 
 def _chunk_files(tmp_path) -> list:
@@ -143,17 +178,12 @@ def test_without_the_seal_flipped_bytes_reach_the_caches(metadata_patch, store, 
     assert retrieved == NUM_TOKENS, "with the check off the damaged chunk is loaded as if whole"
 
 
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server on PATH")
+@NEEDS_REDIS
 def test_unreadable_redis_metadata_is_a_miss_and_its_key_goes(metadata_patch, config_and_groups):
     """A chunk whose metadata key holds nothing: LMCache's Redis get raised (the remote backend then
     cancelled the chunk's other gets, each ending a worker of the connector's job queue); with
     ``lmcache-redis-get-releases`` it is a miss, the chunks before it arrive byte-exact, the rest
     keep the poison, and the unreadable key is deleted."""
-    redis = pytest.importorskip("redis")
-    from lmcache.v1.cache_engine import LMCacheEngineBuilder
-
-    from tests.engine.harness import redis_server
-
     name = "lmcache-redis-get-releases"
     assert registry.apply_now(name) is State.APPLIED, registry.record(name).reason
     kv_cache_config, kv_groups = config_and_groups
@@ -163,26 +193,13 @@ def test_unreadable_redis_metadata_is_a_miss_and_its_key_goes(metadata_patch, co
                                                 kv_groups, kv_cache_config, CHUNK, CHUNK)
     tokens = torch.arange(NUM_TOKENS)
     try:
-        with redis_server() as port:
-            client = redis.Redis(host="127.0.0.1", port=port)
-            instance_id, engine = _engine(None, local_cpu=False, max_local_cpu_size=0.05,
-                                          remote_url=f"redis://127.0.0.1:{port}", remote_serde="naive")
-            try:
-                _plan(engine, source, kv_cache_config, kv_groups)
-                engine.store(tokens, slot_mappings_by_group=slot_mappings)
-                _wait_for(lambda: len(client.keys(b"*kv_bytes")) == NUM_TOKENS // CHUNK
-                          and engine.lookup(tokens) == NUM_TOKENS, "the three chunks were not written")
-                keys = [key for _, _, key in engine.token_database.process_tokens(tokens=tokens)]
-                metadata_key = keys[1].to_string() + "metadata"
-                client.set(metadata_key, b"")
-                _plan(engine, target, kv_cache_config, kv_groups)
-                retrieved = int(engine.retrieve(tokens, slot_mappings_by_group=slot_mappings).sum())
-                gone = not client.exists(metadata_key)
-            finally:
-                # LMCache 0.5.6's Redis connector shuts its job queue down from the event loop it then
-                # waits on, which hangs: the remote backend is left open until the process ends.
-                engine.storage_manager.storage_backends.pop("RemoteBackend", None)
-                LMCacheEngineBuilder.destroy(instance_id)
+        with stored_over_redis(config_and_groups, source, slot_mappings, tokens) as (engine, client, _):
+            keys = [key for _, _, key in engine.token_database.process_tokens(tokens=tokens)]
+            metadata_key = keys[1].to_string() + "metadata"
+            client.set(metadata_key, b"")
+            _plan(engine, target, kv_cache_config, kv_groups)
+            retrieved = int(engine.retrieve(tokens, slot_mappings_by_group=slot_mappings).sum())
+            gone = not client.exists(metadata_key)
     finally:
         registry.revert(name)
     assert retrieved == CHUNK, f"retrieved {retrieved} tokens; only the chunk before the unreadable one is whole"

@@ -11,37 +11,22 @@ connection from before the restart and finds nothing.
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
-from lmcache_ascend.patches import State, registry
+from tests.e2e.test_chunk_seal_stores import NEEDS_REDIS, stored_over_redis
 from tests.e2e.test_engine_roundtrip import (  # noqa: F401 - fixtures
     CHUNK,
     NUM_TOKENS,
-    _engine,
     _plan,
     _slot_mappings,
     config_and_groups,
     metadata_patch,
 )
-from tests.e2e.test_chunk_seal_stores import _wait_for
 from tests.fixtures.kv_caches import assert_bytes_equal, dsv4_ascend_kv_caches, expected_after_roundtrip
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server on PATH")
-PATCH = "lmcache-redis-reconnect"
-
-
-@pytest.fixture(params=[True, False], ids=["reconnect", "control"])
-def reconnect(request):
-    if request.param:
-        assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
-    else:
-        assert registry.record(PATCH).state is not State.APPLIED
-    yield request.param
-    if request.param:
-        registry.revert(PATCH)
+pytestmark = NEEDS_REDIS
+PATCH = "lmcache-redis-reconnect"  # the `patched` fixture's patch
 
 
 def _restart_keeping_keys(client, port: int):
@@ -60,40 +45,24 @@ def _restart_keeping_keys(client, port: int):
     return server
 
 
-def test_after_a_restart_the_first_lookup_finds_every_chunk(reconnect, metadata_patch, config_and_groups):
-    redis = pytest.importorskip("redis")
-    from lmcache.v1.cache_engine import LMCacheEngineBuilder
-
-    from tests.engine.harness import redis_server
-
+def test_after_a_restart_the_first_lookup_finds_every_chunk(patched, metadata_patch, config_and_groups):
     kv_cache_config, kv_groups = config_and_groups
     source, target = dsv4_ascend_kv_caches("random", seed=5), dsv4_ascend_kv_caches("poison")
     slot_mappings = _slot_mappings(kv_groups)
     tokens = torch.arange(NUM_TOKENS)
     restarted = None
-    with redis_server() as port:
-        client = redis.Redis(host="127.0.0.1", port=port)
-        instance_id, engine = _engine(None, local_cpu=False, max_local_cpu_size=0.05,
-                                      remote_url=f"redis://127.0.0.1:{port}", remote_serde="naive")
-        try:
-            _plan(engine, source, kv_cache_config, kv_groups)
-            engine.store(tokens, slot_mappings_by_group=slot_mappings)
-            _wait_for(lambda: len(client.keys(b"*kv_bytes")) == NUM_TOKENS // CHUNK
-                      and engine.lookup(tokens) == NUM_TOKENS, "the three chunks were not written")
+    try:
+        with stored_over_redis(config_and_groups, source, slot_mappings, tokens) as (engine, client, port):
             restarted = _restart_keeping_keys(client, port)
             assert len(client.keys(b"*kv_bytes")) == NUM_TOKENS // CHUNK
             found = engine.lookup(tokens)
             _plan(engine, target, kv_cache_config, kv_groups)
             retrieved = int(engine.retrieve(tokens, slot_mappings_by_group=slot_mappings).sum())
-        finally:
-            # LMCache 0.5.6's Redis connector shuts its job queue down from the event loop it then
-            # waits on, which hangs: the remote backend is left open until the process ends.
-            engine.storage_manager.storage_backends.pop("RemoteBackend", None)
-            LMCacheEngineBuilder.destroy(instance_id)
-            if restarted is not None:
-                restarted.kill()
-                restarted.wait()
-    if not reconnect:
+    finally:
+        if restarted is not None:
+            restarted.kill()
+            restarted.wait()
+    if not patched:
         assert found < NUM_TOKENS, "the control found every chunk: the lookup met no connection from before"
         return
     assert found == NUM_TOKENS, f"found {found} of {NUM_TOKENS} tokens after the restart"

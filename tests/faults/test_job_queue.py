@@ -16,23 +16,10 @@ import time
 
 import pytest
 
-from lmcache_ascend.patches import State, registry
-
-PATCH = "lmcache-job-queue-cancelled-jobs"
+PATCH = "lmcache-job-queue-cancelled-jobs"  # the `patched` fixture's patch
 WORKERS = 4
 # How long a job is given before the test calls it never run (jobs here take milliseconds).
 NEVER_RUN_S = 5.0
-
-
-@pytest.fixture(params=[True, False], ids=["patched", "control"])
-def patched(request):
-    if request.param:
-        assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
-    else:
-        assert registry.record(PATCH).state is not State.APPLIED
-    yield request.param
-    if request.param:
-        registry.revert(PATCH)
 
 
 @pytest.fixture
