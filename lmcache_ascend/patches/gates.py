@@ -103,9 +103,9 @@ def prerequisite_refusal(patch: Patch, states: Mapping[str, tuple[State, str]]) 
     return None
 
 
-def owned_flag_problems(patch: Patch) -> list[str]:
-    """What is wrong with the flags `patch` owns (checked by the patch that reads them, when it
-    goes in: activation leaves them alone, as upstream may read them with its own rules)."""
+def owned_flag_refusal(patch: Patch) -> Outcome | None:
+    """The failure for what is wrong with the flags `patch` owns, or None (checked when it goes in:
+    activation leaves them alone, as upstream may read them with its own rules)."""
     problems = []
     for name in patch.flags:
         if not flag_table.get_flag(name).owned_by_patches:
@@ -114,4 +114,4 @@ def owned_flag_problems(patch: Patch) -> list[str]:
             flag_table.flag_value(name)
         except flag_table.FlagError as error:
             problems.append(str(error))
-    return problems
+    return Outcome(State.FAILED, "; ".join(problems)) if problems else None

@@ -264,13 +264,9 @@ class Registry:
             path: fingerprint(raw) if raw is not MISSING else None for path, raw in resolution.originals.items()
         }
         states = {name: (other.state, other.reason) for name, other in self._records.items() if name in patch.after}
-        refusal = kind_refusal(patch, resolution) or gates.prerequisite_refusal(patch, states)
-        if refusal is None:
-            flag_problems = gates.owned_flag_problems(patch)
-            refusal = Outcome(State.FAILED, "; ".join(flag_problems)) if flag_problems else None
-        if refusal is not None:
-            return refusal.replace(fingerprints=fingerprints)
-        return install(patch, module, resolution, fingerprints, note).replace(fingerprints=fingerprints)
+        refusal = (kind_refusal(patch, resolution) or gates.prerequisite_refusal(patch, states)
+                   or gates.owned_flag_refusal(patch))
+        return (refusal or install(patch, module, resolution, fingerprints, note)).replace(fingerprints=fingerprints)
 
     def _bring_in_prerequisites(self, patch: Patch) -> None:
         """Apply the prerequisites whose targets are imported and still pending."""
