@@ -348,18 +348,22 @@ def foreign_distribution() -> str | None:
     return None
 
 
+_OPTIONS = (
+    ("--import", "import the patch targets and report the real states"),
+    ("--json", "print JSON (with schema_version)"),
+    ("--strict", "exit 1 on a failed patch, a target missing although installed, or an untested target"),
+    ("--wide", f"show the targets and whole lines (otherwise cut at {TABLE_WIDTH} columns)"),
+    ("--markdown", "with 'flags': a Markdown table"),
+    ("--write", "with 'catalogue': rewrite the catalogue module"),
+)
+
+
 def _parser(program: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=program, description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"lmcache-ascend {__version__}")
-    parser.add_argument("--import", dest="import_targets", action="store_true",
-                        help="import the patch targets and report the real states")
-    parser.add_argument("--json", action="store_true", help="print JSON (with schema_version)")
-    parser.add_argument("--strict", action="store_true",
-                        help="exit 1 on a failed patch, a target missing although installed, or an untested target")
-    parser.add_argument("--wide", action="store_true",
-                        help=f"show the targets and whole lines (otherwise cut at {TABLE_WIDTH} columns)")
-    parser.add_argument("--markdown", action="store_true", help="with 'flags': a Markdown table")
-    parser.add_argument("--write", action="store_true", help="with 'catalogue': rewrite the catalogue module")
+    for option, help_text in _OPTIONS:
+        dest = "import_targets" if option == "--import" else option[2:]
+        parser.add_argument(option, dest=dest, action="store_true", help=help_text)
     parser.add_argument("command", nargs="?", choices=("show", "flags", "fingerprint", "catalogue"),
                         help="optional sub-command")
     parser.add_argument("name", nargs="?", help="patch name for 'show' and 'fingerprint'")

@@ -30,25 +30,18 @@ from lmcache_ascend.patches.model import (
 # Plain classes with slots, treated as immutable: a frozen dataclass or a named tuple costs more
 # to create at import than activation may.
 class Outcome:
-    """What deciding about or applying a patch came to; recorded by `PatchRecord.settle`.  An
-    apply's ``installed`` and ``originals`` are the raw values per attribute path, ours and
-    upstream's; ``aliases`` (module, name, ours, original) other modules' names it rebound."""
+    """What deciding about or applying a patch came to; recorded by `PatchRecord.settle`.
+    ``error`` is a traceback; ``fingerprints`` None leaves the recorded ones; an apply's
+    ``installed`` and ``originals`` are the raw values per attribute path, ours and upstream's,
+    and ``aliases`` (module, name, ours, original) the other modules' names it rebound."""
 
     __slots__ = ("state", "reason", "error", "fingerprints", "untested", "distribution_missing", "installed",
                  "originals", "aliases")
 
-    def __init__(
-        self,
-        state: State,
-        reason: str,
-        error: str | None = None,  # a traceback
-        fingerprints: Mapping[str, str | None] | None = None,  # None: leave the recorded ones
-        untested: bool = False,
-        distribution_missing: bool = False,
-        installed: Mapping[str, object] | None = None,
-        originals: Mapping[str, object] | None = None,
-        aliases: tuple = (),
-    ) -> None:
+    def __init__(self, state: State, reason: str, error: str | None = None,
+                 fingerprints: Mapping[str, str | None] | None = None, untested: bool = False,
+                 distribution_missing: bool = False, installed: Mapping[str, object] | None = None,
+                 originals: Mapping[str, object] | None = None, aliases: tuple = ()) -> None:
         self.state, self.reason, self.error, self.fingerprints = state, reason, error, fingerprints
         self.untested, self.distribution_missing = untested, distribution_missing
         self.installed, self.originals, self.aliases = installed, originals, aliases
