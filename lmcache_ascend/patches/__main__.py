@@ -24,7 +24,7 @@ from lmcache_ascend.patches.model import MISSING, CatalogueEntry, State, read_ra
 TABLE_WIDTH = 120  # unless --wide (JSON keeps every word)
 # The packages whose modules declare patches.
 PATCH_PACKAGES = ("lmcache_ascend.patches.vllm", "lmcache_ascend.patches.lmcache", "lmcache_ascend.patches.vllm_ascend")
-# Our distribution: LMCache-Ascend (LMCache's NPU plugin) uses the same name and package, not our command.
+# Our distribution's name, which LMCache-Ascend (LMCache's NPU plugin) uses too, without our command.
 DISTRIBUTION = "lmcache-ascend"
 
 
