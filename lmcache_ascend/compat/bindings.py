@@ -1,11 +1,9 @@
 """Other modules' names for an object a patch replaces (standard library only).
 
-``from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator`` copies
-the function into the importer's namespace.  A patch that replaces the name in
-its own module reaches every importer that comes later, but when the overlay is
-activated after such an import (no start-up hook, ``import lmcache_ascend`` after
-vLLM), the importer keeps calling the original.  The registry therefore re-binds
-those names too, and puts them back on revert.
+``from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator`` copies the function
+into the importer's namespace: when the overlay is activated after such an import, the importer
+keeps calling the original.  The registry therefore re-binds those names too, and puts them
+back on revert.
 """
 
 from __future__ import annotations
@@ -18,14 +16,8 @@ _SHARED_BY_ACCIDENT = (type(None), bool, int, float, complex, str, bytes, tuple,
 
 
 def is_defined_in(value: object, module: types.ModuleType) -> bool:
-    """Whether `module` is the home of `value`, so that its importers should follow a patch of it.
-
-    A function or class names its home in ``__module__``; a name the target itself
-    imported (``torch``, another project's class) is only the target's view, and a
-    patch of it changes that view alone.  Plain data (a dict) has no such mark and
-    is taken to live where the patch finds it.  Values that identity can't tell
-    apart from an unrelated constant (small ints, strings, tuples) never count.
-    """
+    """Whether `module` is the home of `value` (its ``__module__``; plain data such as a dict lives
+    where the patch finds it), so that its importers should follow a patch of it."""
     if isinstance(value, (types.ModuleType,) + _SHARED_BY_ACCIDENT):
         return False
     home = getattr(value, "__module__", None)

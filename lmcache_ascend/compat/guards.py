@@ -11,24 +11,18 @@ from lmcache_ascend.compat.source import module_source_text
 
 
 class Verdict(enum.Enum):
-    """What a source guard found out about upstream."""
-
+    """What a guard found out about upstream."""
     HAS_FIX = "has-fix"
     LACKS_FIX = "lacks-fix"
     UNKNOWN = "unknown"
 
 
 class UpstreamGuard(NamedTuple):
-    """How to tell that upstream already has what a patch adds.
-
-    ``probe`` inspects the imported target module and answers True (upstream has
-    it), False (it lacks it) or None (can't tell); it is the first and strongest
-    test.  Without an import (the listing CLI), or when the probe can't tell, the
-    target module's source text is searched: any of ``fixed_if_source_contains``
-    means upstream has it, any of ``unfixed_if_source_contains`` means it lacks
-    it.  When neither answers (no source, e.g. a .pyc-only install) the verdict is
-    UNKNOWN and the patch's version requirements decide alone.
-    """
+    """How to tell that upstream already has what a patch adds.  ``probe`` inspects the imported
+    target and answers True (upstream has it), False (it lacks it) or None (can't tell); without
+    an import (the listing CLI), or when it can't tell, the target's source text is searched for
+    ``fixed_if_source_contains`` / ``unfixed_if_source_contains``.  When neither answers the
+    verdict is UNKNOWN and the patch's version requirements decide alone."""
 
     probe: Callable[[types.ModuleType], bool | None] | None = None
     fixed_if_source_contains: tuple[str, ...] = ()

@@ -1,24 +1,14 @@
-"""What kind of machine this is, for patches that serve one kind only (`Patch.host`).
-
-Asked when a patch's target is imported, never by the listing CLI: it imports
-torch (already loaded by then, since every target needs it).
-"""
+"""What kind of machine this is, for patches that serve one kind only (`Patch.host`); asked when
+a patch's target is imported (torch is loaded by then), never by the listing CLI."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
 
-__all__ = ["not_an_npu_host", "without_cuda"]
-
-
 def not_an_npu_host() -> str | None:
-    """None on an Ascend NPU host without CUDA; otherwise why this machine is not one.
-
-    `torch.npu` exists once `torch_npu` is imported; where it is installed but not
-    yet imported (LMCache imported before vllm-ascend), it is imported here, as
-    every process on an Ascend host does.
-    """
+    """None on an Ascend NPU host without CUDA; otherwise why this machine is not one.  `torch.npu`
+    exists once `torch_npu` is imported: where it is installed but not yet, it is imported here."""
     import torch
 
     if torch.cuda.is_available():

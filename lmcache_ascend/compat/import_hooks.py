@@ -1,13 +1,11 @@
 """Post-import hooks: call a function the moment a module has finished executing.
 
-A small standard-library version of the mechanism wrapt provides: wrapt's own
-package imports asyncio and friends on first use, which alone would cost more
-than the whole activation budget (docs/design-decisions.md).  One meta-path
-finder sits in front of the others; for a module with pending hooks it asks the
-remaining finders for the spec and wraps the loader so the hooks run right after
-the module's code.  A module that is already imported gets its hooks at once.
-A hook can also ask to run at every later execution of the module's body: one
-that refuses an import (it raises) must refuse the next attempt too.
+A small standard-library version of wrapt's mechanism (wrapt's package imports asyncio and
+friends, more than the whole activation budget: docs/design-decisions.md).  One meta-path finder
+sits in front of the others; for a module with pending hooks it asks the remaining finders for
+the spec and wraps the loader so the hooks run right after the module's code.  A module already
+imported gets its hooks at once.  A hook may also run at every later execution of the module's
+body: one that refuses an import (it raises) must refuse the next attempt too.
 """
 
 from __future__ import annotations
@@ -32,35 +30,32 @@ _every_execution: dict[str, list[Hook]] = {}  # also at each later run of the bo
 def register_post_import_hook(module_name: str, hook: Hook, *, every_execution: bool = False) -> None:
     """Run `hook(module)` once `module_name` is imported (now, if it already is), exactly once.
 
-    A module whose body is still running (imported by another thread, or by this
-    one further up the stack) is not imported yet: the hook waits for its end.
-    With `every_execution`, the hook also runs each time the module's body runs
-    again later (a new import after one that failed, a reload); it may then be
-    called more than once for one execution, so it must be idempotent.
+    A module whose body is still running (imported by another thread, or by this one further up
+    the stack) is not imported yet: the hook waits for its end.  With `every_execution`, the hook
+    also runs each time the body runs again (a new import after one that failed, a reload); it
+    may then be called more than once for one execution, so it must be idempotent.
     """
     if every_execution:
-        with _lock:
-            _every_execution.setdefault(module_name, []).append(hook)
-            _install_finder()
+        _add(_every_execution, module_name, hook)
     with _lock:
         module = sys.modules.get(module_name)
         if module is None:
-            _pending.setdefault(module_name, []).append(hook)
-            _install_finder()
+            _add(_pending, module_name, hook)
             return
     if is_initializing(module) and not interpreter.wait_for_import_elsewhere(module_name):
-        # This thread is inside that import: run the hook at the next import after it ends.
-        with _lock:
-            _deferred.setdefault(module_name, []).append(hook)
-            _install_finder()
+        _add(_deferred, module_name, hook)  # this thread is inside that import: at the next import after it
         return
     module = sys.modules.get(module_name)
     if module is None:  # that import failed: the next one runs the hook
-        with _lock:
-            _pending.setdefault(module_name, []).append(hook)
-            _install_finder()
+        _add(_pending, module_name, hook)
         return
     hook(module)
+
+
+def _add(hooks: dict[str, list[Hook]], module_name: str, hook: Hook) -> None:
+    with _lock:
+        hooks.setdefault(module_name, []).append(hook)
+        _install_finder()
 
 
 def is_initializing(module: types.ModuleType) -> bool:
@@ -71,10 +66,7 @@ def is_initializing(module: types.ModuleType) -> bool:
 def run_deferred_hooks() -> None:
     """Run the hooks of modules this thread was importing when they were registered, once they are done."""
     with _lock:
-        ready = [
-            name for name in _deferred
-            if name in sys.modules and not is_initializing(sys.modules[name])
-        ]
+        ready = [name for name in _deferred if name in sys.modules and not is_initializing(sys.modules[name])]
         batches = [(name, _deferred.pop(name)) for name in ready]
     for name, hooks in batches:
         for hook in hooks:

@@ -1,26 +1,21 @@
 """The three places lmcache-ascend reads CPython's import machinery from the inside.
 
-Each is a detail that CPython documents only in its code; this module is the one
-place that touches them, and `tests/framework/test_interpreter.py` checks each on
-the running interpreter, so a Python release that changes one fails there first.
-Where one is absent, the answer falls back to the cautious one named below.
+Each is documented only in CPython's code; `tests/framework/test_interpreter.py` checks each on
+the running interpreter, so a Python release that changes one fails there first.  Where one is
+absent, the answer falls back to the cautious one named below.
 
-- A module whose body is still running: importlib marks its spec ``_initializing``
-  until the import returns (absent: taken as finished).
-- Waiting for another thread's import of a module: importlib's per-module locks,
-  ``_bootstrap._module_locks`` and ``_lock_unlock_module``, which ``import`` itself
-  uses (absent: no wait, the hook runs at the next import instead).
-- ``python -m X`` while runpy still imports X's parent packages: ``__main__`` has
-  no spec yet and runpy's frames hold the name in ``mod_name`` (absent: not seen).
+- A module whose body is still running: importlib marks its spec ``_initializing`` (absent:
+  taken as finished).
+- Waiting for another thread's import: importlib's per-module locks, ``_bootstrap._module_locks``
+  and ``_lock_unlock_module`` (absent: no wait, the hook runs at the next import instead).
+- ``python -m X`` while runpy still imports X's parents: ``__main__`` has no spec yet and runpy's
+  frames hold the name in ``mod_name`` (absent: not seen).
 """
 
 from __future__ import annotations
 
 import sys
 import types
-
-__all__ = ["is_initializing", "runpy_is_starting", "wait_for_import_elsewhere"]
-
 
 def is_initializing(module: types.ModuleType) -> bool:
     """Whether `module`'s body is still running, as importlib marks it."""

@@ -1,10 +1,8 @@
 """Marks on the objects lmcache-ascend installs, so that nothing is applied twice.
 
-Every installed function (or the function behind an installed descriptor)
-carries the names of the patches that made it.  The mark is found through
-``__wrapped__`` chains too, so a wrapper that someone else put around ours
-(``functools.wraps``) still reads as patched, also when a second copy of the
-registry (another import path, a reloaded module) looks at it.
+Every installed function (or the function behind an installed descriptor) carries the names of
+the patches that made it, found through ``__wrapped__`` chains too: a wrapper someone else put
+around ours still reads as patched, also to a second copy of the registry.
 """
 
 from __future__ import annotations

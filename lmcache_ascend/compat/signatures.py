@@ -1,8 +1,7 @@
-"""Reading what a callable accepts, through third-party wrappers.
+"""Reading what a callable accepts and the arguments of a call, through third-party wrappers.
 
-Guards ask "does upstream's function take keyword X?". A wrapper made with
-``functools.wraps`` leads to the function it wraps (``__wrapped__``); one made
-without it shows only ``(*args, **kwargs)``, from which the answer cannot be
+A wrapper made with ``functools.wraps`` leads to the function it wraps (``__wrapped__``); one
+made without it shows only ``(*args, **kwargs)``, from which whether it takes a keyword cannot be
 known: that is reported as None ("can't tell"), never guessed as "no".
 """
 
@@ -11,20 +10,23 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
+_PARAMETER = inspect.Parameter
+# How to bind each function's calls (less the first parameter of a bound method), worked out once.
+_PLANS: dict[tuple[Callable, bool], "inspect.Signature | _PlainPlan"] = {}
+_PARAMETERS: dict[tuple[Callable, bool, str], "Parameter"] = {}
+
 
 def accepts_keyword(function: Callable, name: str) -> bool | None:
     """True / False whether `function` takes keyword `name`; None when a wrapper hides its signature."""
     try:
-        signature = inspect.signature(inspect.unwrap(function))
+        parameters = inspect.signature(inspect.unwrap(function)).parameters
     except (TypeError, ValueError):
         return None
-    parameters = signature.parameters
-    if name in parameters and parameters[name].kind is not inspect.Parameter.POSITIONAL_ONLY:
+    if name in parameters and parameters[name].kind is not _PARAMETER.POSITIONAL_ONLY:
         return True
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()) and not any(
-        p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        for p in parameters.values()
-        if p.name != "self"
+    if any(p.kind is _PARAMETER.VAR_KEYWORD for p in parameters.values()) and not any(
+        p.kind in (_PARAMETER.POSITIONAL_OR_KEYWORD, _PARAMETER.KEYWORD_ONLY)
+        for p in parameters.values() if p.name != "self"
     ):
         return None  # (*args, **kwargs): an opaque wrapper
     return False
@@ -33,19 +35,15 @@ def accepts_keyword(function: Callable, name: str) -> bool | None:
 def with_keyword_only(signature: inspect.Signature, name: str, default: object) -> inspect.Signature:
     """`signature` plus a keyword-only parameter `name` (before any ``**kwargs``)."""
     parameters = list(signature.parameters.values())
-    extra = inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
-    at = len(parameters)
-    if parameters and parameters[-1].kind is inspect.Parameter.VAR_KEYWORD:
-        at -= 1
+    extra = _PARAMETER(name, _PARAMETER.KEYWORD_ONLY, default=default)
+    at = len(parameters) - (1 if parameters and parameters[-1].kind is _PARAMETER.VAR_KEYWORD else 0)
     return signature.replace(parameters=parameters[:at] + [extra] + parameters[at:])
 
 
-def call_arguments(wrapped: Callable, args: tuple, kwargs: dict) -> "inspect.BoundArguments | PlainBinding":
-    """The arguments of the call ``wrapped(*args, **kwargs)`` by parameter name, defaults
-    applied, so a wrapper reads what it needs without restating upstream's signature.
-
-    Edit ``.arguments`` and call ``wrapped(*bound.args, **bound.kwargs)`` to pass them on.
-    """
+def call_arguments(wrapped: Callable, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+    """The arguments of the call ``wrapped(*args, **kwargs)`` by parameter name, defaults applied,
+    so a wrapper reads what it needs without restating upstream's signature.  Edit
+    ``.arguments`` and call ``wrapped(*bound.args, **bound.kwargs)`` to pass them on."""
     function = getattr(wrapped, "__func__", wrapped)
     plan = _plan(function, function is not wrapped)
     if isinstance(plan, _PlainPlan):
@@ -56,17 +54,14 @@ def call_arguments(wrapped: Callable, args: tuple, kwargs: dict) -> "inspect.Bou
 
 
 def call_argument(wrapped: Callable, args: tuple, kwargs: dict, name: str) -> object:
-    """The value parameter `name` has in the call ``wrapped(*args, **kwargs)`` (its default if
-    not passed), read where the call put it without binding the whole signature: wrappers
-    that need one or two arguments call this on every scheduler step."""
+    """The value parameter `name` has in the call ``wrapped(*args, **kwargs)`` (its default if not
+    passed), read where the call put it without binding the whole signature."""
     return parameter(wrapped, name).read(args, kwargs)
 
 
 def parameter(wrapped: Callable, name: str) -> "Parameter":
-    """Parameter `name` of `wrapped`, located once per function: its ``read(args, kwargs)``
-    answers as `call_argument` does, for any call of the same function.  A wrapper on a
-    per-request path keeps it (with ``function``, to tell a call of another function) rather
-    than look it up by name on every call."""
+    """Parameter `name` of `wrapped`, located once per function; a wrapper on a per-request path
+    keeps it (with ``function``, to tell a call of another function) rather than look it up."""
     function = getattr(wrapped, "__func__", wrapped)
     key = (function, function is not wrapped, name)
     found = _PARAMETERS.get(key)
@@ -76,8 +71,8 @@ def parameter(wrapped: Callable, name: str) -> "Parameter":
 
 
 class Parameter:
-    """Where one parameter of a function arrives in a call: its position among the
-    positional arguments (None: keyword only), whether a keyword may carry it, its default."""
+    """Where one parameter of a function arrives in a call: its position among the positional
+    arguments (None: keyword only), whether a keyword may carry it, its default."""
 
     __slots__ = ("function", "name", "position", "by_keyword", "default")
 
@@ -90,62 +85,40 @@ class Parameter:
                 f"its parameters: {[p.name for p in parameters]}"
             )
         self.function, self.name, self.default = function, name, found.default
-        self.by_keyword = found.kind is not inspect.Parameter.POSITIONAL_ONLY
-        self.position = None
-        if found.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
-            self.position = parameters.index(found)
-        # Parameters before it are all positional ones (a `*args` ends them), so the
-        # position counts the same in every call.
+        self.by_keyword = found.kind is not _PARAMETER.POSITIONAL_ONLY
+        # Parameters before it are all positional (a `*args` ends them): the position is the same in every call.
+        positional = found.kind in (_PARAMETER.POSITIONAL_ONLY, _PARAMETER.POSITIONAL_OR_KEYWORD)
+        self.position = parameters.index(found) if positional else None
 
     def read(self, args: tuple, kwargs: dict) -> object:
         if self.position is not None and len(args) > self.position:
             return args[self.position]
         if self.by_keyword and self.name in kwargs:
             return kwargs[self.name]
-        if self.default is inspect.Parameter.empty:
+        if self.default is _PARAMETER.empty:
             raise TypeError(f"{getattr(self.function, '__qualname__', self.function)}() missing argument {self.name!r}")
         return self.default
 
 
-_PARAMETERS: dict[tuple[Callable, bool, str], Parameter] = {}
-
-
-class PlainBinding:
-    """`call_arguments` of a signature without ``*args``, ``**kwargs`` or positional-only
-    parameters: what ``inspect.BoundArguments`` gives after ``apply_defaults`` (``arguments``
-    by name, ``args`` = every positional-or-keyword value in order, ``kwargs`` = the
-    keyword-only ones), bound in a few dict operations: wrappers call it on every
-    scheduler step, where ``Signature.bind`` cost tens of microseconds."""
-
-    __slots__ = ("arguments", "_plan")
-
-    def __init__(self, arguments: dict, plan: "_PlainPlan") -> None:
-        self.arguments = arguments
-        self._plan = plan
-
-    @property
-    def args(self) -> tuple:
-        return tuple(self.arguments[name] for name in self._plan.positional)
-
-    @property
-    def kwargs(self) -> dict:
-        return {name: self.arguments[name] for name in self._plan.keyword_only}
-
-
 class _PlainPlan:
-    __slots__ = ("name", "positional", "keyword_only", "names", "defaults")
+    """How to bind a call of a signature without ``*args``, ``**kwargs`` or positional-only
+    parameters in a few dict operations: wrappers bind on every scheduler step, where
+    ``Signature.bind`` costs tens of microseconds."""
+
+    __slots__ = ("name", "signature", "positional", "keyword_only", "names", "defaults")
 
     def __init__(self, name: str, signature: inspect.Signature) -> None:
         parameters = signature.parameters.values()
-        self.name = name
-        self.positional = tuple(p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        self.keyword_only = tuple(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        self.name, self.signature = name, signature
+        self.positional = tuple(p.name for p in parameters if p.kind is _PARAMETER.POSITIONAL_OR_KEYWORD)
+        self.keyword_only = tuple(p.name for p in parameters if p.kind is _PARAMETER.KEYWORD_ONLY)
         self.names = frozenset(self.positional + self.keyword_only)
-        self.defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+        self.defaults = {p.name: p.default for p in parameters if p.default is not _PARAMETER.empty}
 
-    def bind(self, args: tuple, kwargs: dict) -> PlainBinding:
+    def bind(self, args: tuple, kwargs: dict) -> inspect.BoundArguments:
         if len(args) > len(self.positional):
-            raise TypeError(f"{self.name}() takes {len(self.positional)} positional arguments but {len(args)} were given")
+            taken = len(self.positional)
+            raise TypeError(f"{self.name}() takes {taken} positional arguments but {len(args)} were given")
         arguments = dict(zip(self.positional, args))
         for key, value in kwargs.items():
             if key not in self.names:
@@ -159,12 +132,7 @@ class _PlainPlan:
             missing = [key for key in self.positional + self.keyword_only if key not in arguments]
             if missing:
                 raise TypeError(f"{self.name}() missing required arguments: {', '.join(map(repr, missing))}")
-        return PlainBinding(arguments, self)
-
-
-# Wrappers call `call_arguments` on every scheduler step: how to bind each function's
-# calls (its signature, less the first parameter of a bound method) is worked out once.
-_PLANS: dict[tuple[Callable, bool], "inspect.Signature | _PlainPlan"] = {}
+        return inspect.BoundArguments(self.signature, arguments)
 
 
 def _plan(function: Callable, bound: bool) -> "inspect.Signature | _PlainPlan":
@@ -173,11 +141,8 @@ def _plan(function: Callable, bound: bool) -> "inspect.Signature | _PlainPlan":
         signature = inspect.signature(function)
         if bound:  # the first parameter is taken
             signature = signature.replace(parameters=list(signature.parameters.values())[1:])
-        plain = all(
-            p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-            for p in signature.parameters.values()
-        )
-        plan = _PLANS[(function, bound)] = (
-            _PlainPlan(getattr(function, "__qualname__", repr(function)), signature) if plain else signature
-        )
+        kinds = {p.kind for p in signature.parameters.values()}
+        plain = kinds <= {_PARAMETER.POSITIONAL_OR_KEYWORD, _PARAMETER.KEYWORD_ONLY}
+        name = getattr(function, "__qualname__", repr(function))
+        plan = _PLANS[(function, bound)] = _PlainPlan(name, signature) if plain else signature
     return plan

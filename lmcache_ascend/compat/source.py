@@ -1,9 +1,9 @@
 """Finding a module's source text without importing it, and fingerprints of targets.
 
-The listing CLI evaluates source guards without importing patch targets, so it
-locates ``pkg/sub/mod.py`` on ``sys.path`` itself (``importlib.util.find_spec``
-would import the parent packages, i.e. all of vLLM).  A ``.pyc``-only install
-has no source: the guard then answers "unknown" and the version gate decides.
+The listing CLI evaluates source guards without importing patch targets, so it locates
+``pkg/sub/mod.py`` on ``sys.path`` itself (``importlib.util.find_spec`` would import the parent
+packages, i.e. all of vLLM, and run every meta-path finder, the start-up hook's among them).
+A ``.pyc``-only install has no source: the guard then answers "unknown".
 """
 
 from __future__ import annotations
@@ -12,6 +12,10 @@ import functools
 import os
 import sys
 import types
+
+# The fingerprint of code whose source can't be read (a .pyc-only install, generated code):
+# never a hash, so it is untested unless a patch lists it as tested.
+NO_SOURCE = "no-source"
 
 
 def module_source_path(module_name: str) -> str | None:
@@ -29,26 +33,7 @@ def module_source_path(module_name: str) -> str | None:
     return None
 
 
-def module_directory(module_name: str) -> str | None:
-    """The sys.path entry holding `module_name` as source, bytecode or a package (no import).
-
-    A plain file-system search: asking the import system's finders instead would
-    run every meta-path finder, the start-up hook's among them, which activates
-    this package from inside its own activation.
-    """
-    module = sys.modules.get(module_name)
-    origin = getattr(module, "__file__", None) if module is not None else None
-    if origin:
-        return os.path.dirname(os.path.dirname(origin) if origin.endswith("__init__.py") else origin)
-    parts = module_name.split(".")
-    for entry in sys.path:
-        root = entry or os.getcwd()
-        if _found_in(root, parts):
-            return root
-    return None
-
-
-def _found_in(root: str, parts: list[str]) -> bool:
+def _found_in(root: str, parts: tuple[str, ...]) -> bool:
     base = os.path.join(root, *parts)
     for suffix in (".py", ".pyc", os.sep + "__init__.py", os.sep + "__init__.pyc"):
         if os.path.isfile(base + suffix):
@@ -56,33 +41,39 @@ def _found_in(root: str, parts: list[str]) -> bool:
     return os.path.isdir(base) and os.path.isdir(os.path.join(base, "__pycache__"))
 
 
-def module_is_locatable(module_name: str) -> bool:
-    """Whether `module_name` exists on sys.path as source or bytecode (no import).
+def _root_holding(parts: tuple[str, ...], search_path: tuple[str, ...]) -> str | None:
+    for entry in search_path:
+        if _found_in(entry or os.getcwd(), parts):
+            return entry or os.getcwd()
+    return None
 
-    A submodule is looked for beside its top-level package first (one entry, not
-    all of sys.path: activation asks this for every patch target).
-    """
+
+@functools.lru_cache(maxsize=64)
+def _package_root(package: str, search_path: tuple[str, ...]) -> str | None:
+    """`_root_holding` a top-level package not imported yet (cached: activation asks for every target)."""
+    return _root_holding((package,), search_path)
+
+
+def module_directory(module_name: str) -> str | None:
+    """The sys.path entry holding `module_name` as source, bytecode or a package (no import)."""
+    module = sys.modules.get(module_name)
+    origin = getattr(module, "__file__", None) if module is not None else None
+    if origin:
+        return os.path.dirname(os.path.dirname(origin) if origin.endswith("__init__.py") else origin)
+    return _root_holding(tuple(module_name.split(".")), tuple(sys.path))
+
+
+def module_is_locatable(module_name: str) -> bool:
+    """Whether `module_name` exists on sys.path as source or bytecode (no import); a submodule is
+    looked for beside its top-level package first (one entry, not all of sys.path)."""
     if module_name in sys.modules:
         return True
     top, dot, _ = module_name.partition(".")
     root = module_directory(top) if top in sys.modules else _package_root(top, tuple(sys.path))
     if root is None or not dot:
         return root is not None
-    if _found_in(root, module_name.split(".")):
-        return True
     # A namespace package may spread over several entries.
-    return module_directory(module_name) is not None
-
-
-@functools.lru_cache(maxsize=64)
-def _package_root(package: str, search_path: tuple[str, ...]) -> str | None:
-    """`module_directory` of a top-level package not imported yet, for one sys.path (cached:
-    activation asks it for every patch target)."""
-    for entry in search_path:
-        root = entry or os.getcwd()
-        if _found_in(root, [package]):
-            return root
-    return None
+    return _found_in(root, tuple(module_name.split("."))) or module_directory(module_name) is not None
 
 
 def module_source_text(module_name: str) -> str | None:
@@ -96,8 +87,8 @@ def module_source_text(module_name: str) -> str | None:
         return None
 
 
-def _code_object_of(value: object) -> object:
-    """The object whose source defines `value` (functions behind descriptors)."""
+def function_behind(value: object) -> object:
+    """The function behind a raw attribute value (a classmethod's, a property's getter), or `value`."""
     if isinstance(value, (classmethod, staticmethod)):
         return value.__func__
     if isinstance(value, property):
@@ -105,22 +96,13 @@ def _code_object_of(value: object) -> object:
     return value
 
 
-# The fingerprint of code whose source can't be read (a .pyc-only install, generated
-# code): never a hash, so it is untested unless a patch lists it as tested.
-NO_SOURCE = "no-source"
-
-
 def fingerprint(value: object) -> str | None:
-    """A short hash of the source of a patch target; `NO_SOURCE` for code without
-    readable source; None for data (fingerprints cover code only).
-
-    Blank lines and trailing blanks are ignored so that re-indenting a file's
-    whitespace does not read as a different target.
-    """
+    """A short hash of the source of a patch target, blank lines and trailing blanks ignored;
+    `NO_SOURCE` for code without readable source; None for data (fingerprints cover code only)."""
     import hashlib  # lazily: only the CLI and apply time need fingerprints
     import inspect
 
-    target = _code_object_of(value)
+    target = function_behind(value)
     if not isinstance(target, (types.FunctionType, type, types.MethodType)):
         return None
     try:

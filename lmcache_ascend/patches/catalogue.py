@@ -1,11 +1,9 @@
-"""The patches lmcache-ascend knows, in the order they are declared, and what activation
-needs of each before its target is imported (`CatalogueEntry`): activation imports no
-declaration module, the post-import hook imports one with its target.
+"""The patches lmcache-ascend knows, in order, and what activation needs of each before its target
+is imported (`CatalogueEntry`): activation imports no declaration module.
 
-Generated from the declarations (each patch module's ``PATCH`` or ``PATCHES``), the one
-place these facts are written by hand; a test checks that this file is what they
-generate.  After changing a declaration's name, target, requires, flags, enabled_by or
-after, or adding a patch module (appended here; move its entries to reorder), run::
+Generated from the declarations (each patch module's ``PATCH`` or ``PATCHES``) and checked by a
+test.  After changing a declaration's name, target, requires, flags, enabled_by or after, or
+adding a patch module (appended here; move its entries to reorder), run::
 
     python -m lmcache_ascend.patches catalogue --write
 """

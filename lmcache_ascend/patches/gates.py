@@ -1,9 +1,7 @@
-"""Whether a patch goes in: the flags, the installed versions, upstream's own fix, the
-host and the prerequisites, each answering with the skip it decides or None.
-
-Nothing here changes a record or imports a target: the registry asks, and settles
-the answer.  Version and guard checks load `lmcache_ascend.compat` modules on first
-use (activation needs only the flag gate and a file lookup).
+"""Whether a patch goes in: the flags, the installed versions, upstream's own fix, the host and
+the prerequisites, each answering with the skip it decides or None.  Nothing here changes a
+record or imports a target; version and guard checks load `lmcache_ascend.compat` modules on
+first use (activation needs only the flag gate and a file lookup).
 """
 
 from __future__ import annotations
@@ -15,9 +13,6 @@ from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat.source import module_is_locatable
 from lmcache_ascend.patches.install import Outcome
 from lmcache_ascend.patches.model import CatalogueEntry, Patch, State
-
-__all__ = ["before_import", "decide", "flag_gate", "missing_target", "owned_flag_problems", "prerequisite_refusal",
-           "version_gate"]
 
 # Skips that a patch built on another inherits as they are; any other state of a
 # prerequisite that is not in makes the dependent fail.
@@ -58,10 +53,8 @@ def missing_target(entry: CatalogueEntry) -> Outcome:
 
 
 def version_gate(patch: Patch | CatalogueEntry) -> tuple[Outcome | None, str]:
-    """(None, the versions found) when every requirement holds, else (the skip, "").
-
-    An undecidable check (no `packaging` in a bare interpreter) lets the patch through.
-    """
+    """(None, the versions found) when every requirement holds, else (the skip, ""); an
+    undecidable check (no `packaging` in a bare interpreter) lets the patch through."""
     from lmcache_ascend.compat.versions import installed_version, specifier_error, version_satisfies
 
     notes = []
@@ -110,9 +103,9 @@ def prerequisite_refusal(patch: Patch, states: Mapping[str, tuple[State, str]]) 
     return None
 
 
-def owned_flag_problems(patch: Patch) -> list[str]:
-    """What is wrong with the flags `patch` owns (checked by the patch that reads them, when it
-    goes in: activation leaves them alone, as upstream may read them with its own rules)."""
+def owned_flag_refusal(patch: Patch) -> Outcome | None:
+    """The failure for what is wrong with the flags `patch` owns, or None (checked when it goes in:
+    activation leaves them alone, as upstream may read them with its own rules)."""
     problems = []
     for name in patch.flags:
         if not flag_table.get_flag(name).owned_by_patches:
@@ -121,4 +114,4 @@ def owned_flag_problems(patch: Patch) -> list[str]:
             flag_table.flag_value(name)
         except flag_table.FlagError as error:
             problems.append(str(error))
-    return problems
+    return Outcome(State.FAILED, "; ".join(problems)) if problems else None

@@ -1,13 +1,8 @@
-"""The ``__bases__`` that make an in-process LMCache connector class a ``SupportsHMA``.
-
-A patch build shared by the patches of LMCache's and vLLM's in-process connector classes
-(which may not import each other): vLLM's own ``SupportsHMA`` around
-`lmcache_ascend.multigroup.hma.hma_mixin`.
+"""The ``__bases__`` that make an in-process LMCache connector class a ``SupportsHMA``: a build
+shared by the patches of LMCache's and vLLM's connector classes (which may not import each other).
 """
 
 from __future__ import annotations
-
-__all__ = ["supports_hma_bases"]
 
 
 def supports_hma_bases(class_name: str):

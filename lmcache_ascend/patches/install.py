@@ -1,10 +1,9 @@
 """Installing a patch on its target: every attribute set, or none, and put back on revert.
 
-`resolve` looks the patch's attributes up on the imported target, `kind_refusal` says why a patch
-of that kind may not go there, and `install` builds the new values (wrappers around the
+`resolve` looks the patch's attributes up on the imported target, `kind_refusal` says why a
+patch of that kind may not go there, and `install` builds the new values (wrappers around the
 originals, or what the patch's build returns) and sets them all or none, rebinding other
-modules' names for a replaced module-level value. What it did is an `Installation` inside the
-`Outcome` the registry records; `restore` and `same` serve the registry's revert.
+modules' names for a replaced module-level value; `restore` and `same` serve the revert.
 """
 
 from __future__ import annotations
@@ -27,48 +26,25 @@ from lmcache_ascend.patches.model import (
     wrapped_member,
 )
 
-__all__ = [
-    "Installation", "Outcome", "Resolution", "install", "kind_refusal", "resolve", "restore", "same", "short_trace",
-]
 
-
-# Value types are plain classes with slots: a frozen dataclass or a named tuple costs
-# more to create at import than activation may (typing.NamedTuple compiles every
-# annotation string; collections.namedtuple runs exec).  Treat them as immutable.
-class Installation:
-    """What an apply put in place, per attribute path: ``owners``, ``originals`` (their raw
-    values), ``installed`` (our raw values); ``aliases``: (module, name, ours, original) for
-    other modules' names of a replaced module-level value."""
-
-    __slots__ = ("owners", "originals", "installed", "aliases")
-
-    def __init__(
-        self,
-        owners: Mapping[str, object],
-        originals: Mapping[str, object],
-        installed: Mapping[str, object],
-        aliases: tuple = (),
-    ) -> None:
-        self.owners, self.originals, self.installed, self.aliases = owners, originals, installed, aliases
-
-
+# Plain classes with slots, treated as immutable: a frozen dataclass or a named tuple costs more
+# to create at import than activation may.
 class Outcome:
-    """What deciding about or applying a patch came to; recorded by `PatchRecord.settle`."""
+    """What deciding about or applying a patch came to; recorded by `PatchRecord.settle`.
+    ``error`` is a traceback; ``fingerprints`` None leaves the recorded ones; an apply's
+    ``installed`` and ``originals`` are the raw values per attribute path, ours and upstream's,
+    and ``aliases`` (module, name, ours, original) the other modules' names it rebound."""
 
-    __slots__ = ("state", "reason", "error", "installation", "fingerprints", "untested", "distribution_missing")
+    __slots__ = ("state", "reason", "error", "fingerprints", "untested", "distribution_missing", "installed",
+                 "originals", "aliases")
 
-    def __init__(
-        self,
-        state: State,
-        reason: str,
-        error: str | None = None,  # a traceback
-        installation: Installation | None = None,
-        fingerprints: Mapping[str, str | None] | None = None,  # None: leave the recorded ones
-        untested: bool = False,
-        distribution_missing: bool = False,
-    ) -> None:
-        self.state, self.reason, self.error, self.installation = state, reason, error, installation
-        self.fingerprints, self.untested, self.distribution_missing = fingerprints, untested, distribution_missing
+    def __init__(self, state: State, reason: str, error: str | None = None,
+                 fingerprints: Mapping[str, str | None] | None = None, untested: bool = False,
+                 distribution_missing: bool = False, installed: Mapping[str, object] | None = None,
+                 originals: Mapping[str, object] | None = None, aliases: tuple = ()) -> None:
+        self.state, self.reason, self.error, self.fingerprints = state, reason, error, fingerprints
+        self.untested, self.distribution_missing = untested, distribution_missing
+        self.installed, self.originals, self.aliases = installed, originals, aliases
 
     def replace(self, **changes: object) -> "Outcome":
         """A copy with `changes`."""
@@ -79,8 +55,8 @@ class Outcome:
 
 
 class Resolution:
-    """The patch's attributes looked up on the target: ``owners``, raw ``originals``, or
-    what is ``missing`` (None when nothing is)."""
+    """The patch's attributes looked up on the target: ``owners``, raw ``originals``, or what
+    is ``missing`` (None when nothing is)."""
 
     __slots__ = ("owners", "originals", "missing")
 
@@ -108,14 +84,13 @@ def resolve(patch: Patch, module: types.ModuleType) -> Resolution:
 
 def kind_refusal(patch: Patch, resolution: Resolution) -> Outcome | None:
     """WRAP needs something to call; ADD must not shadow what upstream now defines itself."""
+    originals = resolution.originals
     if patch.kind is PatchKind.WRAP:
-        not_callable = [
-            path for path, raw in resolution.originals.items() if raw is not MISSING and not _is_callable_member(raw)
-        ]
+        not_callable = [path for path, raw in originals.items() if raw is not MISSING and not _is_callable_member(raw)]
         if not_callable:
             return Outcome(State.FAILED, f"target attribute not callable: {', '.join(not_callable)}")
     if patch.kind is PatchKind.ADD:
-        present = [path for path in patch.attributes if resolution.originals[path] is not MISSING]
+        present = [path for path in patch.attributes if originals[path] is not MISSING]
         if present:
             return Outcome(State.SKIPPED_UPSTREAM, f"upstream defines {', '.join(present)}")
     return None
@@ -125,10 +100,26 @@ def _new_values(patch: Patch, module: types.ModuleType, resolution: Resolution) 
     """The values to install: each wrapper around its original, plus what ``build`` returns."""
     values = dict(patch.build(PatchContext(patch, module))) if patch.build is not None else {}
     for path, wrapper in patch.wrappers.items():
-        values[path] = wrapped_member(
-            resolution.owners[path], split_attribute_path(path)[1], resolution.originals[path], wrapper
-        )
+        owner, original = resolution.owners[path], resolution.originals[path]
+        values[path] = wrapped_member(owner, split_attribute_path(path)[1], original, wrapper)
     return values
+
+
+def _value_refusal(patch: Patch, new_values: Mapping[str, object], originals: Mapping[str, object]) -> Outcome | None:
+    """Why the built values can't go in: not exactly the declared paths, or (REPLACE) a function
+    where data was or the reverse."""
+    if set(new_values) != set(patch.attributes) or len(new_values) != len(patch.attributes):
+        expected = sorted(patch.attributes)
+        return Outcome(State.FAILED, f"build returned {sorted(new_values)}, expected exactly {expected}")
+    mismatched = [
+        path for path, value in new_values.items()
+        if patch.kind is PatchKind.REPLACE and originals[path] is not MISSING
+        and _is_callable_member(value) != _is_callable_member(originals[path])
+    ]
+    if mismatched:
+        return Outcome(State.FAILED, "target attribute not callable where the replacement is (or the reverse): "
+                       + ", ".join(mismatched))
+    return None
 
 
 def install(
@@ -139,27 +130,14 @@ def install(
         new_values = _new_values(patch, module, resolution)
     except Exception as error:  # nothing is touched if this raises
         return Outcome(State.FAILED, f"build raised {type(error).__name__}: {error}", short_trace())
-    if set(new_values) != set(patch.attributes) or len(new_values) != len(patch.attributes):
-        return Outcome(
-            State.FAILED, f"build returned {sorted(new_values)}, expected exactly {sorted(patch.attributes)}"
-        )
-    originals = resolution.originals
-    # REPLACE puts a function where a function was, and data where data was.
-    mismatched = [
-        path for path, value in new_values.items()
-        if patch.kind is PatchKind.REPLACE and originals[path] is not MISSING
-        and _is_callable_member(value) != _is_callable_member(originals[path])
-    ]
-    if mismatched:
-        return Outcome(
-            State.FAILED,
-            f"target attribute not callable where the replacement is (or the reverse): {', '.join(mismatched)}",
-        )
+    owners, originals = resolution.owners, resolution.originals
+    refusal = _value_refusal(patch, new_values, originals)
+    if refusal is not None:
+        return refusal
     from lmcache_ascend.compat import markers
 
     for value in new_values.values():
         markers.mark(value, patch.name)
-    owners = resolution.owners
     done: list[str] = []
     try:
         for path in patch.attributes:
@@ -174,21 +152,17 @@ def install(
         return Outcome(State.FAILED, f"installing raised {type(error).__name__}: {error}", short_trace())
     installed = {path: read_raw(owners[path], split_attribute_path(path)[1]) for path in patch.attributes}
     aliases = _rebind_aliases(module, [(originals[p], installed[p]) for p in patch.attributes if owners[p] is module])
-    # Drift: a target whose source we never tested still applies, but says so;
-    # code without source is untested too unless the patch lists it so.
+    # Drift: a target whose source we never tested still applies, but says so; code without
+    # source is untested too unless the patch lists it so.
+    tested = patch.tested_fingerprints
     untested = [
-        path + (" has no source" if print_ == NO_SOURCE else "")
-        for path, print_ in fingerprints.items()
-        if originals[path] is not MISSING and print_ is not None and print_ not in patch.tested_fingerprints.get(path, ())
+        path + (" has no source" if print_ == NO_SOURCE else "") for path, print_ in fingerprints.items()
+        if originals[path] is not MISSING and print_ is not None and print_ not in tested.get(path, ())
     ]
     if untested:
         note = f"untested target ({', '.join(untested)}); {note}"
-    return Outcome(
-        State.APPLIED,
-        note,
-        installation=Installation(dict(owners), dict(originals), installed, aliases),
-        untested=bool(untested),
-    )
+    return Outcome(State.APPLIED, note, untested=bool(untested), installed=installed, originals=dict(originals),
+                   aliases=aliases)
 
 
 def _rebind_aliases(module: types.ModuleType, replaced: list[tuple[object, object]]) -> tuple:
@@ -197,9 +171,8 @@ def _rebind_aliases(module: types.ModuleType, replaced: list[tuple[object, objec
     from lmcache_ascend.compat import bindings
 
     ours_by_id = {id(original): ours for original, ours in replaced if original is not MISSING}
-    found = bindings.aliases_of(
-        [original for original, _ in replaced if original is not MISSING], module, __name__.split(".", 1)[0]
-    )
+    originals = [original for original, _ in replaced if original is not MISSING]
+    found = bindings.aliases_of(originals, module, __name__.split(".", 1)[0])
     for importer, name, original in found:
         setattr(importer, name, ours_by_id[id(original)])
     return tuple((importer, name, ours_by_id[id(original)], original) for importer, name, original in found)
@@ -227,11 +200,8 @@ def restore(owner: object, attribute: str, original: object) -> None:
 
 
 def _forget_abc_answers(old_bases: tuple, new_bases: tuple) -> None:
-    """Clear the issubclass caches of every ABC a __bases__ change added or removed.
-
-    ABCMeta caches both answers: without this, ``isinstance(x, SupportsHMA)`` could
-    keep saying "no" after we add the base (if asked before) or "yes" after revert.
-    """
+    """Clear the issubclass caches of every ABC a __bases__ change added or removed: ABCMeta
+    caches both answers, so ``isinstance(x, SupportsHMA)`` could keep its answer from before."""
     import abc
 
     for base in set(old_bases) ^ set(new_bases):

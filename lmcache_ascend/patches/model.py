@@ -8,18 +8,12 @@ import inspect
 import types
 from typing import Any, Callable, Mapping
 
-__all__ = [
-    "MISSING", "CatalogueEntry", "Patch", "PatchContext", "PatchKind", "State", "UpstreamGuard", "Verdict",
-    "Wrapper", "adds_keywords", "wrapped_member",
-]
-
-# The guard types belong to compat (which evaluates them); patches declare with them.
-# Activation needs neither, so they load on first use (PEP 562).
-_FROM_GUARDS = ("UpstreamGuard", "Verdict")
+from lmcache_ascend.compat.source import function_behind
 
 
 def __getattr__(name: str) -> object:
-    if name in _FROM_GUARDS:
+    # The guard types belong to compat, which evaluates them; activation needs neither (PEP 562).
+    if name in ("UpstreamGuard", "Verdict"):
         from lmcache_ascend.compat import guards
 
         return getattr(guards, name)
@@ -31,22 +25,15 @@ def _no_guard() -> object:
 
     return UpstreamGuard()
 
-# A module-level wrapper, wrapt's convention: ``wrapper(wrapped, instance, args, kwargs)``
-# where ``wrapped`` is the original, already bound to ``instance`` (the object, the class
-# for a classmethod, None for a function or staticmethod) and ``args`` / ``kwargs`` are the
-# call's own arguments; it returns what the call returns.
+
+# A module-level wrapper, wrapt's convention: ``wrapper(wrapped, instance, args, kwargs)``, where
+# ``wrapped`` is the original bound to ``instance`` (the object, the class for a classmethod,
+# None for a function or staticmethod); it returns what the call returns.
 Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
 
 class _Missing:
-    """Marks an attribute absent from its owner's ``__dict__``."""
-
-    _instance = None
-
-    def __new__(cls):
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    """Marks an attribute absent from its owner's ``__dict__``: falsy, one instance (`MISSING`)."""
 
     def __repr__(self) -> str:
         return "MISSING"
@@ -95,28 +82,18 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     **{state: frozenset({State.PENDING, State.FAILED}) for state in _DECIDED},
 }
 
-
 # Patch's fields: (name, default factory); None for the required ones.
 _PATCH_FIELDS: dict[str, Callable[[], object] | None] = {
-    "name": None,
-    "target": None,
-    "attributes": None,
-    "kind": None,
-    "summary": None,
-    "why": None,
-    "mirrors": None,
-    "delete_when": None,
+    "name": None, "target": None, "attributes": None, "kind": None,
+    "summary": None, "why": None, "mirrors": None, "delete_when": None,
     "build": lambda: None,  # Callable[[PatchContext], Mapping[str, object]] | None
     "wrappers": dict,  # Mapping[str, Wrapper]
     "requires": dict,  # Mapping[distribution, PEP 440 specifier]
     "guard": _no_guard,  # UpstreamGuard
     "flags": tuple,
     "enabled_by": lambda: None,
-    # The machines the patch is for: None (any), or a callable answering None on
-    # such a host and the reason otherwise; asked when the target is imported.
-    "host": lambda: None,
-    # Patches that must be in (applied, or found upstream) before this one.
-    "after": tuple,
+    "host": lambda: None,  # None (any host), or a callable: None on a host it serves, else why not
+    "after": tuple,  # patches that must be in (applied, or found upstream) before this one
     "tested_fingerprints": dict,  # Mapping[attribute path, tuple of fingerprints]
 }
 
@@ -124,20 +101,13 @@ _PATCH_FIELDS: dict[str, Callable[[], object] | None] = {
 class Patch:
     """One change to one upstream module, declared once (immutable; keywords only).
 
-    ``wrappers`` maps attribute paths to module-level `Wrapper` functions: the
-    framework puts each around the original, with the original's binding
-    (method, classmethod, staticmethod, module function).  ``build``, for what
-    no wrapper can express (added or replaced values), receives a `PatchContext`
-    and returns the raw values to install for the other attribute paths.  Together
-    they give every path of ``attributes`` exactly once: the framework installs
-    all or none, marks what it installs and can restore the originals.
-
-    ``summary`` (what), ``why``, ``mirrors`` and ``delete_when`` are the patch's
-    description, written here only: the CLI's ``show`` derives from them, and a
-    patch module's docstring says how the code works, not these (a test checks).
-
-    A plain class, not a dataclass: every patch module declares one at activation,
-    and generating a frozen dataclass costs milliseconds of it.
+    ``wrappers`` maps attribute paths to module-level `Wrapper` functions, put around the
+    originals with their binding; ``build`` receives a `PatchContext` and returns the raw values
+    for the other paths.  Together they give every path of ``attributes`` exactly once: the
+    framework installs all or none, marks what it installs and can restore the originals.
+    ``summary`` (what), ``why``, ``mirrors`` and ``delete_when`` are the patch's description,
+    written here only (``show`` reads them).  A plain class: a frozen dataclass costs
+    milliseconds of activation.
     """
 
     def __init__(self, **fields: object) -> None:
@@ -168,17 +138,13 @@ class Patch:
             problems.append(f"name {self.name!r} must be a non-empty word without spaces")
         if not self.attributes:
             problems.append("attributes must name at least one attribute")
-        for path in self.attributes:
-            if not path or path.startswith(".") or path.endswith("."):
-                problems.append(f"attribute path {path!r} is not a dotted name")
+        problems += [f"attribute path {path!r} is not a dotted name" for path in self.attributes
+                     if not path or path.startswith(".") or path.endswith(".")]
         if self.name in self.after:
             problems.append("a patch can't come after itself")
-        for path in self.tested_fingerprints:
-            if path not in self.attributes:
-                problems.append(f"tested_fingerprints names {path!r}, which is not among attributes")
-        for path in self.wrappers:
-            if path not in self.attributes:
-                problems.append(f"wrappers names {path!r}, which is not among attributes")
+        for field in ("tested_fingerprints", "wrappers"):
+            problems += [f"{field} names {path!r}, which is not among attributes" for path in getattr(self, field)
+                         if path not in self.attributes]
         if self.build is None and set(self.wrappers) != set(self.attributes):
             unbuilt = sorted(set(self.attributes) - set(self.wrappers))
             problems.append(f"no build and no wrapper for {', '.join(unbuilt)}")
@@ -189,30 +155,16 @@ class Patch:
 
 
 class CatalogueEntry:
-    """What activation knows of a patch before its declaration is imported: enough to
-    gate it and to arm the hook that imports the declaration with its target.
-
-    `lmcache_ascend.patches.catalogue` lists one per patch, derived from the `Patch`
-    declarations (`of`) and checked against them by a test: the `Patch` is the one
-    place these facts are written by hand.  ``module`` is the declaring module (None
-    for a `Patch` handed to a `Registry` directly).
-    """
+    """What activation knows of a patch before its declaration is imported: enough to gate it
+    and to arm the hook that imports the declaration with its target.  The catalogue lists one
+    per patch, derived from the declarations (`of`); ``module`` is the declaring module (None
+    for a `Patch` handed to a `Registry` directly)."""
 
     __slots__ = ("name", "module", "target", "requires", "flags", "enabled_by", "after")
-    # The fields a Patch has too, under the same names.
-    PATCH_FIELDS = ("name", "target", "requires", "flags", "enabled_by", "after")
+    PATCH_FIELDS = ("name", "target", "requires", "flags", "enabled_by", "after")  # a Patch has them too
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        module: str | None,
-        target: str,
-        requires: Mapping[str, str],
-        flags: tuple[str, ...] = (),
-        enabled_by: str | None = None,
-        after: tuple[str, ...] = (),
-    ) -> None:
+    def __init__(self, name: str, *, module: str | None, target: str, requires: Mapping[str, str],
+                 flags: tuple[str, ...] = (), enabled_by: str | None = None, after: tuple[str, ...] = ()) -> None:
         self.name, self.module, self.target = name, module, target
         self.requires, self.flags, self.enabled_by, self.after = dict(requires), tuple(flags), enabled_by, tuple(after)
 
@@ -267,8 +219,7 @@ class PatchContext:
 
     def original(self, path: str) -> object:
         """The raw original (e.g. the classmethod object itself), or MISSING."""
-        owner_path, name = split_attribute_path(path)
-        return read_raw(resolve_owner(self.module, owner_path), name)
+        return read_raw(self.owner(path), split_attribute_path(path)[1])
 
     def original_function(self, path: str) -> Callable[..., Any]:
         """The plain function behind an attribute, own or inherited, for wrapping."""
@@ -276,16 +227,12 @@ class PatchContext:
         if raw is MISSING:
             raw = getattr(self.owner(path), split_attribute_path(path)[1])
             raw = getattr(raw, "__func__", raw)  # inherited classmethod comes back bound
-        if isinstance(raw, (classmethod, staticmethod)):
-            return raw.__func__
-        if isinstance(raw, property):
-            return raw.fget
-        return raw
+        return function_behind(raw)
 
 
 def adds_keywords(**defaults: object) -> Callable[[Wrapper], Wrapper]:
-    """Declare the keyword-only arguments a wrapper takes beyond the original's (it pops
-    them from ``kwargs``); the installed function's signature shows them."""
+    """Declare the keyword-only arguments a wrapper takes beyond the original's (it pops them
+    from ``kwargs``); the installed function's signature shows them."""
 
     def declare(wrapper: Wrapper) -> Wrapper:
         wrapper.added_keywords = dict(defaults)
@@ -295,8 +242,8 @@ def adds_keywords(**defaults: object) -> Callable[[Wrapper], Wrapper]:
 
 
 def wrapped_member(owner: object, name: str, raw: object, wrapper: Wrapper) -> object:
-    """The value to install for `owner.name` (raw value `raw`, MISSING when inherited)
-    that calls ``wrapper(wrapped, instance, args, kwargs)``, bound as the original is."""
+    """The value to install for `owner.name` (raw value `raw`, MISSING when inherited) that
+    calls ``wrapper(wrapped, instance, args, kwargs)``, bound as the original is."""
     if raw is MISSING:
         raw = inspect.getattr_static(owner, name)
     if isinstance(raw, property):

@@ -1,8 +1,6 @@
-"""What happened to each patch in this process: its `PatchRecord`, and the declaration it
-is imported from when first needed.
-
-A record's state changes only through `PatchRecord.set`, along `model.TRANSITIONS`;
-`PatchRecord.settle` writes down a whole `Outcome` (a decision or an apply).
+"""What happened to each patch in this process (`PatchRecord`), and its declaration, imported
+when first needed.  A record's state changes only through `PatchRecord.set`, along
+`model.TRANSITIONS`; `PatchRecord.settle` writes down a whole `Outcome`.
 """
 
 from __future__ import annotations
@@ -12,8 +10,6 @@ from typing import Callable
 
 from lmcache_ascend.patches.install import Outcome
 from lmcache_ascend.patches.model import TRANSITIONS, CatalogueEntry, Patch, State
-
-__all__ = ["DeclarationError", "PatchRecord", "declared_in", "load_declaration"]
 
 
 class DeclarationError(Exception):
@@ -47,9 +43,8 @@ def load_declaration(entry: CatalogueEntry) -> Patch:
 class PatchRecord:
     """What happened to one patch in this process (a plain class: see `Patch`).
 
-    ``state``, ``reason``, ``error`` and ``distribution_installed`` are read through
-    properties: a decision that activation postponed (`postpone`) is made when one
-    of them is first read.
+    ``state``, ``reason``, ``error`` and ``distribution_installed`` are read through properties:
+    a decision that activation postponed (`postpone`) is made when one of them is first read.
     """
 
     def __init__(self, entry: CatalogueEntry, patch: Patch | None = None) -> None:
@@ -63,12 +58,10 @@ class PatchRecord:
         self._postponed: Callable[[], Outcome] | None = None
         self.untested = False
         self.fingerprints: dict[str, str | None] = {}
-        # What apply installed and what it replaced, per attribute path (for revert).
+        # What apply installed and what it replaced, per attribute path (for revert), and other
+        # modules' names it rebound: (module, name, ours, original).
         self.installed: dict[str, object] = {}
         self.originals: dict[str, object] = {}
-        self.owners: dict[str, object] = {}
-        # (module, name, ours, original): other modules' names for a replaced module-level
-        # value, re-bound by apply and put back on revert where still ours.
         self.aliases: list[tuple[object, str, object, object]] = []
 
     @property
@@ -95,21 +88,10 @@ class PatchRecord:
             self.settle(decide())  # the same outcome whichever thread gets here first
         return self
 
-    @property
-    def state(self) -> State:
-        return self._decided()._state
-
-    @property
-    def reason(self) -> str:
-        return self._decided()._reason
-
-    @property
-    def error(self) -> str | None:
-        return self._decided()._error
-
-    @property
-    def distribution_installed(self) -> bool:
-        return self._decided()._distribution_installed
+    state = property(lambda self: self._decided()._state)
+    reason = property(lambda self: self._decided()._reason)
+    error = property(lambda self: self._decided()._error)
+    distribution_installed = property(lambda self: self._decided()._distribution_installed)
 
     def set(self, state: State, reason: str, error: str | None = None) -> None:
         """Move to `state`; a move `model.TRANSITIONS` does not allow is a bug of the registry."""
@@ -129,18 +111,15 @@ class PatchRecord:
             self._distribution_installed = False
         if outcome.fingerprints is not None:
             self.fingerprints = dict(outcome.fingerprints)
-        if outcome.installation is not None:
-            self.installed = dict(outcome.installation.installed)
-            self.originals = dict(outcome.installation.originals)
-            self.owners = dict(outcome.installation.owners)
-            self.aliases.extend(outcome.installation.aliases)
+        if outcome.installed is not None:
+            self.installed, self.originals = dict(outcome.installed), dict(outcome.originals)
+            self.aliases.extend(outcome.aliases)
             self.untested = outcome.untested
 
     def forget_installation(self) -> None:
         """Nothing of ours is in place any more (reverted)."""
         self.installed.clear()
         self.originals.clear()
-        self.owners.clear()
         self.untested = False
 
     def as_json(self) -> dict[str, object]:
@@ -150,17 +129,9 @@ class PatchRecord:
         except DeclarationError:  # its state says why; the catalogue still knows the rest
             patch = None
         return {
-            "name": entry.name,
-            "target": entry.target,
-            "attributes": list(patch.attributes) if patch else [],
-            "kind": patch.kind.value if patch else None,
-            "state": self.state.value,
-            "reason": self.reason,
-            "untested_target": self.untested,
-            "error": self.error,
-            "requires": dict(entry.requires),
-            "flags": list(entry.flags),
-            "enabled_by": entry.enabled_by,
-            "after": list(entry.after),
-            "fingerprints": dict(self.fingerprints),
+            "name": entry.name, "target": entry.target,
+            "attributes": list(patch.attributes) if patch else [], "kind": patch.kind.value if patch else None,
+            "state": self.state.value, "reason": self.reason, "untested_target": self.untested, "error": self.error,
+            "requires": dict(entry.requires), "flags": list(entry.flags), "enabled_by": entry.enabled_by,
+            "after": list(entry.after), "fingerprints": dict(self.fingerprints),
         }

@@ -1,24 +1,15 @@
 """The registry: the patches of one process, activating them and applying/reverting them.
 
-Life of a patch in one process::
+Life of a patch: declared --activate()--> gated (`gates.flag_gate`) --target imported-->
+decided (`gates.decide`: guard, version, host) --> installed, all or nothing (`install`) -->
+recorded (`records.PatchRecord`, along `model.TRANSITIONS`).
 
-    declared --activate()--> gated (`gates.flag_gate`: disabled? target locatable?)
-        --target imported--> decide (`gates.decide`: guard, version, host) --> install
-        (wrappers, build; all or nothing: `install`) --> recorded (`records.PatchRecord`)
-
-The states a record may take, and from where, are `model.TRANSITIONS`.
-
-A patch's declaration module is imported only when it is needed: when its target
-is imported (the post-import hook), or when someone asks for the patch itself
-(`PatchRecord.patch`: the CLI, tests).  Until then the registry works from the
-patch's `CatalogueEntry`, so activation imports no declaration and none of the
-logic they import.
-
-Nothing here imports a patch target by itself except `import_targets` (the CLI's
-``--import``) and `apply_now` (tests).  Every failure is caught and recorded; the
-user's import never sees an exception from a patch.  A target executed again
-(``importlib.reload``) is not followed: its fresh objects lack the patch, which the
-record then reports as overridden.
+Activation works from each patch's `CatalogueEntry`: a declaration module is imported only
+with its target (the post-import hook) or when someone asks for the patch itself (the CLI,
+tests).  Nothing here imports a target by itself except `import_targets` (the CLI's
+``--import``) and `apply_now` (tests).  Every failure is caught and recorded: the user's
+import never sees an exception from a patch.  A target executed again (``importlib.reload``)
+is not followed: its fresh objects lack the patch, which the record reports as overridden.
 """
 
 from __future__ import annotations
@@ -35,7 +26,9 @@ from lmcache_ascend.compat import import_hooks
 from lmcache_ascend.compat.source import fingerprint, module_is_locatable
 from lmcache_ascend.patches import gates
 from lmcache_ascend.patches.install import Outcome, install, kind_refusal, resolve, restore, same, short_trace
-from lmcache_ascend.patches.model import MISSING, CatalogueEntry, Patch, State, read_raw, resolve_owner, split_attribute_path
+from lmcache_ascend.patches.model import (
+    MISSING, CatalogueEntry, Patch, State, read_raw, resolve_owner, split_attribute_path,
+)
 from lmcache_ascend.patches.records import DeclarationError, PatchRecord, declared_in, load_declaration
 
 __all__ = ["DeclarationError", "PatchRecord", "Registry", "SCHEMA_VERSION", "declared_in", "load_declaration",
@@ -51,11 +44,8 @@ def _log(level: str, message: str, *args: object) -> None:
 
 
 class Registry:
-    """The patches of one process and their records; thread-safe.
-
-    Built from declarations (`Patch`) or from catalogue entries, whose declarations
-    are imported when first needed (see the module's docstring).
-    """
+    """The patches of one process and their records; thread-safe.  Built from declarations
+    (`Patch`) or from catalogue entries, whose declarations are imported when first needed."""
 
     def __init__(self, patches: Iterable[Patch | CatalogueEntry]):
         self._lock = threading.RLock()
@@ -73,7 +63,6 @@ class Registry:
         # A hook that fired can't be re-armed by the import system; disarming makes pending ones do nothing.
         self.armed = False
 
-    # ------------------------------------------------------------------ queries
     def names(self) -> list[str]:
         return list(self._records)
 
@@ -95,7 +84,6 @@ class Registry:
             self._notice_override(record)
         return record.state
 
-    # ---------------------------------------------------------- declarations
     @property
     def load_errors(self) -> dict[str, str]:
         """Declaration modules that did not load, and why (asking loads every declaration)."""
@@ -123,7 +111,6 @@ class Registry:
                         record.set(State.FAILED, f"declaration did not load: {error}")
                     self._load_errors[record.entry.module or record.entry.name] = str(error)
 
-    # ------------------------------------------------------------ evaluation
     def evaluate_without_import(self, flag_values: Mapping[str, object]) -> None:
         """Fill in states as far as they can be known without importing any target."""
         self.load_declarations(self.names())  # the guards are in the declarations
@@ -139,7 +126,6 @@ class Registry:
                 skip, note = gates.decide(record.patch, sys.modules.get(target))
                 record.settle(skip or Outcome(State.PENDING, f"applies when {target} is imported; {note}"))
 
-    # ------------------------------------------------------------ activation
     def activate(self, flag_values: Mapping[str, object], source: str) -> None:
         """Register post-import hooks for every patch that passes the early gates."""
         unknown = [n for n in flag_values["LMCACHE_ASCEND_DISABLED_PATCHES"] if n != "*" and n not in self._records]
@@ -160,9 +146,9 @@ class Registry:
             import_hooks.register_post_import_hook(target, functools.partial(self.apply_to_module, name))
 
     def _arm(self, flag_values: Mapping[str, object]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-        """Gate every pending record; returns the (name, target) pairs to hook (first
-        activation: one hook per patch, for good) and to apply (re-activation of a target
-        imported while disarmed, whose hook has fired already)."""
+        """Gate every pending record; returns the (name, target) pairs to hook (first activation:
+        one hook per patch, for good) and to apply (re-activation of a target imported while
+        disarmed, whose hook has fired already)."""
         to_hook: list[tuple[str, str]] = []
         to_apply: list[tuple[str, str]] = []
         for record in self._records.values():
@@ -176,8 +162,7 @@ class Registry:
                 continue
             name, target = record.entry.name, record.entry.target
             if not module_is_locatable(target):
-                # Why it is missing takes the installed versions, which cost more than
-                # activation may: it is found out when someone asks.
+                # Why it is missing takes the installed versions, which cost more than activation may.
                 record.postpone(functools.partial(gates.missing_target, record.entry))
                 continue
             if name not in self._hooked:
@@ -201,7 +186,6 @@ class Registry:
         on_target_imported.__qualname__ = f"lmcache_ascend[{name}]"
         return on_target_imported
 
-    # ----------------------------------------------------------------- apply
     def apply_now(self, name: str, flag_values: Mapping[str, object] | None = None) -> State:
         """Import the target and apply `name` now (tests, CLI); returns the resulting state."""
         record = self.record(name)
@@ -224,9 +208,9 @@ class Registry:
         return record.state
 
     def _import_target(self, record: PatchRecord) -> types.ModuleType | None:
-        """`record`'s target, imported; None where its versions rule the patch out (then the
-        target is not even imported: its import may need other packages) or the import fails,
-        either settled on a record still pending."""
+        """`record`'s target, imported; None where its versions rule the patch out (then the target
+        is not even imported: it may need other packages) or the import fails, either settled on
+        a record still pending."""
         with self._lock:
             skip, _ = gates.version_gate(record.entry)
             if skip is not None:
@@ -239,9 +223,8 @@ class Registry:
         except Exception as error:
             with self._lock:
                 if record.state is State.PENDING:
-                    record.set(
-                        State.TARGET_MISSING, f"import of {target} failed: {type(error).__name__}: {error}", short_trace()
-                    )
+                    failure = f"import of {target} failed: {type(error).__name__}: {error}"
+                    record.set(State.TARGET_MISSING, failure, short_trace())
             return None
 
     def apply_to_module(self, name: str, module: types.ModuleType) -> None:
@@ -265,8 +248,8 @@ class Registry:
         from lmcache_ascend.compat import markers
 
         resolution = resolve(patch, module)
-        # Never twice: a mark of this patch on a current value means it is already in
-        # (checked before the guard, which would take our own work for upstream's).
+        # Never twice: a mark of this patch on a current value means it is in already (checked
+        # before the guard, which would take our own work for upstream's).
         if resolution.missing is None and any(
             patch.name in markers.patch_names_on(raw) for raw in resolution.originals.values()
         ):
@@ -281,13 +264,9 @@ class Registry:
             path: fingerprint(raw) if raw is not MISSING else None for path, raw in resolution.originals.items()
         }
         states = {name: (other.state, other.reason) for name, other in self._records.items() if name in patch.after}
-        refusal = kind_refusal(patch, resolution) or gates.prerequisite_refusal(patch, states)
-        if refusal is None:
-            flag_problems = gates.owned_flag_problems(patch)
-            refusal = Outcome(State.FAILED, "; ".join(flag_problems)) if flag_problems else None
-        if refusal is not None:
-            return refusal.replace(fingerprints=fingerprints)
-        return install(patch, module, resolution, fingerprints, note).replace(fingerprints=fingerprints)
+        refusal = (kind_refusal(patch, resolution) or gates.prerequisite_refusal(patch, states)
+                   or gates.owned_flag_refusal(patch))
+        return (refusal or install(patch, module, resolution, fingerprints, note)).replace(fingerprints=fingerprints)
 
     def _bring_in_prerequisites(self, patch: Patch) -> None:
         """Apply the prerequisites whose targets are imported and still pending."""
@@ -299,7 +278,6 @@ class Registry:
             if other.state is State.PENDING and module is not None and not import_hooks.is_initializing(module):
                 self.apply_to_module(prerequisite, module)
 
-    # ---------------------------------------------------------------- revert
     def revert(self, name: str) -> State:
         """Restore the originals of `name` where the current values are still ours."""
         record = self.record(name)
@@ -314,7 +292,12 @@ class Registry:
             self._notice_override(record)
             if record.state not in (State.APPLIED, State.OVERRIDDEN) or not record.installed:
                 return record.state  # not applied, or applied by another copy: nothing of ours to undo
-            kept = self._restore_originals(record)
+            kept = []
+            for path, owner, attribute, ours in _installed_places(record, sys.modules.get(record.entry.target)):
+                if owner is not MISSING and same(read_raw(owner, attribute), ours):
+                    restore(owner, attribute, record.originals[path])
+                else:
+                    kept.append(path)
             record.forget_installation()
             if kept:
                 record.set(State.OVERRIDDEN, f"replaced by someone else, left as found: {', '.join(kept)}")
@@ -322,44 +305,19 @@ class Registry:
                 record.set(State.REVERTED, "originals restored")
             return record.state
 
-    def _restore_originals(self, record: PatchRecord) -> list[str]:
-        """Put back every original whose place still holds ours; returns the paths that do not."""
-        module = sys.modules.get(record.entry.target)
-        kept: list[str] = []
-        for path, ours in record.installed.items():
-            owner_path, attribute = split_attribute_path(path)
-            try:
-                owner = resolve_owner(module, owner_path)
-            except AttributeError:
-                kept.append(path)
-                continue
-            if same(read_raw(owner, attribute), ours):
-                restore(owner, attribute, record.originals[path])
-            else:
-                kept.append(path)
-        return kept
-
     def revert_all(self) -> None:
         for name in reversed(self.names()):
             self.revert(name)
 
     def _notice_override(self, record: PatchRecord) -> None:
-        if record.state is not State.APPLIED or not record.installed:
-            return
         module = sys.modules.get(record.entry.target)
-        if module is None:
+        if record.state is not State.APPLIED or not record.installed or module is None:
             return
-        for path, ours in record.installed.items():
-            owner_path, attribute = split_attribute_path(path)
-            try:
-                current = read_raw(resolve_owner(module, owner_path), attribute)
-            except AttributeError:
-                current = MISSING
-            if not same(current, ours):
+        for path, owner, attribute, ours in _installed_places(record, module):
+            if not same(MISSING if owner is MISSING else read_raw(owner, attribute), ours):
                 record.set(State.OVERRIDDEN, f"{path} was replaced after we applied")
                 return
 
-    # ------------------------------------------------------------------ CLI
     def import_targets(self) -> None:
         """Import every target that passed the early gates (the CLI's --import)."""
         for record in list(self._records.values()):
@@ -367,7 +325,17 @@ class Registry:
                 self._import_target(record)  # the post-import hook applies it
 
 
-# -------------------------------------------------------------------- the process registry
+def _installed_places(record: PatchRecord, module: types.ModuleType | None):
+    """(path, owner, attribute, our value) of what `record` installed; owner MISSING where it is gone."""
+    for path, ours in record.installed.items():
+        owner_path, attribute = split_attribute_path(path)
+        try:
+            owner = resolve_owner(module, owner_path)
+        except AttributeError:
+            owner = MISSING
+        yield path, owner, attribute, ours
+
+
 _PROCESS_REGISTRY: Registry | None = None
 _PROCESS_LOCK = threading.Lock()
 
@@ -383,7 +351,7 @@ def process_registry() -> Registry:
         return _PROCESS_REGISTRY
 
 
-# Module-level shortcuts on the process registry, for tests and tools.
+# Shortcuts on the process registry, for tests and tools.
 def apply_now(name: str, flag_values: Mapping[str, object] | None = None) -> State:
     return process_registry().apply_now(name, flag_values)
 
