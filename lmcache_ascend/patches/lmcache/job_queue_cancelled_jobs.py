@@ -22,21 +22,22 @@ import asyncio
 from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 
-def _is_stop(item) -> bool:
+def _stop_marker():
+    """Upstream's shutdown item (looked up once per worker, not once per job)."""
     from lmcache.v1.storage_backend.job_executor import pq_executor
 
-    stop = pq_executor._SENTINEL
-    return item is stop or (isinstance(item, tuple) and len(item) >= 3 and item[2] is stop)
+    return pq_executor._SENTINEL
 
 
 async def worker(self):
     """``AsyncPQExecutor._worker`` (fingerprint in PATCH) settling a job's future only while pending."""
+    stop = _stop_marker()
     while True:
         try:
             item = await self._queue.get()
         except (GeneratorExit, asyncio.CancelledError, Exception):  # closing, cancelled or broken: stop, as upstream
             break
-        if _is_stop(item):
+        if item is stop or (isinstance(item, tuple) and len(item) >= 3 and item[2] is stop):
             self._queue.task_done()
             break
         _, _, fn, args, kwargs, done = item
