@@ -5,7 +5,10 @@ first prompt. It wraps the model runner's ``execute_model``: after the step in
 which a request's prompt is complete in the paged cache (loaded, computed, or
 both), it digests each whole block of that prompt in every attention layer,
 reading vLLM's own structures only: the request's block ids per KV-cache group
-(``model_runner.requests``) and the layer's cache tensor, indexed by block id on
+(``model_runner.requests``; vLLM's second model runner, the GPU default for dense
+models since 0.2x, keeps them on the device, so there they are followed from the
+scheduler's own messages to the runner, as that runner does: a new request's ids,
+then each step's additions) and the layer's cache tensor, indexed by block id on
 axis 0 (vLLM 0.32 describes every per-layer KV cache as ``[blocks, ...]`` in
 logical order, `vllm.v1.kv_cache_layout`). Null blocks (id 0: outside a sliding
 window) are recorded as None. `report` hands the records back.
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["assert_loaded_blocks_were_computed", "install", "report"]
+__all__ = ["assert_loaded_blocks_were_computed", "install", "record", "report"]
 
 
 def _sha(data: bytes) -> str:
@@ -29,6 +32,31 @@ def _sha(data: bytes) -> str:
 
 def _prompt_key(tokens) -> str:
     return _sha(repr(list(tokens)).encode())
+
+
+class _Followed:
+    """A request as the scheduler described it to the runner: prompt, block ids per group, and the
+    tokens computed before the step being run."""
+
+    def __init__(self, new) -> None:
+        self.prompt_token_ids = list(new.prompt_token_ids)
+        self.block_ids = tuple(list(ids) for ids in new.block_ids)
+        self.num_computed_tokens = new.num_computed_tokens
+
+
+def _follow(requests: dict, scheduler_output) -> None:
+    for request_id in set(scheduler_output.finished_req_ids) | set(scheduler_output.preempted_req_ids or ()):
+        requests.pop(request_id, None)  # a preempted request comes back as a new one
+    for new in scheduler_output.scheduled_new_reqs:
+        requests[new.req_id] = _Followed(new)
+    cached = scheduler_output.scheduled_cached_reqs
+    for request_id, computed, added in zip(cached.req_ids, cached.num_computed_tokens, cached.new_block_ids):
+        request = requests.get(request_id)
+        if request is None:
+            continue
+        request.num_computed_tokens = computed
+        for ids, more in zip(request.block_ids, added or ()):
+            ids.extend(more)
 
 
 def install(worker) -> bool:
@@ -67,18 +95,23 @@ def install(worker) -> bool:
                 if block_id == 0:
                     digests.append(None)
                     continue
-                row = cache[block_id].contiguous()
+                row = cache[block_id].contiguous().cpu()  # a GPU engine's cache too
                 digests.append(_sha(row.view(torch.uint8).numpy().tobytes()))
             blocks[name] = {"block_size": block_size, "digests": digests}
         return {"prompt": _prompt_key(prompt), "blocks": blocks}
 
     original = runner.execute_model
+    followed: dict | None = None if hasattr(runner, "requests") else {}
 
     def execute_model(scheduler_output, *args, **kwargs):
+        if followed is not None:
+            _follow(followed, scheduler_output)
         result = original(scheduler_output, *args, **kwargs)
+        if not runner._kv_oracle_on:
+            return result
         scheduled = getattr(scheduler_output, "num_scheduled_tokens", {}) or {}
         for request_id, count in scheduled.items():
-            request = runner.requests.get(request_id)
+            request = (runner.requests if followed is None else followed).get(request_id)
             if request_id in done or request is None or request.prompt_token_ids is None:
                 continue
             if request.num_computed_tokens + count >= len(request.prompt_token_ids):
@@ -88,7 +121,13 @@ def install(worker) -> bool:
 
     runner.execute_model = execute_model
     runner._kv_oracle = records
+    runner._kv_oracle_on = True
     return True
+
+
+def record(worker, on: bool) -> None:
+    """Start or stop taking snapshots (a benchmark times requests with the oracle stopped)."""
+    worker.model_runner._kv_oracle_on = on
 
 
 def report(worker) -> list[dict]:
