@@ -97,6 +97,8 @@ def plan_description(planner: Any) -> dict:
             "sliding_window": spec.sliding_window,
             "is_state": spec.is_state,
             "transferred": spec.transferred,
+            # (only where the group's layers compress at several ratios: other groups keep their keys)
+            **({"layer_ratios": [list(pair) for pair in spec.layer_ratios]} if spec.layer_ratios else {}),
         }
         for index, spec in sorted(planner.geometry_by_group.items())
     }
@@ -111,6 +113,7 @@ def plan_description(planner: Any) -> dict:
                     "row_bytes": plane.row_bytes,
                     "block_size": plane.block_size,
                     "dtype": plane.dtype,
+                    **({"compress_ratio": plane.compress_ratio} if plane.compress_ratio is not None else {}),
                 }
                 for plane in group.planes
             ],

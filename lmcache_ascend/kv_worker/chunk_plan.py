@@ -7,7 +7,8 @@ aligned (vector loads on both Triton and Ascend need it).  A group's layer strid
 is the sum of its plane regions, so one launch addresses layer ``l`` plane ``p``
 at ``group_offset + l * layer_stride + plane_offset[p]``.
 
-Rows per plane depend on the plane's scheduler group:
+Rows per plane depend on the plane's scheduler group (and, in a group whose layers
+compress at several ratios, on its layer's ratio):
 - plain: one row per token of the chunk;
 - compressed (compress ratio r): ``ceil(tokens / r)`` rows;
 - sliding window w: only the chunk's tail, the paged blocks holding its last ``w // r``
@@ -30,8 +31,9 @@ from lmcache_ascend.kernels.spec import ChunkRegions
 from lmcache_ascend.kernels.spec import chunk_regions as kernel_chunk_regions
 from lmcache_ascend.kv_worker.errors import KVCacheShapeError
 from lmcache_ascend.kv_worker.chunk_seal import SEAL_BYTES
-from lmcache_ascend.kv_worker.groups import LayerGroup
-from lmcache_ascend.multigroup.specs import KVGroupSpec, chunk_row_window, geometry_digest
+from lmcache_ascend.kv_worker.groups import LayerGroup, PlaneIdentity
+from lmcache_ascend.kv_worker.layer_planes import PlaneGeometry
+from lmcache_ascend.multigroup.specs import KVGroupSpec, RowKey, chunk_row_window, geometry_digest
 
 __all__ = [
     "ChunkBufferPlan",
@@ -94,16 +96,16 @@ class ChunkPlanner:
             raise KVCacheShapeError(f"chunk_size={chunk_size} must be a positive int")
         if not layer_groups:
             raise KVCacheShapeError("no layer group to plan: every registered plane was skipped or none was registered")
-        for group in layer_groups:
-            for scheduler_group in group.scheduler_groups:
-                geometry = geometry_by_group[scheduler_group]
-                if chunk_size % geometry.compress_ratio:
-                    raise KVCacheShapeError(
-                        f"chunk_size={chunk_size} is not a multiple of compress_ratio="
-                        f"{geometry.compress_ratio} of scheduler group {scheduler_group}; chunks would split rows"
-                    )
         self.layer_groups = tuple(layer_groups)
         self.geometry_by_group = dict(geometry_by_group)
+        for group in layer_groups:
+            for identity in group.planes:
+                scheduler_group, ratio = self.row_key(identity)
+                if chunk_size % ratio:
+                    raise KVCacheShapeError(
+                        f"chunk_size={chunk_size} is not a multiple of compress_ratio="
+                        f"{ratio} of scheduler group {scheduler_group}; chunks would split rows"
+                    )
         # The worker's side of a step's block ids (`multigroup.slots.GroupGeometry`): the scheduler
         # ships the digest of its groups, which must be this one (the same KV-cache config gave both).
         self.geometry_digest = geometry_digest(self.geometry_by_group.values())
@@ -123,10 +125,7 @@ class ChunkPlanner:
         offset = 0
         regions = []
         for group in self.layer_groups:
-            rows = [
-                rows_per_chunk(self.geometry_by_group[identity.scheduler_group], num_tokens)
-                for identity in group.planes
-            ]
+            rows = [rows_per_chunk(self.row_geometry(self.row_key(identity)), num_tokens) for identity in group.planes]
             packed = kernel_chunk_regions(
                 [identity.row_bytes for identity in group.planes], rows, group.num_layers, DEFAULT_REGION_ALIGNMENT
             )
@@ -154,3 +153,18 @@ class ChunkPlanner:
 
     def scheduler_groups_in_use(self) -> tuple[int, ...]:
         return tuple(sorted({g for group in self.layer_groups for g in group.scheduler_groups}))
+
+    def row_key(self, plane: PlaneIdentity | PlaneGeometry) -> RowKey:
+        """The slot mapping that addresses `plane`: its scheduler group at its layer's compress ratio
+        (the group's one ratio where its layers share it)."""
+        group = self.geometry_by_group[plane.scheduler_group]
+        ratio = plane.compress_ratio or group.single_ratio(f"which rows a plane of group {group.group_index} holds")
+        return (plane.scheduler_group, ratio)
+
+    def row_geometry(self, key: RowKey) -> KVGroupSpec:
+        """The group's row geometry of slot mapping `key` (`KVGroupSpec.at_ratio`)."""
+        return self.geometry_by_group[key[0]].at_ratio(key[1])
+
+    def row_keys_in_use(self) -> tuple[RowKey, ...]:
+        """Every slot mapping some moved plane is addressed by, in order."""
+        return tuple(sorted({self.row_key(identity) for group in self.layer_groups for identity in group.planes}))

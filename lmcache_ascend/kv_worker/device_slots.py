@@ -23,7 +23,7 @@ from lmcache_ascend.kernels import select_backend
 from lmcache_ascend.kernels.upload import to_device
 from lmcache_ascend.kv_worker.errors import KVCacheShapeError
 from lmcache_ascend.multigroup.slots import GroupGeometry, StepBlockIds
-from lmcache_ascend.multigroup.specs import KVGroupSpec, cached_row_count
+from lmcache_ascend.multigroup.specs import KVGroupSpec, RowKey, cached_row_count
 from lmcache_ascend.multigroup.tracker import NULL_BLOCK_ID
 
 __all__ = ["DeviceSlots"]
@@ -62,9 +62,9 @@ def _expand_block_ids(block_ids: np.ndarray, groups: Sequence[tuple[int, int, in
 class _ExpansionPlan:
     """Where one request's slots go in its share of the expansion (see `_expand_block_ids`)."""
 
-    groups: list  # per group: (first row, rows, first block, blocks, rows per block, cached rows)
-    offsets: dict
-    lengths: dict
+    groups: list  # per slot mapping: (first row, rows, first block, blocks, rows per block, cached rows)
+    offsets: dict  # RowKey -> first row
+    lengths: dict  # RowKey -> rows
     rows: int
 
 
@@ -78,11 +78,14 @@ def _expansion_plan(step: StepBlockIds, geometry: GroupGeometry, cached_tokens: 
     groups = geometry.groups
     for group, count in step.group_block_counts(geometry).items():
         spec = groups[group]
-        num_rows = spec.num_rows(step.num_tokens)
-        plan.append((rows_total, num_rows, blocks_total, count, spec.rows_per_block,
-                     cached_row_count(spec, cached_tokens, num_rows)))
-        offsets[group], lengths[group] = rows_total, num_rows
-        rows_total += num_rows
+        # One slot mapping per compress ratio of the group's layers, all from the group's one list of ids.
+        for key in spec.row_keys:
+            rows = spec.at_ratio(key[1])
+            num_rows = rows.num_rows(step.num_tokens)
+            plan.append((rows_total, num_rows, blocks_total, count, rows.rows_per_block,
+                         cached_row_count(rows, cached_tokens, num_rows)))
+            offsets[key], lengths[key] = rows_total, num_rows
+            rows_total += num_rows
         blocks_total += count
     return _ExpansionPlan(plan, offsets, lengths, rows_total)
 
@@ -124,7 +127,7 @@ def _check_block_ids(key: Hashable, block_ids: np.ndarray, plan: _ExpansionPlan,
         return
     if block_ids.min() >= 0 and block_ids.max() < fewest:
         return
-    for group, (_, _, first_block, count, _, _) in zip(plan.offsets, plan.groups):
+    for (group, _), (_, _, first_block, count, _, _) in zip(plan.offsets, plan.groups):
         limit = block_counts.get(group)
         if limit is None:
             continue
@@ -138,7 +141,7 @@ def _check_block_ids(key: Hashable, block_ids: np.ndarray, plan: _ExpansionPlan,
             )
 
 
-def _check_slots(request: object, group: int, slots: np.ndarray, rows: int | None) -> None:
+def _check_slots(request: object, group: RowKey, slots: np.ndarray, rows: int | None) -> None:
     """Refuse a slot outside the group's cache rows (-1 means "skip") before anything moves."""
     if rows is None or not len(slots):
         return
@@ -147,7 +150,8 @@ def _check_slots(request: object, group: int, slots: np.ndarray, rows: int | Non
         return
     position = int(np.flatnonzero((slots < -1) | (slots >= rows))[0])
     raise KVCacheShapeError(
-        f"{_request_name(request)}, KV-cache group {group}: slot {int(slots[position])} (position {position}) "
+        f"{_request_name(request)}, KV-cache group {group[0]} (compress ratio {group[1]}): slot "
+        f"{int(slots[position])} (position {position}) "
         f"is not a row of this worker's cache, which has {rows} rows (allowed: -1 to skip, 0..{rows - 1}); "
         "nothing was moved"
     )
@@ -157,14 +161,15 @@ def _check_slots(request: object, group: int, slots: np.ndarray, rows: int | Non
 class DeviceSlots:
     """The slot mappings of one request (or one call) on the caches' device, in ONE int64 tensor.
 
-    Scheduler group g's slots are ``slots[offsets[g] : offsets[g] + lengths[g]]``.
+    The slots of scheduler group g's layers of compress ratio c are ``slots[offsets[k] : offsets[k] +
+    lengths[k]]`` with k = (g, c) (a `RowKey`; one per ratio of the group's layers).
     Made by `DeviceSlots.from_block_ids` (a request's block ids, expanded on the
     host) or `DeviceSlots.upload` (slot mappings given whole): one host-to-device copy.
     """
 
     slots: torch.Tensor
-    offsets: Mapping[int, int]
-    lengths: Mapping[int, int]
+    offsets: Mapping[RowKey, int]
+    lengths: Mapping[RowKey, int]
 
     @classmethod
     def from_block_ids(
@@ -179,7 +184,8 @@ class DeviceSlots:
     ) -> "DeviceSlots":
         """The slots of every transferred group of `step`, on `device`, from its block ids.
 
-        Row r of group g has slot ``block_id * rows_per_block + r % rows_per_block`` with
+        Row r of group g at compress ratio c (one slot mapping per ratio of its layers) has slot
+        ``block_id * rows_per_block + r % rows_per_block`` with ``rows_per_block = block_size // c`` and
         ``block_id = ids_g[r // rows_per_block]``; -1 on vLLM's null block and on the rows
         of vLLM's cached prefix (`cached_row_count` of `cached_tokens`; 0 for a store).
         `geometry` is the worker's groups (its ``ChunkPlanner``): their digest must be the one the
@@ -236,42 +242,49 @@ class DeviceSlots:
     @classmethod
     def upload(
         cls,
-        slot_mappings: Mapping[int, object],
+        slot_mappings: Mapping[int | RowKey, object],
         groups: Mapping[int, KVGroupSpec],
         device: torch.device,
         cached_tokens: int = 0,
-        slot_rows: Mapping[int, int] | None = None,
+        slot_rows: Mapping[RowKey, int] | None = None,
         request: Hashable = None,
     ) -> "DeviceSlots":
-        """Concatenate `slot_mappings` (group -> 1-D ints), mask the rows of vLLM's cached
-        prefix (`cached_row_count`; 0 for a store) and copy them to `device` at once.
+        """Concatenate `slot_mappings` (group, or (group, compress ratio) where the group's layers compress
+        at several ratios -> 1-D ints), mask the rows of vLLM's cached prefix (`cached_row_count`; 0 for a
+        store) and copy them to `device` at once.
 
-        `slot_rows` (group -> rows of the worker's cache): a slot outside them (or below -1)
+        `slot_rows` (`RowKey` -> rows of the worker's cache): a slot outside them (or below -1)
         is refused, naming `request` and the group, before anything moves."""
         parts = []
-        offsets: dict[int, int] = {}
-        lengths: dict[int, int] = {}
+        offsets: dict[RowKey, int] = {}
+        lengths: dict[RowKey, int] = {}
         cursor = 0
-        for group, slots in slot_mappings.items():
+        for given, slots in slot_mappings.items():
             if slots is None:
                 continue
-            group = int(group)
+            group = int(given[0] if isinstance(given, tuple) else given)
             spec = groups.get(group)
             if spec is None:
                 raise KVCacheShapeError(
                     f"a slot mapping was given for scheduler group {group}, which is not among the registered "
                     f"groups {sorted(groups)}"
                 )
+            try:
+                ratio = int(given[1]) if isinstance(given, tuple) else spec.single_ratio("a slot mapping given by group")
+                rows = spec.at_ratio(ratio)
+            except ValueError as error:
+                raise KVCacheShapeError(f"a slot mapping was given for {given!r}: {error}") from None
+            key = (group, ratio)
             host = slots.detach().cpu().numpy() if isinstance(slots, torch.Tensor) else np.asarray(slots)
             if host.ndim != 1:
                 raise KVCacheShapeError(f"slot mapping of scheduler group {group} has shape {host.shape}; allowed: 1-D")
             host = host.astype(np.int64, copy=True)
             if slot_rows is not None:
-                _check_slots(request, group, host, slot_rows.get(group))
-            masked = cached_row_count(spec, cached_tokens, len(host))
+                _check_slots(request, key, host, slot_rows.get(key))
+            masked = cached_row_count(rows, cached_tokens, len(host))
             host[:masked] = -1
             parts.append(host)
-            offsets[group], lengths[group] = cursor, len(host)
+            offsets[key], lengths[key] = cursor, len(host)
             cursor += len(host)
         joined = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
         # One entry at least: an empty tensor may have no address for the kernels to anchor on.

@@ -42,10 +42,14 @@ class PlaneIdentity:
     block_size: int
     dtype: torch.dtype
     kernel_block_rows: int = 1  # how the kernels address its blocks (see PlaneGeometry)
+    # Its layer's compress ratio where the group's layers compress at several: planes of one group
+    # at other ratios are other rows of the shared blocks, addressed by other slots.
+    compress_ratio: int | None = None
 
     @classmethod
     def of(cls, plane: PlaneGeometry) -> "PlaneIdentity":
-        return cls(plane.scheduler_group, plane.row_bytes, plane.block_size, plane.dtype, plane.kernel_block_rows)
+        return cls(plane.scheduler_group, plane.row_bytes, plane.block_size, plane.dtype, plane.kernel_block_rows,
+                   plane.compress_ratio)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,9 @@ class PlaneGeometry:
     # Rows per block as the kernels address them: 1 when blocks are packed back to
     # back (the plane is one run of rows), else block_size (blocks strided apart).
     kernel_block_rows: int = 1
+    # Tokens per row of its layer, from the layer's own KV-cache spec, where its group's layers
+    # compress at several ratios (set at registration); None: the group's one ratio.
+    compress_ratio: int | None = None
 
     @property
     def num_rows(self) -> int:

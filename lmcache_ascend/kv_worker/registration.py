@@ -11,6 +11,7 @@ Pure logic: torch and lmcache_ascend only.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping, Sequence
 
 import torch
@@ -125,17 +126,35 @@ def plan_kv_caches(
                 backend_dims=(backend_dims or {}).get(name),
             )
         )
+    layers = [_with_layer_ratios(layer, geometry_by_group) for layer in layers]
     if num_blocks is not None:
         check_page_geometry(layers, geometry_by_group, num_blocks)
     layer_groups = build_layer_groups(layers, geometry_by_group, bundle_multi_spec=bundle_multi_spec)
     return tuple(layers), ChunkPlanner(layer_groups, geometry_by_group, chunk_size)
 
 
+def _with_layer_ratios(layer: LayerPlanes, geometry_by_group: Mapping[int, KVGroupSpec]) -> LayerPlanes:
+    """`layer` with its compress ratio on each plane of a group whose layers compress at several ratios
+    (from the layer's own KV-cache spec, `KVGroupSpec.ratio_of`); other planes keep their group's one ratio."""
+    planes = []
+    for plane in layer.planes:
+        group = geometry_by_group.get(plane.scheduler_group)
+        if group is not None and group.transferred and group.mixed_ratios:
+            try:
+                ratio = group.ratio_of(layer.layer_name)
+            except ValueError as error:
+                raise KVCacheShapeError(str(error)) from None
+            plane = dataclasses.replace(plane, compress_ratio=ratio)
+        planes.append(plane)
+    return dataclasses.replace(layer, planes=tuple(planes))
+
+
 def check_page_geometry(
     layers: Sequence[LayerPlanes], geometry_by_group: Mapping[int, KVGroupSpec], num_blocks: int
 ) -> None:
     """Every moved plane's pages are its group's blocks: as many rows per block as the group's
-    block holds (block_size // compress_ratio) and at least vLLM's `num_blocks` of them.
+    block holds (block_size // compress_ratio, its own layer's ratio where the group's layers
+    compress at several) and at least vLLM's `num_blocks` of them.
 
     A tensor whose page is something else (a state-space layer's state page read as token
     rows, a backend that pages differently from its spec) would make every slot address
@@ -146,13 +165,14 @@ def check_page_geometry(
             group = geometry_by_group.get(plane.scheduler_group)
             if group is None or not group.transferred:
                 continue
-            rows_per_block = group.block_size // group.compress_ratio
+            ratio = plane.compress_ratio or group.single_ratio("a plane's rows per block")
+            rows_per_block = group.block_size // ratio
             if plane.block_size != rows_per_block or plane.num_blocks < num_blocks:
                 raise KVCacheShapeError(
                     f"layer {layer.layer_name!r} plane {plane.plane_index} ({layer.format.name}, {plane.dtype}, "
                     f"{plane.num_blocks} blocks of {plane.block_size} rows of {plane.row_bytes} bytes) does not page "
                     f"KV-cache group {group.group_index} ({group.spec_class_name}: {num_blocks} blocks of "
-                    f"{group.block_size} tokens, compress_ratio {group.compress_ratio}, so {rows_per_block} rows "
+                    f"{group.block_size} tokens, compress_ratio {ratio}, so {rows_per_block} rows "
                     "per block); its slots would address other bytes"
                 )
 

@@ -39,8 +39,8 @@ from lmcache_ascend.multigroup.specs import chunk_row_window
 
 __all__ = ["ChunkMover", "SlotsSource"]
 
-# What `ChunkMover.move_chunks` takes as a call's slots: made already, group -> slot mapping
-# (uploaded there), or a function giving either (called once, when the slots are first needed).
+# What `ChunkMover.move_chunks` takes as a call's slots: made already, group (or (group, compress
+# ratio)) -> slot mapping (uploaded there), or a function giving either (called once, when the slots are first needed).
 SlotsSource = Union[DeviceSlots, Mapping[int, object], Callable[[], Union[DeviceSlots, Mapping[int, object]]]]
 
 # Bound of each cache of per-request-shape values (chunk rows by chunk bounds and slot layout):
@@ -70,17 +70,21 @@ class ChunkMover:
             )
             for group in planner.layer_groups
         )
-        # Per scheduler group, the rows and blocks every one of its caches has: ids and slots
-        # beyond them are refused before anything moves (`DeviceSlots`).
-        rows: dict[int, int] = {}
+        # Per slot mapping (scheduler group at a compress ratio), the rows every one of its caches
+        # has, and per scheduler group the blocks all of them have: ids and slots beyond them are
+        # refused before anything moves (`DeviceSlots`).
+        rows: dict[tuple[int, int], int] = {}
         for group in planner.layer_groups:
             for planes in group.plane_geometries:
                 for plane in planes:
-                    rows[plane.scheduler_group] = min(rows.get(plane.scheduler_group, plane.num_rows), plane.num_rows)
-        self.slot_rows: dict[int, int] = rows
-        self.block_counts: dict[int, int] = {
-            g: count // planner.geometry_by_group[g].rows_per_block for g, count in rows.items()
-        }
+                    key = planner.row_key(plane)
+                    rows[key] = min(rows.get(key, plane.num_rows), plane.num_rows)
+        self.slot_rows: dict[tuple[int, int], int] = rows
+        blocks: dict[int, int] = {}
+        for key, count in rows.items():
+            count //= planner.row_geometry(key).rows_per_block
+            blocks[key[0]] = min(blocks.get(key[0], count), count)
+        self.block_counts: dict[int, int] = blocks
         # Host chunks reach the caches through its device staging buffer.
         self.stager = Stager(self.device, planner.full_plan.total_bytes, _MAX_CACHED_ROWS)
         self._windows: BoundedCache[tuple] = BoundedCache(_MAX_CACHED_ROWS)
@@ -106,36 +110,36 @@ class ChunkMover:
         """
         key = (starts.tobytes(), ends.tobytes())
         per_layer_group, rows_needed = self._windows.get_or_build(key, lambda: self._row_windows(starts, ends))
-        for scheduler_group, needed in rows_needed.items():
-            length = slots.lengths.get(scheduler_group)
+        for (scheduler_group, ratio), needed in rows_needed.items():
+            length = slots.lengths.get((scheduler_group, ratio))
             if length is None:
                 raise KVCacheShapeError(
-                    f"no slot mapping for scheduler group {scheduler_group}; got slot mappings for groups "
-                    f"{sorted(slots.offsets)}"
+                    f"no slot mapping for scheduler group {scheduler_group} at compress ratio {ratio}; got slot "
+                    f"mappings for (group, ratio) {sorted(slots.offsets)}"
                 )
             if needed > length:
                 raise KVCacheShapeError(
-                    f"slot mapping of scheduler group {scheduler_group} has {length} entries; tokens "
-                    f"[{starts.min()}, {ends.max()}) need {needed} rows"
+                    f"slot mapping of scheduler group {scheduler_group} (compress ratio {ratio}) has {length} "
+                    f"entries; tokens [{starts.min()}, {ends.max()}) need {needed} rows"
                 )
         return [
-            (firsts + np.asarray([slots.offsets[g] for g in plane_groups], dtype=np.int64)[None, :], counts)
-            for plane_groups, firsts, counts in per_layer_group
+            (firsts + np.asarray([slots.offsets[k] for k in plane_keys], dtype=np.int64)[None, :], counts)
+            for plane_keys, firsts, counts in per_layer_group
         ]
 
     def _row_windows(self, starts: np.ndarray, ends: np.ndarray):
-        windows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        rows_needed: dict[int, int] = {}
-        for scheduler_group in self.planner.scheduler_groups_in_use():
-            first, count = chunk_row_window(self.planner.geometry_by_group[scheduler_group], starts, ends)
-            windows[scheduler_group] = (first, count)
-            rows_needed[scheduler_group] = int((first + count).max()) if len(first) else 0
+        windows: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        rows_needed: dict[tuple[int, int], int] = {}
+        for key in self.planner.row_keys_in_use():
+            first, count = chunk_row_window(self.planner.row_geometry(key), starts, ends)
+            windows[key] = (first, count)
+            rows_needed[key] = int((first + count).max()) if len(first) else 0
         per_layer_group = []
         for group in self.planner.layer_groups:
-            plane_groups = tuple(identity.scheduler_group for identity in group.planes)
-            firsts = np.stack([windows[g][0] for g in plane_groups], axis=1)
-            counts = np.stack([windows[g][1] for g in plane_groups], axis=1)
-            per_layer_group.append((plane_groups, firsts, counts))
+            plane_keys = tuple(self.planner.row_key(identity) for identity in group.planes)
+            firsts = np.stack([windows[k][0] for k in plane_keys], axis=1)
+            counts = np.stack([windows[k][1] for k in plane_keys], axis=1)
+            per_layer_group.append((plane_keys, firsts, counts))
         return per_layer_group, rows_needed
 
     def _device_slots(self, slots: DeviceSlots | Mapping[int, object]) -> DeviceSlots:

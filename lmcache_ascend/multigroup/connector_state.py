@@ -107,18 +107,21 @@ def _refuse_chunk_size(chunk_size: int, groups: Sequence[tuple[str, int, int]]) 
 
 
 def check_chunk_size(kv_groups: KVGroups, chunk_size: int) -> None:
-    """Every compressed row sits inside one LMCache chunk, and every chunk is whole blocks of every moved group."""
+    """Every compressed row sits inside one LMCache chunk, and every chunk is whole blocks of every moved
+    group (of its rows at each compress ratio, where its layers compress at several)."""
     for group, keep in zip(kv_groups.groups, kv_groups.transferred):
-        if keep and chunk_size % group.compress_ratio:
-            raise MultiGroupConfigError(
-                f"LMCache chunk_size={chunk_size} is not a multiple of compress_ratio="
-                f"{group.compress_ratio} of KV-cache group {group.group_index} "
-                f"({group.spec_class_name}); choose a chunk_size divisible by every compress ratio"
-            )
+        for ratio in group.ratios if keep else ():
+            if chunk_size % ratio:
+                raise MultiGroupConfigError(
+                    f"LMCache chunk_size={chunk_size} is not a multiple of compress_ratio="
+                    f"{ratio} of KV-cache group {group.group_index} "
+                    f"({group.spec_class_name}); choose a chunk_size divisible by every compress ratio"
+                )
     moved = [kv_groups.groups[index] for index in kv_groups.transferred_group_indices]
     _refuse_chunk_size(
         chunk_size,
-        [(f"group {group.group_index} {group.spec_class_name}", group.block_size, group.compress_ratio) for group in moved],
+        [(f"group {group.group_index} {group.spec_class_name}", group.block_size, ratio)
+         for group in moved for ratio in group.ratios],
     )
 
 

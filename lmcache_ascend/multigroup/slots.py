@@ -14,7 +14,9 @@ request and step (`lmcache_ascend.kv_worker.device_slots.DeviceSlots.from_block_
 
 Slot semantics (paged row index inside the group's KV tensor, as in vLLM's
 own slot mappings): group g maps the request's first ``num_tokens`` tokens to
-``ceil(num_tokens / compress_ratio[g])`` rows; row r lives in block
+``ceil(num_tokens / compress_ratio[g])`` rows (one slot mapping per compress
+ratio where the group's layers compress at several: the block ids are shared,
+each ratio has its own ``rows_per_block``); row r lives in block
 ``block_ids[g][r // rows_per_block]`` at offset ``r % rows_per_block``, and
 its slot is ``block_id * rows_per_block + offset``. ``-1`` means "do not move
 this row": rows on vLLM's null block (id 0) always; on load also rows vLLM
@@ -139,14 +141,16 @@ class StepBlockIds:
             null = ids == NULL_BLOCK_ID
             if not null.any():
                 continue
-            group = kv_groups.groups[group_index]
-            first, count = chunk_row_window(group, starts, ends)
             # Null blocks before each block index: a chunk has a hole when its rows'
-            # blocks [first // rpb, ceil((first + count) / rpb)) include one.
+            # blocks [first // rpb, ceil((first + count) / rpb)) include one (at any of
+            # the group's compress ratios: its layers share the block ids).
             nulls_before = np.concatenate(([0], np.cumsum(null)))
-            first_block = first // group.rows_per_block
-            end_block = -(-(first + count) // group.rows_per_block)
-            holes |= (count > 0) & (nulls_before[end_block] > nulls_before[first_block])
+            spec = kv_groups.groups[group_index]
+            for group in (spec.at_ratio(ratio) for ratio in spec.ratios):
+                first, count = chunk_row_window(group, starts, ends)
+                first_block = first // group.rows_per_block
+                end_block = -(-(first + count) // group.rows_per_block)
+                holes |= (count > 0) & (nulls_before[end_block] > nulls_before[first_block])
         return tuple(np.flatnonzero(holes).tolist())
 
     def first_storable_token(self, kv_groups: GroupGeometry) -> int:

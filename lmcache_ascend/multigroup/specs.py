@@ -31,6 +31,7 @@ from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 __all__ = [
     "KVGroupSpec",
     "KVGroups",
+    "RowKey",
     "RowWindow",
     "cached_row_count",
     "chunk_row_window",
@@ -39,6 +40,11 @@ __all__ = [
     "kv_groups_from_config",
     "sliding_tail_first_row",
 ]
+
+
+# One slot mapping of a request: (KV-cache group index, compress ratio of the layers it addresses).
+# A group has one per compress ratio of its layers (`KVGroupSpec.ratios`); its block ids are shared.
+RowKey = tuple[int, int]
 
 
 def _positive_int(group_index: Any, name: str, value: Any) -> int:
@@ -62,6 +68,17 @@ class KVGroupSpec:
     impossible (its spec is `SpecKind.NO_REUSE`): such a group is never moved,
     and a layout with one reuses nothing. Every value is checked here, naming
     the group.
+
+    ``layer_ratios`` holds, per layer, its own compress ratio where the group's
+    layers compress at several (vLLM 0.32 puts DeepSeek-V4's ratio-4 and ratio-128
+    caches and the ratio-4 indexer's K in one group of 256-token blocks: 64 rows
+    per block of the first, 2 of the second; the block ids are shared). Such a
+    group has one row geometry per ratio (`at_ratio`), and ``compress_ratio`` is
+    the smallest of them; the per-row rules of one ratio (`rows_per_block`,
+    `num_rows`, `window_rows`) refuse it rather than answer for one ratio only.
+    Only a worker sees the layers' specs: vLLM hands its scheduler the first
+    layer's spec of such a group, so the block ids the scheduler ships depend on
+    tokens per block alone (`geometry_digest`).
     """
 
     group_index: int
@@ -72,6 +89,7 @@ class KVGroupSpec:
     is_state: bool = False
     transferred: bool = True
     no_reuse: str | None = None
+    layer_ratios: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.group_index, bool) or not isinstance(self.group_index, int) or self.group_index < 0:
@@ -92,19 +110,93 @@ class KVGroupSpec:
                     f"multiple of compress_ratio={self.compress_ratio}"
                 )
             object.__setattr__(self, "sliding_window", window)
+        if self.layer_ratios:
+            layer_ratios = tuple(
+                (str(layer), _positive_int(name, f"compress ratio of layer {layer!r}", ratio))
+                for layer, ratio in self.layer_ratios
+            )
+            object.__setattr__(self, "layer_ratios", layer_ratios)
+            ratios = sorted({ratio for _, ratio in layer_ratios})
+            uneven = [ratio for ratio in ratios if self.block_size % ratio]
+            if uneven:
+                raise ValueError(
+                    f"KV-cache group {name}: block_size={self.block_size} is not a multiple of the compress "
+                    f"ratios {uneven} of some of its layers; a block must hold whole rows of every layer"
+                )
+            if self.sliding_window is not None and len(ratios) > 1:
+                raise ValueError(
+                    f"KV-cache group {name}: a sliding window of {self.sliding_window} tokens over layers that "
+                    f"compress at several ratios {ratios} has no one tail of rows per chunk"
+                )
+            if self.compress_ratio != ratios[0]:
+                raise ValueError(
+                    f"KV-cache group {name}: compress_ratio={self.compress_ratio} must be the smallest of its "
+                    f"layers' ratios {ratios}"
+                )
+
+    @functools.cached_property
+    def ratios(self) -> tuple[int, ...]:
+        """Every compress ratio of the group's layers, ascending (one for most groups)."""
+        if not self.layer_ratios:
+            return (self.compress_ratio,)
+        return tuple(sorted({ratio for _, ratio in self.layer_ratios}))
+
+    @property
+    def mixed_ratios(self) -> bool:
+        """Whether the group's layers compress at several ratios (one row geometry per ratio)."""
+        return len(self.ratios) > 1
+
+    def ratio_of(self, layer_name: str) -> int:
+        """The compress ratio of `layer_name`'s rows in this group (the group's, where its layers share one)."""
+        if not self.layer_ratios:
+            return self.compress_ratio
+        ratio = dict(self.layer_ratios).get(layer_name)
+        if ratio is None:
+            raise ValueError(
+                f"KV-cache group {self.group_index} ({self.spec_class_name}): layer {layer_name!r} is not one of its "
+                f"layers, whose compress ratios differ ({self.ratios}); its rows per block are not known"
+            )
+        return ratio
+
+    @property
+    def row_keys(self) -> tuple[RowKey, ...]:
+        """The group's slot mappings, one per compress ratio of its layers."""
+        return tuple((self.group_index, ratio) for ratio in self.ratios)
+
+    def at_ratio(self, ratio: int) -> "KVGroupSpec":
+        """The group's row geometry for its layers of compress ratio `ratio`: the same group index, block
+        size and block ids, `block_size // ratio` rows per block."""
+        if ratio not in self.ratios:
+            raise ValueError(
+                f"KV-cache group {self.group_index} ({self.spec_class_name}) has no layer of compress ratio "
+                f"{ratio}; its ratios: {self.ratios}"
+            )
+        if not self.layer_ratios:
+            return self
+        return dataclasses.replace(self, compress_ratio=ratio, layer_ratios=())
+
+    def single_ratio(self, rule: str) -> int:
+        """The group's one compress ratio; a group whose layers compress at several is refused, naming `rule`."""
+        if self.mixed_ratios:
+            raise ValueError(
+                f"KV-cache group {self.group_index} ({self.spec_class_name}): its layers compress at ratios "
+                f"{self.ratios}, so {rule} depends on the layer; take the group's row geometry of one ratio "
+                "(at_ratio)"
+            )
+        return self.compress_ratio
 
     @property
     def rows_per_block(self) -> int:
-        return self.block_size // self.compress_ratio
+        return self.block_size // self.single_ratio("rows per block")
 
     @property
     def window_rows(self) -> int | None:
         """Rows holding the sliding window's tokens (None: full attention)."""
-        return None if self.sliding_window is None else self.sliding_window // self.compress_ratio
+        return None if self.sliding_window is None else self.sliding_window // self.single_ratio("window rows")
 
     def num_rows(self, num_tokens: int) -> int:
         """Paged rows that `num_tokens` tokens occupy: ceil(T / compress_ratio)."""
-        return -(-num_tokens // self.compress_ratio)
+        return -(-num_tokens // self.single_ratio("the row count"))
 
     def num_blocks(self, num_tokens: int) -> int:
         """Paged blocks that hold the rows of the first `num_tokens` tokens."""
@@ -141,7 +233,7 @@ def chunk_row_window(group: KVGroupSpec, start, end):
     groups only their tail (`sliding_tail_first_row`). Ints give a `RowWindow`;
     numpy arrays of starts and ends give a pair of arrays (first, count).
     """
-    ratio = group.compress_ratio
+    ratio = group.single_ratio("a chunk's row window")
     if np.any(np.asarray(start) % ratio):
         raise ValueError(
             f"KV-cache group {group.group_index}: chunk start {start} is not a multiple of compress_ratio={ratio}"
@@ -161,11 +253,29 @@ def cached_row_count(group: KVGroupSpec, cached_tokens: int, num_rows: int) -> i
     A row is vLLM's only when all of its compress_ratio tokens are cached; a load
     leaves these rows alone (rewriting blocks vLLM may be reading races with it).
     """
-    return max(0, min(cached_tokens // group.compress_ratio, num_rows))
+    return max(0, min(cached_tokens // group.single_ratio("the cached row count"), num_rows))
+
+
+def _shipped_fields(group: KVGroupSpec) -> dict[str, Any]:
+    """The fields of `group` that the block ids a scheduler ships for it depend on.
+
+    A step ships ``ceil(tokens / block_size)`` block ids per group whatever its layers' compress
+    ratios, and a chunk's blocks are those its tokens fall in; only a sliding window's tail (the
+    blocks of its last rows) depends on the ratio. vLLM's scheduler sees one layer's spec of a
+    group whose layers compress at several ratios, its workers every layer's: both agree on the
+    tokens per block, which is what the ids are counted in; each worker addresses its own layers'
+    rows with their own ratios (checked against its tensors at registration).
+    """
+    fields = {field.name: getattr(group, field.name) for field in dataclasses.fields(group)}
+    del fields["layer_ratios"]
+    if group.sliding_window is None:
+        del fields["compress_ratio"]
+    return fields
 
 
 def geometry_digest(groups: Iterable[KVGroupSpec]) -> int:
-    """A 64-bit digest of every field of `groups` (in group order), the same in every process.
+    """A 64-bit digest of the geometry of `groups` that a step's block ids depend on (in group order),
+    the same in every process (`_shipped_fields`: tokens per block, windows, which groups move).
 
     The scheduler and the workers each build their groups from vLLM's KV-cache config; a
     step's block ids carry the scheduler's digest (`StepBlockIds.geometry_digest`) instead of
@@ -173,7 +283,7 @@ def geometry_digest(groups: Iterable[KVGroupSpec]) -> int:
     ``repr`` (ints, strings, bools and None only), so no per-process string hashing enters it.
     """
     text = "|".join(
-        ";".join(f"{field.name}={getattr(group, field.name)!r}" for field in dataclasses.fields(group))
+        ";".join(f"{name}={value!r}" for name, value in _shipped_fields(group).items())
         for group in sorted(groups, key=lambda group: group.group_index)
     )
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
@@ -289,17 +399,20 @@ def _spec_to_group(group_index: int, spec: Any, policy: StateGroupPolicy) -> KVG
         no_reuse = f"{class_name}: {verdict.reason}"
     ratios = sorted({_compress_ratio(s) for s in inner_specs})
     compress_ratio = ratios[0]
-    if len(ratios) > 1 and no_reuse is None:
-        # vLLM's DeepSeek-V4 puts ratio-4 and ratio-128 compressed caches in one group: one block
-        # holds block_size // ratio rows of each, so no one slot mapping addresses all its layers.
-        no_reuse = (
-            f"{class_name}: its layers compress at different ratios {ratios} (rows per "
-            f"{int(spec.block_size)}-token block: {[int(spec.block_size) // ratio for ratio in ratios]}); "
-            "the connector moves one ratio per group"
-        )
     sliding_window = _one_value(
         group_index, "sliding_window", (getattr(s, "sliding_window", None) for s in inner_specs)
     )
+    layer_ratios: tuple[tuple[str, int], ...] = ()
+    if len(ratios) > 1 and sliding_window is not None and no_reuse is None:
+        no_reuse = (
+            f"{class_name}: a {sliding_window}-token sliding window over layers that compress at several "
+            f"ratios {ratios}: no one tail of rows per chunk is known for it"
+        )
+    elif len(ratios) > 1:
+        # vLLM's DeepSeek-V4 puts ratio-4 and ratio-128 compressed caches in one group: one block
+        # holds block_size // ratio rows of each layer, at its own ratio, under the shared block ids.
+        inner = getattr(spec, "kv_cache_specs", None)
+        layer_ratios = tuple((str(layer), _compress_ratio(inner_spec)) for layer, inner_spec in inner.items())
     return KVGroupSpec(
         group_index=group_index,
         spec_class_name=class_name,
@@ -308,6 +421,7 @@ def _spec_to_group(group_index: int, spec: Any, policy: StateGroupPolicy) -> KVG
         sliding_window=sliding_window,
         is_state=no_reuse is not None or policy.is_state_spec(class_name),
         no_reuse=no_reuse,
+        layer_ratios=layer_ratios,
     )
 
 

@@ -232,7 +232,9 @@ def _resolved(step: StepBlockIds, kv_groups: KVGroups, cached_tokens: int = 0) -
     finally:
         slot_module._expand_block_ids = _REAL_EXPAND
     flat = device_slots.slots.tolist()
-    return {g: flat[device_slots.offsets[g] : device_slots.offsets[g] + device_slots.lengths[g]] for g in device_slots.offsets}
+    assert len({g for g, _ in device_slots.offsets}) == len(device_slots.offsets)  # one compress ratio per group here
+    return {g: flat[device_slots.offsets[g, ratio] : device_slots.offsets[g, ratio] + device_slots.lengths[g, ratio]]
+            for g, ratio in device_slots.offsets}
 
 
 def _store_rows(step: StepBlockIds, kv_groups: KVGroups, group: int, slots: list[int]) -> list[int]:
@@ -343,12 +345,18 @@ def test_device_slots_refuse_ids_made_for_other_groups_or_of_the_wrong_length():
         _kv_groups(KVGroupSpec(0, "Full", 8)),  # a group fewer
         _kv_groups(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 32, 4)),  # another block size
         _kv_groups(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 16, 4, sliding_window=16)),  # a window
-        _kv_groups(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 16, 2)),  # another compress ratio
     ):
         with pytest.raises(GeometryMismatchError, match=f"{step.geometry_digest:016x} .*{other.geometry_digest:016x}.*{mismatch}"):
             DeviceSlots.from_block_ids(step, other, CPU)
         with pytest.raises(GeometryMismatchError, match=mismatch):
             step.first_storable_token(other)
+    # A worker that sees the group's layers compress at ratios 4 and 16 (vLLM's scheduler saw one layer's
+    # spec) takes the same ids: one slot mapping per ratio, each from the group's one list of ids.
+    worker = _kv_groups(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "C4", 16, 4, layer_ratios=(("a", 4), ("b", 16))))
+    slots = DeviceSlots.from_block_ids(step, worker, CPU)
+    assert dict(slots.offsets) == {(0, 1): 0, (1, 4): 16, (1, 16): 20}
+    assert slots.slots.tolist() == [*range(8, 24), 12, 13, 14, 15, 3]
+    assert step.first_storable_token(worker) == 0
     short = StepBlockIds(kv_groups.geometry_digest, step.packed_block_ids[:-8], 16, 16)
     with pytest.raises(ValueError, match="carries 2 block ids; its 2 transferred groups need 3 for 16 tokens"):
         DeviceSlots.from_block_ids(short, kv_groups, CPU)
@@ -374,17 +382,23 @@ def test_geometry_digest_is_fixed_by_the_group_fields_alone():
     other_process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
     assert int(other_process.stdout) == kv_groups.geometry_digest
     assert 0 <= kv_groups.geometry_digest < 2**64
-    # Any field of any group changes it, the vLLM block size (not a group field) does not.
+    # Any field that the shipped ids depend on changes it, the vLLM block size (not a group field) does not.
     changed = [
         (KVGroupSpec(0, "Full", 16), *groups[1:]),
         (KVGroupSpec(0, "Other", 8), *groups[1:]),
         (groups[0], KVGroupSpec(1, "SWA", 8, sliding_window=8), groups[2]),
-        (*groups[:2], KVGroupSpec(2, "C4", 16, 8)),
+        (groups[0], KVGroupSpec(1, "SWA", 8, 2, sliding_window=16), groups[2]),  # a window's tail rows: its ratio
         (*groups[:2], KVGroupSpec(2, "C4", 16, 4, is_state=True)),
     ]
     digests = {kv_groups.geometry_digest} | {_kv_groups(*other).geometry_digest for other in changed}
     assert len(digests) == len(changed) + 1
     assert kv_groups_from_specs(groups, 8, StateGroupPolicy()).geometry_digest == kv_groups.geometry_digest
+    # A group without a window ships ceil(tokens / block_size) ids whatever its layers' ratios: vLLM's
+    # scheduler sees one layer's spec of a group whose layers compress at several ratios, its workers all.
+    scheduler_view = (*groups[:2], KVGroupSpec(2, "C4", 16, 4))
+    worker_view = (*groups[:2], KVGroupSpec(2, "C4", 16, 4, layer_ratios=(("a", 4), ("b", 16), ("c", 4))))
+    assert _kv_groups(*scheduler_view).geometry_digest == _kv_groups(*worker_view).geometry_digest
+    assert _kv_groups(*groups[:2], KVGroupSpec(2, "C4", 16, 8)).geometry_digest == kv_groups.geometry_digest
 
 
 @dataclass(frozen=True)
@@ -422,7 +436,7 @@ def test_device_slots_of_nothing_hold_one_skipped_slot():
     kv_groups = _kv_groups(KVGroupSpec(0, "Full", 8), KVGroupSpec(1, "Full", 8))
     step = step_block_ids(kv_groups, GroupBlockTracker.for_new_request(([], []), 2), 0, 16)
     slots = DeviceSlots.from_block_ids(step, kv_groups, CPU)
-    assert slots.slots.tolist() == [-1] and dict(slots.lengths) == {0: 0, 1: 0}
+    assert slots.slots.tolist() == [-1] and dict(slots.lengths) == {(0, 1): 0, (1, 1): 0}
 
 
 def test_many_requests_resolve_in_one_upload_each_as_it_would_alone():

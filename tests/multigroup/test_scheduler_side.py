@@ -62,7 +62,9 @@ def _resolve(step, kv_groups, cached_tokens=0):
     """Per group, the slots a worker with `kv_groups` resolves from the shipped block ids (CPU device)."""
     device_slots = DeviceSlots.from_block_ids(step, kv_groups, torch.device("cpu"), cached_tokens)
     flat = device_slots.slots.tolist()
-    return {g: flat[device_slots.offsets[g] : device_slots.offsets[g] + device_slots.lengths[g]] for g in device_slots.offsets}
+    assert len({g for g, _ in device_slots.offsets}) == len(device_slots.offsets)  # one compress ratio per group here
+    return {g: flat[device_slots.offsets[g, ratio] : device_slots.offsets[g, ratio] + device_slots.lengths[g, ratio]]
+            for g, ratio in device_slots.offsets}
 
 
 def _assert_rows(meta, fixture, block_ids_by_group, chunk_size=256, vllm_cached=0, skipped=frozenset()):

@@ -212,10 +212,12 @@ def _compressed(tokens_per_state: int) -> MLAAttentionSpec:
 
 @pytest.mark.skipif("tokens_per_state" not in getattr(MLAAttentionSpec, "__dataclass_fields__", {}),
                     reason="this vLLM's MLA spec has no tokens_per_state (DeepSeek-V4's compression in vLLM 0.32)")
-def test_compression_read_from_tokens_per_state_and_mixed_ratios_refuse_reuse():
+def test_compression_read_from_tokens_per_state_and_mixed_ratios_move_at_each_layer_s_ratio():
     """vLLM 0.32 bundles DeepSeek-V4's compressed caches in one group per block size: a group of
     ratio-4 caches is moved at ratio 4; one holding ratio-4 and ratio-128 caches (64 and 2 rows per
-    256-token block) makes the engine reuse nothing, naming both ratios."""
+    256-token block) is moved too, each layer's rows at its own ratio under the group's one block
+    table; the per-row rules of one ratio refuse that group rather than answer for one ratio."""
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
     from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 
     def bundle(*ratios):
@@ -224,8 +226,18 @@ def test_compression_read_from_tokens_per_state_and_mixed_ratios_refuse_reuse():
 
     (uniform,) = kv_groups_from_config(_config(bundle(4, 4)), 256, StateGroupPolicy()).groups
     assert (uniform.compress_ratio, uniform.rows_per_block, uniform.no_reuse) == (4, 64, None)
-    mixed = kv_groups_from_config(_config(bundle(4, 128)), 256, StateGroupPolicy())
-    assert mixed.transferred == (False,)
-    why = reuse_blocker(mixed, None)
-    assert "group 0 (MLAAttentionSpec: its layers compress at different ratios [4, 128]" in why
-    assert "[64, 2]" in why
+    assert uniform.layer_ratios == () and uniform.ratios == (4,)
+    mixed = kv_groups_from_config(_config(bundle(4, 128, 4)), 256, StateGroupPolicy())
+    assert mixed.transferred == (True,) and reuse_blocker(mixed, None) is None
+    (group,) = mixed.groups
+    assert group.ratios == (4, 128) and group.ratio_of("model.layers.1.attn") == 128
+    assert [group.at_ratio(ratio).rows_per_block for ratio in group.ratios] == [64, 2]
+    assert group.row_keys == ((0, 4), (0, 128))
+    with pytest.raises(ValueError, match=r"compress at ratios \(4, 128\), so rows per block depends on the layer"):
+        group.rows_per_block
+    with pytest.raises(ValueError, match="layer 'model.layers.9.attn' is not one of its layers"):
+        group.ratio_of("model.layers.9.attn")
+    # vLLM's scheduler sees the first layer's spec of the bundle: its block ids are those the workers take.
+    scheduler_config = generate_scheduler_kv_cache_config([_config(bundle(4, 128, 4))])
+    scheduler = kv_groups_from_config(scheduler_config, 256, StateGroupPolicy())
+    assert scheduler.groups[0].ratios == (4,) and scheduler.geometry_digest == mixed.geometry_digest
