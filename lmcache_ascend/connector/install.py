@@ -43,7 +43,9 @@ _started: list[bool] = []  # the start line is logged once per process
 
 def _group_text(group: KVGroupSpec) -> str:
     text = f"{group.group_index} {group.spec_class_name} (block {group.block_size}"
-    if group.compress_ratio > 1:
+    if group.mixed_ratios:
+        text += f", compress ratios {', '.join(map(str, group.ratios))} by layer"
+    elif group.compress_ratio > 1:
         text += f", compress ratio {group.compress_ratio}"
     if group.sliding_window is not None:
         text += f", window {group.sliding_window}"

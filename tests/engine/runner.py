@@ -60,10 +60,25 @@ def worker_report(worker) -> dict:
                 "launches": getattr(gpu_connector, "launches", None),
                 "tokens_stored": getattr(gpu_connector, "tokens_stored", None),
                 "tokens_loaded": getattr(gpu_connector, "tokens_loaded", None),
+                "plan": chunk_plan(getattr(gpu_connector, "planner", None)),
             }
     except Exception as error:  # the report must not hide the outputs
         moved = {"error": repr(error)}
     return {"groups": groups, "connector": moved, "kv_connector": kv_connector, "omp_threads": torch.get_num_threads()}
+
+
+def chunk_plan(planner) -> list[dict] | None:
+    """What lmcache-ascend's connector moves per full chunk: per layer group its layers and, per plane,
+    the KV-cache group, compress ratio and rows (None where another connector moves the KV)."""
+    if planner is None:
+        return None
+    plan = []
+    for group, region in zip(planner.layer_groups, planner.full_plan.regions):
+        planes = [{"group": key[0], "ratio": key[1], "rows": rows, "row_bytes": identity.row_bytes}
+                  for identity, rows in zip(group.planes, region.plane_rows)
+                  for key in (planner.row_key(identity),)]
+        plan.append({"layers": list(group.member_names), "planes": planes})
+    return plan
 
 
 def stores_in_flight(worker) -> int:
