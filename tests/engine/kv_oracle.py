@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["assert_loaded_blocks_were_computed", "install", "record", "report"]
+__all__ = ["assert_loaded_blocks_were_computed", "install", "loaded_blocks_checked", "record", "report"]
 
 
 def _sha(data: bytes) -> str:
@@ -141,6 +141,12 @@ def assert_loaded_blocks_were_computed(records: list[dict], prompts: list[list[i
     and vLLM's ``num_cached_tokens`` for each (one engine, one prompt per
     occurrence, sent round after round).
     """
+    return sum(loaded_blocks_checked(records, prompts, supplied).values())
+
+
+def loaded_blocks_checked(records: list[dict], prompts: list[list[int]], supplied: list[int]) -> dict[str, int]:
+    """`assert_loaded_blocks_were_computed`, the blocks checked counted per attention layer (every layer
+    of the records, 0 where none was)."""
     by_prompt: dict[str, list[dict]] = {}
     for record in records:
         by_prompt.setdefault(record["prompt"], []).append(record)
@@ -161,9 +167,10 @@ def assert_loaded_blocks_were_computed(records: list[dict], prompts: list[list[i
                 if block * size >= hit and digest is not None:
                     computed.setdefault((name, _prompt_key(tokens[: (block + 1) * size])), set()).add(digest)
 
-    checked = 0
+    checked: dict[str, int] = {}
     for number, (tokens, hit, record) in enumerate(occurrences):
         for name, layer in record["blocks"].items():
+            checked.setdefault(name, 0)
             size = layer["block_size"]
             for block in range(hit // size):
                 digest = layer["digests"][block]
@@ -175,5 +182,5 @@ def assert_loaded_blocks_were_computed(records: list[dict], prompts: list[list[i
                     f"prompt {number} ({hit} tokens supplied), {name}, block {block} (tokens "
                     f"[{block * size}, {(block + 1) * size})): the loaded bytes are not what vLLM computed"
                 )
-                checked += 1
+                checked[name] += 1
     return checked

@@ -97,6 +97,18 @@ def cold(model_dir) -> dict:
     return run_engine(_spec(model_dir))
 
 
+@pytest.fixture(scope="module")
+def own(model_dir, cold) -> dict:
+    """The engine with vLLM's own prefix caching and no connector. On a CPU without AMX tiles it runs
+    with the platform's AMX decision (vLLM would turn prefix caching off there); what the tests that
+    compare with it rest on, that vLLM's own reuse gives the cold prefill's outputs bit for bit on this
+    CPU, is asserted here, so that nothing is concluded from kernels that mishandle a cached prefix."""
+    run = _own_reuse(model_dir)
+    assert _hits(run) == WARM_HITS, f"vLLM's own cache supplied {_hits(run)}: the prompts no longer fit the test"
+    _assert_equal_outputs(run, cold, "vLLM's own reuse")
+    return run
+
+
 def test_kv_cache_groups_and_control(cold):
     (worker,) = cold["workers"]
     table = [(group["block_size"], sorted(group["layers"])) for group in worker["groups"]]
@@ -122,12 +134,10 @@ def _assert_equal_outputs(got: dict, expected: dict, label: str) -> None:
         assert output["logprobs"] == reference["logprobs"], f"{label}: prompt {index}: logprobs differ"
 
 
-def test_vllm_own_reuse_equals_cold(model_dir, cold):
+def test_vllm_own_reuse_equals_cold(own):
     """What the tests below rest on: vLLM's own prefix reuse of every group gives the cold prefill's
-    outputs bit for bit on this CPU."""
-    warm = _own_reuse(model_dir)
-    assert _hits(warm) == WARM_HITS, f"vLLM's own cache supplied {_hits(warm)}: the prompts no longer fit the test"
-    _assert_equal_outputs(warm, cold, "vLLM's own reuse")
+    outputs bit for bit on this CPU (checked by the `own` fixture, which the LMCache tests share)."""
+    assert _hits(own) == WARM_HITS
 
 
 # layer whose group is skipped -> whether the warm outputs must stay those of the cold prefill
@@ -156,9 +166,8 @@ def test_group_skipped_at_a_chunk_boundary(model_dir, cold, layer):
 
 def test_lmcache_where_vllm_turned_prefix_caching_off(model_dir, cold):
     """A CPU without AMX tiles, as users have it: vLLM turns its own prefix caching off for DeepSeek-V4,
-    and the overlay's verdict follows it (and names the group whose layers compress at two ratios): the
-    engine runs with LMCache in process, which supplies and stores nothing, and every output is the
-    no-connector engine's."""
+    and the overlay's verdict follows it: the engine runs with LMCache in process, which supplies and
+    stores nothing, and every output is the no-connector engine's."""
     if _amx_tiles():
         pytest.skip("on a CPU with AMX tiles vLLM keeps its prefix caching on for DeepSeek-V4")
     run = run_engine(_spec(model_dir, lmcache=True, env={**LMCACHE_ENV, "LMCACHE_ASCEND_BUNDLE_MULTI_SPEC": "1"}))
@@ -176,27 +185,82 @@ def _amx_tiles() -> bool:
     return platform.machine() in ("x86_64", "AMD64") and torch.cpu._is_amx_tile_supported()
 
 
-def test_lmcache_reuse_exact_on_every_group(model_dir, cold):
+@pytest.mark.parametrize("bundle", ["1", "0"], ids=["bundled", "exploded"])
+def test_lmcache_reuse_exact_on_every_group(model_dir, cold, own, bundle):
     """LMCache in process with the overlay: warm prompts get their chunk-aligned prefixes from LMCache
-    (vLLM's own caching off, so that every reused token is LMCache's), and every output equals vLLM's
-    own reuse's and the no-connector engine's; the byte oracle checks every loaded block.
+    (vLLM's own caching off, so that every reused token is LMCache's, and the prefix's blocks filled with
+    NaN before LMCache loads them), every output equals vLLM's own reuse's and the no-connector
+    engine's, and the byte oracle checks loaded blocks of every layer of
+    every group, the compressed group's ratio-4, ratio-128 and indexer layers included. The group whose
+    layers compress at ratios 4 and 128 moves 64 rows of each ratio-4 layer and 2 of the ratio-128 one
+    per 256-token chunk. Bundled and exploded planes (`LMCACHE_ASCEND_BUNDLE_MULTI_SPEC`) alike.
 
-    On a CPU without AMX tiles both engines run with the platform's AMX decision (vLLM would turn
-    prefix caching off there, and LMCache would supply nothing): what that rests on, that vLLM's own
-    reuse gives the cold prefill's outputs on this CPU, is asserted here as well (`own` against
-    `cold`), so the test fails rather than concludes anything from kernels that mishandle a prefix."""
-    from tests.engine.kv_oracle import assert_loaded_blocks_were_computed
+    On a CPU without AMX tiles the engine runs with the platform's AMX decision, as `own` does (which
+    checked it against the cold prefill)."""
+    from tests.engine.kv_oracle import loaded_blocks_checked
 
     decision = {} if _amx_tiles() else AMX_DECISION
-    own = run_engine(_spec(model_dir, enable_prefix_caching=True, env=decision))
-    _assert_equal_outputs(own, cold, "vLLM's own reuse against the cold prefill")
-    spec = _spec(model_dir, lmcache=True, kv_oracle=True,
-                 env={**LMCACHE_ENV, "LMCACHE_ASCEND_BUNDLE_MULTI_SPEC": "1", **decision})
+    # Every block of every group below the prefix is filled with NaN before LMCache loads it (the blocks a
+    # warm request gets may still hold an earlier run of the same prompt): a row LMCache leaves out shows.
+    groups = list(range(len(DSV4.expected_groups)))
+    spec = _spec(model_dir, lmcache=True, kv_oracle=True, skip_groups=groups,
+                 env={**LMCACHE_ENV, "LMCACHE_ASCEND_BUNDLE_MULTI_SPEC": bundle, **decision})
     run = run_engine(spec, timeout_s=600)
+    (filled,) = run["skipped_groups"]
+    assert sorted({group for group, cached, count in filled if cached == 512 and count}) == groups, filled
     assert _hits(run) == _hits(own) == WARM_HITS
     assert run["metrics"]["vllm:external_prefix_cache_hits"] == sum(WARM_HITS)
     _assert_equal_outputs(run, own, "LMCache against vLLM's own reuse")
     _assert_equal_outputs(run, cold, "LMCache against the cold prefill")
+    (worker,) = run["workers"]
+    assert worker["connector"]["connector"] == "MultiGroupGPUConnector", worker["connector"]
+    rows = {}  # (KV-cache group, compress ratio) -> rows per chunk, from what the connector moves
+    for layer_group in worker["connector"]["plan"]:
+        for plane in layer_group["planes"]:
+            rows.setdefault((plane["group"], plane["ratio"]), set()).add(plane["rows"])
+    assert rows[2, 4] == {64} and rows[2, 128] == {2}, rows
     (records,) = run["kv_oracle"]
     prompts = [prompt for round_ in ROUNDS for prompt in round_]
-    assert assert_loaded_blocks_were_computed(records, prompts, _hits(run)) > 0
+    checked = loaded_blocks_checked(records, prompts, _hits(run))
+    table = []
+    for index, group in enumerate(worker["groups"]):
+        per_layer = {layer: checked.get(layer, 0) for layer in group["layers"]}
+        table.append((index, group["block_size"], sorted((ratio, sorted(moved)) for (g, ratio), moved in rows.items()
+                                                          if g == index), per_layer))
+    print(f"\nDeepSeek-V4, LMCache in process, bundle={bundle}: group, block size, (ratio, rows per chunk), "
+          "oracle blocks checked per layer; outputs equal to vLLM's own reuse and to the cold prefill")
+    for line in table:
+        print("  ", *line)
+    unchecked = [layer for *_, per_layer in table for layer, count in per_layer.items() if not count]
+    assert not unchecked, f"the oracle checked no loaded block of {unchecked}: {table}"
+
+
+def test_lmcache_mp_reuse_exact_on_every_group(model_dir, cold, own):
+    """LMCache's MP server with LMCache's own MP connector (its LMCache-driven transfer, which a CPU
+    worker needs for more than one KV-cache group): warm prompts get their chunk-aligned prefixes from
+    the server, the prefix's blocks filled with NaN before it loads them, every output equals vLLM's own
+    reuse's and the cold prefill's, and the byte oracle checks loaded blocks of every layer."""
+    from tests.engine.harness import mp_server
+    from tests.engine.kv_oracle import loaded_blocks_checked
+
+    decision = {} if _amx_tiles() else AMX_DECISION
+    groups = list(range(len(DSV4.expected_groups)))
+    with mp_server(256) as port:
+        spec = _spec(model_dir, lmcache=True, kv_oracle=True, skip_groups=groups, wait_for_stores=True,
+                     kv_connector="LMCacheMPConnector",
+                     kv_connector_extra_config={"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port},
+                     env={"LMCACHE_MP_TRANSFER_MODE": "lmcache_driven", **decision})
+        run = run_engine(spec, timeout_s=600)
+    (worker,) = run["workers"]
+    assert worker["kv_connector"] == "lmcache.integration.vllm.lmcache_mp_connector.LMCacheMPConnector"
+    (filled,) = run["skipped_groups"]
+    assert sorted({group for group, cached, count in filled if cached == 512 and count}) == groups, filled
+    assert _hits(run) == _hits(own) == WARM_HITS
+    _assert_equal_outputs(run, own, "LMCache's MP server against vLLM's own reuse")
+    _assert_equal_outputs(run, cold, "LMCache's MP server against the cold prefill")
+    (records,) = run["kv_oracle"]
+    prompts = [prompt for round_ in ROUNDS for prompt in round_]
+    checked = loaded_blocks_checked(records, prompts, _hits(run))
+    print("\nDeepSeek-V4, LMCache's MP server: oracle blocks checked per layer:", checked)
+    unchecked = [layer for group in worker["groups"] for layer in group["layers"] if not checked.get(layer)]
+    assert not unchecked, f"the oracle checked no loaded block of {unchecked}: {checked}"
