@@ -235,6 +235,11 @@ def test_lmcache_reuse_exact_on_every_group(model_dir, cold, own, bundle):
     assert not unchecked, f"the oracle checked no loaded block of {unchecked}: {table}"
 
 
+@pytest.mark.xfail(strict=True, raises=EngineRunError, reason=(
+    "LMCache 0.5.6's MP transfer on a CPU worker (LMCache-driven) moves vLLM's KV caches into POSIX shared "
+    "memory at registration, and its lmcache/v1/platform/devices/cpu/shm.py migrate_to_shm_and_wrap refuses "
+    "DeepSeek-V4's caches: 'ValueError: migrate_to_shm_and_wrap requires a contiguous tensor' (the engine "
+    "stops at start); the engine-driven mode refuses more than one KV-cache group"))
 def test_lmcache_mp_reuse_exact_on_every_group(model_dir, cold, own):
     """LMCache's MP server with LMCache's own MP connector (its LMCache-driven transfer, which a CPU
     worker needs for more than one KV-cache group): warm prompts get their chunk-aligned prefixes from
