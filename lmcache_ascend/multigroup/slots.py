@@ -89,7 +89,7 @@ class StepBlockIds:
             raise GeometryMismatchError(
                 f"the step's block ids were made for KV-cache group geometry {self.geometry_digest:016x} "
                 f"(scheduler) but this side's is {kv_groups.geometry_digest:016x} (worker): the KV-cache group "
-                "geometry (block sizes, compress ratios, sliding windows, which groups move) differs between "
+                "geometry (tokens per block, sliding windows and their compress ratios, which groups move) differs between "
                 "scheduler and worker; both must build their groups from the same vLLM KV-cache config"
             )
 
