@@ -150,8 +150,8 @@ def _check_slots(request: object, group: RowKey, slots: np.ndarray, rows: int | 
         return
     position = int(np.flatnonzero((slots < -1) | (slots >= rows))[0])
     raise KVCacheShapeError(
-        f"{_request_name(request)}, KV-cache group {group[0]} (compress ratio {group[1]}): slot "
-        f"{int(slots[position])} (position {position}) "
+        f"{_request_name(request)}, KV-cache group {group[0]}: slot {int(slots[position])} (position {position}) "
+        f"at compress ratio {group[1]} "
         f"is not a row of this worker's cache, which has {rows} rows (allowed: -1 to skip, 0..{rows - 1}); "
         "nothing was moved"
     )

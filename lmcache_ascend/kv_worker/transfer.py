@@ -119,8 +119,8 @@ class ChunkMover:
                 )
             if needed > length:
                 raise KVCacheShapeError(
-                    f"slot mapping of scheduler group {scheduler_group} (compress ratio {ratio}) has {length} "
-                    f"entries; tokens [{starts.min()}, {ends.max()}) need {needed} rows"
+                    f"slot mapping of scheduler group {scheduler_group} has {length} entries at compress ratio "
+                    f"{ratio}; tokens [{starts.min()}, {ends.max()}) need {needed} rows"
                 )
         return [
             (firsts + np.asarray([slots.offsets[k] for k in plane_keys], dtype=np.int64)[None, :], counts)

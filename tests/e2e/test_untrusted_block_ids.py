@@ -119,7 +119,7 @@ def test_slot_mappings_given_whole_are_checked_against_the_cache_rows():
     from lmcache_ascend.multigroup.specs import KVGroupSpec
 
     groups = {0: KVGroupSpec(0, "Full", 4), 1: KVGroupSpec(1, "C4", 16, 4)}
-    rows = {0: 32, 1: 16}
+    rows = {(0, 1): 32, (1, 4): 16}  # per slot mapping: (group, compress ratio)
     cpu = torch.device("cpu")
     fine = DeviceSlots.upload({0: torch.tensor([-1, 0, 31]), 1: [15, -1]}, groups, cpu, slot_rows=rows, request="r")
     assert fine.slots.tolist() == [-1, 0, 31, 15, -1]
