@@ -64,7 +64,15 @@ def worker_report(worker) -> dict:
             }
     except Exception as error:  # the report must not hide the outputs
         moved = {"error": repr(error)}
-    return {"groups": groups, "connector": moved, "kv_connector": kv_connector, "omp_threads": torch.get_num_threads()}
+    context = worker.model_runner.vllm_config.compilation_config.static_forward_context
+    caches = {}  # registered KV cache per layer: shape, strides (elements), dtype, whether contiguous
+    for name in (name for group in config.kv_cache_groups for name in group.layer_names):
+        cache = getattr(context.get(name), "kv_cache", None)
+        cache = cache[0] if isinstance(cache, (list, tuple)) and cache else cache
+        if isinstance(cache, torch.Tensor):
+            caches[name] = [list(cache.shape), list(cache.stride()), str(cache.dtype), cache.is_contiguous()]
+    return {"groups": groups, "connector": moved, "kv_connector": kv_connector, "omp_threads": torch.get_num_threads(),
+            "caches": caches}
 
 
 def chunk_plan(planner) -> list[dict] | None:

@@ -239,7 +239,9 @@ def test_lmcache_reuse_exact_on_every_group(model_dir, cold, own, bundle):
     "LMCache 0.5.6's MP transfer on a CPU worker (LMCache-driven) moves vLLM's KV caches into POSIX shared "
     "memory at registration, and its lmcache/v1/platform/devices/cpu/shm.py migrate_to_shm_and_wrap refuses "
     "DeepSeek-V4's caches: 'ValueError: migrate_to_shm_and_wrap requires a contiguous tensor' (the engine "
-    "stops at start); the engine-driven mode refuses more than one KV-cache group"))
+    "stops at start). vLLM's CPU worker gives every DeepSeek-V4 layer a strided view of pages shared by "
+    "several layers (e.g. model.layers.1.attn: shape [blocks, 64, 584] uint8, strides [93888, 584, 1]), "
+    "none contiguous; the engine-driven mode refuses more than one KV-cache group"))
 def test_lmcache_mp_reuse_exact_on_every_group(model_dir, cold, own):
     """LMCache's MP server with LMCache's own MP connector (its LMCache-driven transfer, which a CPU
     worker needs for more than one KV-cache group): warm prompts get their chunk-aligned prefixes from
