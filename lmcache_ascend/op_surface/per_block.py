@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -122,7 +122,7 @@ def _checked_block_arguments(objects: object, direction: object, chunk_size: obj
     return store, bs
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(eq=False)
 class _BlockCall(OpCall):
     """A `multi_layer_block_kv_transfer` call: its arguments, what its checks work out, and the moves it
     is made of: objects moved whole from their first row in one launch when they share a layout and
@@ -143,25 +143,6 @@ class _BlockCall(OpCall):
     lmcache_chunk_size: int
     engine_kv_format: object
     skip_prefix_n_blocks: int
-    # What the checks work out
-    facts: FormatFacts = field(init=False)
-    store: bool = field(init=False)
-    bs: int = field(init=False)
-    dtype: torch.dtype = field(init=False)
-    paged_device: torch.device = field(init=False)
-    # The moves (`move`)
-    group: PagedGroup = field(init=False)
-    rows: int = field(init=False)
-    row_bytes: tuple[int, ...] = field(init=False)
-    objects: list[torch.Tensor] = field(init=False)
-    ids: torch.Tensor = field(init=False)
-    ids_as_given: bool = field(init=False)
-    per_object: int = field(init=False)
-    backend: str = field(init=False)
-    batch: list = field(init=False)
-    batch_shape: tuple | None = field(init=False)
-    batch_regions: tuple | None = field(init=False)
-    alone: int = field(init=False)
 
     @classmethod
     def repeat_key(cls, backend: str, arguments: tuple) -> tuple | None:

@@ -7,7 +7,7 @@ form, `single_layer_kv_transfer` and the flash layout's scatter and gather.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -143,7 +143,7 @@ def _nothing(*addresses: int) -> bool:
     return True
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(eq=False)
 class _ChunkCall(OpCall):
     """A call of a multi-layer op: key_value [planes, L, T, H] <-> every layer's rows at slot_mapping
     (-1: skipped), over paged layers given as a list of tensors or a pointer table of
@@ -160,10 +160,6 @@ class _ChunkCall(OpCall):
     page_buffer_size: int
     direction: object
     engine_kv_format: object
-    # What the checks work out
-    facts: FormatFacts = field(init=False)
-    store: bool = field(init=False)
-    device: torch.device = field(init=False)
 
     @classmethod
     def repeat_key(cls, backend: str, arguments: tuple) -> tuple | None:
@@ -231,7 +227,7 @@ class _ChunkCall(OpCall):
                     strides[1], self.store, op, "key_value", backend, repeatable)
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(eq=False)
 class _MultiLayer(_ChunkCall):
     """`multi_layer_kv_transfer`: every layer of one tensor (or, MLA, one latent tensor) per layer."""
 
@@ -274,7 +270,7 @@ class _MultiLayer(_ChunkCall):
         return min(self.skip_prefix_n_tokens, self.key_value.shape[2])
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(eq=False)
 class _Unilateral(_ChunkCall):
     """`multi_layer_kv_transfer_unilateral` (SGLang): separate K and V buffers per layer, [slots, H] each."""
 
@@ -297,7 +293,7 @@ class _Unilateral(_ChunkCall):
         return _planes_of([buffers[:layers], buffers[layers:]], self.row_bytes(), "key_value_ptrs[0]", self.op)
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(eq=False)
 class _SingleLayer(OpCall):
     """`single_layer_kv_transfer`: one layer, LMCache's [T, H] (MLA), [2, T, H] or token-major [T, 2, H]
     <-> vLLM's paged layer, one slot per token."""
@@ -311,12 +307,6 @@ class _SingleLayer(OpCall):
     direction: object
     engine_kv_format: object
     token_major: bool
-    # What the checks work out: the paged layer's planes and where their rows lie in LMCache's tensor
-    store: bool = field(init=False)
-    cut: list = field(init=False)
-    row_bytes: int = field(init=False)
-    offsets: list = field(init=False)
-    pitch: int = field(init=False)
 
     def check(self, facts: FormatFacts) -> None:
         op, token_major = self.op, self.token_major
@@ -357,7 +347,7 @@ class _SingleLayer(OpCall):
                  [self.pitch] * len(self.offsets), 0, self.store, self.op, "lmc_key_value_cache", transfer_backend())
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(eq=False)
 class _Flash(OpCall):
     """The flash layout's pair: key_value[:, layer_idx] [2, T, H] <-> key/value caches [NB, BS, NH, HS]
     at slot_mapping. Its subclasses say which way."""
@@ -411,13 +401,11 @@ class _Flash(OpCall):
 
 
 class _LoadFlash(_Flash):
-    __slots__ = ()
     op = "load_and_reshape_flash"
     store = True
 
 
 class _ReshapeFlash(_Flash):
-    __slots__ = ()
     op = "reshape_and_cache_back_flash"
 
 

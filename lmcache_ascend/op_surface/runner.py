@@ -31,8 +31,6 @@ class OpCall:
     rows (the steps before that read the arguments as given: a repeat makes a call cheaply).
     """
 
-    __slots__ = ()
-
     op = ""  # LMCache's name of the op: every error and key names it
     takes_format = True  # the call names an engine KV format (`engine_kv_format`) the op must take
     # Which argument is the paged caches as LMCache hands them (a pointer table or a list of
