@@ -4,9 +4,9 @@ A call of an op looks its repeat up (LMCache makes the same call, shapes and all
 chunk: see "repeated calls" in `moves`), reads its engine KV format, checks its arguments,
 describes the paged caches as one group of planes (once per description of the caches: see
 `arguments.TableCache`), moves the rows and keeps the move's repeat for the next call of its
-shapes. `OpCall` is one call of one op: a subclass per op says how its arguments are checked,
-cut into planes and moved; `run` takes the call through the steps, always in this order, so
-that a call with several bad arguments names the one LMCache's baseline names.
+shapes. An `OpCall` subclass per op says how its arguments are checked, cut into planes and
+moved; `run` takes each call through the steps in this order, so that a call with several bad
+arguments is refused for the first one its op checks.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ Plane = tuple[list[torch.Tensor], int, int]
 class OpCall:
     """One call of one of LMCache's ops: its arguments, and what its checks work out from them.
 
-    A subclass (one per op) names the op and answers each step `run` takes; it is made from the
-    call's arguments, in the order of the op's signature, once a repeat has not moved the call's
-    rows (the steps before that read the arguments as given: a repeat makes a call cheaply).
+    A subclass (one per op) names the op and answers each step `run` takes. The repeat's two
+    steps read the call's arguments as given (a tuple in the order of the op's signature): the
+    call object is made only where no repeat moved the rows, so a repeated call costs no more.
     """
 
     op = ""  # LMCache's name of the op: every error and key names it
