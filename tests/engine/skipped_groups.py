@@ -13,11 +13,17 @@ connector may skip the group when a prefix ends where this one ended; if they
 change, the group must be stored and loaded.
 
 `report` hands back (group, cached tokens, blocks filled) per request.
+
+`poison(worker, value)` fills every block of every KV cache with `value` at once, for a
+connector that loads a prefix before the request's first step (LMCache's MP connector
+loads while the request waits for its KV): called between rounds, with nothing in
+flight and vLLM's own prefix cache emptied, every block a warm request then reads
+holds either what this step computes or what the connector loaded.
 """
 
 from __future__ import annotations
 
-__all__ = ["install", "report"]
+__all__ = ["install", "poison", "report"]
 
 
 def install(worker, groups: list[int], value: float) -> bool:
@@ -59,3 +65,16 @@ def install(worker, groups: list[int], value: float) -> bool:
 
 def report(worker) -> list[list[int]]:
     return list(getattr(worker.model_runner, "_skipped_groups", None) or [])
+
+
+def poison(worker, value: float) -> int:
+    """Every KV cache of the worker filled with `value` (integer caches with 0x55); the caches filled."""
+    context = worker.model_runner.vllm_config.compilation_config.static_forward_context
+    filled = 0
+    for group in worker.model_runner.kv_cache_config.kv_cache_groups:
+        for name in group.layer_names:
+            cache = context[name].kv_cache
+            cache = cache[0] if isinstance(cache, (list, tuple)) else cache
+            cache.fill_(value if cache.dtype.is_floating_point else 0x55)
+            filled += 1
+    return filled
