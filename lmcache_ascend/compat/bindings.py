@@ -1,9 +1,8 @@
-"""Other modules' names for an object a patch replaces (standard library only).
+"""Other modules' names for an object a patch replaces.
 
 ``from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator`` copies the function
-into the importer's namespace: when the overlay is activated after such an import, the importer
-keeps calling the original.  The registry therefore re-binds those names too, and puts them
-back on revert.
+into the importer: activated after such an import (vLLM's plugin entry point, an explicit
+`activate()`), the registry re-binds those names too, and puts them back on revert.
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ _SHARED_BY_ACCIDENT = (type(None), bool, int, float, complex, str, bytes, tuple,
 
 
 def is_defined_in(value: object, module: types.ModuleType) -> bool:
-    """Whether `module` is the home of `value` (its ``__module__``; plain data such as a dict lives
-    where the patch finds it), so that its importers should follow a patch of it."""
+    """Whether `module` is the home of `value` (its ``__module__``; data lives where it is found)."""
     if isinstance(value, (types.ModuleType,) + _SHARED_BY_ACCIDENT):
         return False
     home = getattr(value, "__module__", None)
