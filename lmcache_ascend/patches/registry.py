@@ -43,10 +43,8 @@ class Registry:
         for item in patches:
             if item.name in self._records:
                 raise ValueError(f"two patches are named {item.name!r}")
-            if isinstance(item, CatalogueEntry):
-                self._records[item.name] = PatchRecord(item)
-            else:
-                self._records[item.name] = PatchRecord(CatalogueEntry.of(item, module=None), item)
+            entry, patch = (item, None) if isinstance(item, CatalogueEntry) else (CatalogueEntry.of(item, None), item)
+            self._records[item.name] = PatchRecord(entry, patch)
         self._load_errors: dict[str, str] = {}  # declaration module -> why it did not load
         self.activated_by: list[str] = []
         self._hooked: set[str] = set()
