@@ -22,15 +22,14 @@ def is_defined_in(value: object, module: types.ModuleType) -> bool:
     return home is None or not isinstance(home, str) or home == module.__name__
 
 
-def aliases_of(
-    values: list[object], home: types.ModuleType, exclude_prefix: str
-) -> list[tuple[types.ModuleType, str, object]]:
-    """Every (module, name, value) outside `home` and the `exclude_prefix` package bound
-    to one of the `values` defined in `home`: one pass over the loaded modules for all."""
-    wanted = {id(value): value for value in values if is_defined_in(value, home)}
+def rebind_aliases(home: types.ModuleType, replaced: list[tuple[object, object]], exclude_prefix: str) -> tuple:
+    """Point every name bound to an original of the (original, ours) pairs defined in `home`, outside
+    `home` and the `exclude_prefix` package, at ours (one pass over the loaded modules for all);
+    returns each (module, name, ours, original) it rebound."""
+    wanted = {id(original): (original, ours) for original, ours in replaced if is_defined_in(original, home)}
     if not wanted:
-        return []
-    found = []
+        return ()
+    rebound = []
     for module_name, module in list(sys.modules.items()):
         if module is None or module is home or module_name.split(".", 1)[0] == exclude_prefix:
             continue
@@ -38,6 +37,8 @@ def aliases_of(
         if not isinstance(namespace, dict):
             continue
         for key, bound in list(namespace.items()):
-            if id(bound) in wanted and bound is wanted[id(bound)]:
-                found.append((module, key, bound))
-    return found
+            original, ours = wanted.get(id(bound), (None, None))
+            if original is not None and bound is original:
+                setattr(module, key, ours)
+                rebound.append((module, key, ours, original))
+    return tuple(rebound)

@@ -122,7 +122,7 @@ def install(
     refusal = _value_refusal(patch, new_values, originals)
     if refusal is not None:
         return refusal
-    from lmcache_ascend.compat import markers
+    from lmcache_ascend.compat import bindings, markers
 
     for value in new_values.values():
         markers.mark(value, patch.name)
@@ -139,7 +139,8 @@ def install(
             restore(owners[path], split_attribute_path(path)[1], originals[path])
         return Outcome(State.FAILED, f"installing raised {type(error).__name__}: {error}", short_trace())
     installed = {path: read_raw(owners[path], split_attribute_path(path)[1]) for path in patch.attributes}
-    aliases = _rebind_aliases(module, [(originals[p], installed[p]) for p in patch.attributes if owners[p] is module])
+    replaced = [(originals[path], installed[path]) for path in patch.attributes if owners[path] is module]
+    aliases = bindings.rebind_aliases(module, replaced, __name__.split(".", 1)[0])
     # A target whose source was never tested still applies, but says so.
     tested = patch.tested_fingerprints
     untested = [
@@ -150,19 +151,6 @@ def install(
         note = f"untested target ({', '.join(untested)}); {note}"
     return Outcome(State.APPLIED, note, untested=bool(untested), installed=installed, originals=dict(originals),
                    aliases=aliases)
-
-
-def _rebind_aliases(module: types.ModuleType, replaced: list[tuple[object, object]]) -> tuple:
-    """Point other modules' names for a replaced value of `module` at ours (see compat.bindings):
-    (original, ours) pairs in, (importer, name, ours, original) out."""
-    from lmcache_ascend.compat import bindings
-
-    ours_by_id = {id(original): ours for original, ours in replaced if original is not MISSING}
-    originals = [original for original, _ in replaced if original is not MISSING]
-    found = bindings.aliases_of(originals, module, __name__.split(".", 1)[0])
-    for importer, name, original in found:
-        setattr(importer, name, ours_by_id[id(original)])
-    return tuple((importer, name, ours_by_id[id(original)], original) for importer, name, original in found)
 
 
 def _is_callable_member(raw: object) -> bool:
