@@ -123,30 +123,18 @@ def installed_projects() -> dict[str, Installed | None]:
     return {name: installed_project(name) for name in (*PROJECT_PACKAGES, *REPORTED_BY_NAME)}
 
 
-def specifier_error(specifier: str) -> str | None:
-    """Why `specifier` is not a valid PEP 440 specifier set, or None (also where it can't be checked)."""
-    try:
-        from packaging.specifiers import InvalidSpecifier, SpecifierSet
-    except ImportError:
-        return None
-    try:
-        SpecifierSet(specifier)
-    except InvalidSpecifier as error:
-        return str(error)
-    return None
-
-
 def version_satisfies(version: str, specifier: str) -> bool | None:
-    """Whether `version` is in `specifier` (pre-releases allowed); None if undecidable here."""
+    """Whether `version` is in `specifier` (pre-releases allowed); None if undecidable here (no
+    `packaging`, an invalid version); raises ValueError for an invalid specifier."""
     try:
         from packaging.specifiers import SpecifierSet
         from packaging.version import InvalidVersion, Version
     except ImportError:  # a bare interpreter: the listing CLI still works, the gate says "unknown"
         return None
+    specifiers = SpecifierSet(specifier, prereleases=True)
     try:
         parsed = Version(version)
     except InvalidVersion:
         return None
-    # Local labels ("2.13.0+cpu") must not keep a version out of ">=2.13"; dev and pre-releases
-    # are compared as PEP 440 orders them.
-    return SpecifierSet(specifier, prereleases=True).contains(parsed.public, prereleases=True)
+    # Local labels ("2.13.0+cpu") must not keep a version out of ">=2.13".
+    return specifiers.contains(parsed.public, prereleases=True)

@@ -51,17 +51,17 @@ def missing_target(entry: CatalogueEntry) -> Outcome:
 def version_gate(patch: Patch | CatalogueEntry) -> tuple[Outcome | None, str]:
     """(None, the versions found) when every requirement holds, else (the skip, ""); without
     `packaging` (a bare interpreter) the check lets the patch through."""
-    from lmcache_ascend.compat.versions import installed_version, specifier_error, version_satisfies
+    from lmcache_ascend.compat.versions import installed_version, version_satisfies
 
     notes = []
     for distribution, specifier in patch.requires.items():
         version = installed_version(distribution)
         if version is None:
             return Outcome(State.TARGET_MISSING, f"{distribution} is not installed", distribution_missing=True), ""
-        bad_specifier = specifier_error(specifier)
-        if bad_specifier:
-            return Outcome(State.SKIPPED_VERSION, f"invalid requirement for {distribution}: {bad_specifier}"), ""
-        verdict = version_satisfies(version, specifier)
+        try:
+            verdict = version_satisfies(version, specifier)
+        except ValueError as error:  # packaging's InvalidSpecifier
+            return Outcome(State.SKIPPED_VERSION, f"invalid requirement for {distribution}: {error}"), ""
         if verdict is False:
             return Outcome(State.SKIPPED_VERSION, f"{distribution} {version} is outside {specifier}"), ""
         notes.append(f"{distribution} {version}" + (" (unchecked: packaging missing)" if verdict is None else ""))
