@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from lmcache_ascend.compat.signatures import call_arguments
 from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
@@ -75,6 +73,8 @@ SHM_VIEWS = Patch(
 
 def normalize_paged_layers(wrapped, instance, args, kwargs):
     """Rebuild blocks-first layers of a pool with a block stride larger than a block; the rest to upstream."""
+    import torch
+
     bound = call_arguments(wrapped, args, kwargs).arguments
     pointers, spec, desc = bound["paged_buffer_ptrs_tensor"], bound["format_spec"], bound.get("shape_desc")
     if desc is None or not isinstance(pointers, torch.Tensor) or pointers.dtype not in (torch.int64, torch.uint64):
