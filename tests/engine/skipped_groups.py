@@ -37,10 +37,6 @@ def install(worker, groups: list[int], value: float) -> bool:
     filled: list[list[int]] = []
     original = runner.execute_model
 
-    def cache_of(name: str):
-        cache = context[name].kv_cache
-        return cache[0] if isinstance(cache, (list, tuple)) else cache
-
     def execute_model(scheduler_output, *args, **kwargs):
         for request in scheduler_output.scheduled_new_reqs:
             cached = request.num_computed_tokens
@@ -52,7 +48,7 @@ def install(worker, groups: list[int], value: float) -> bool:
                     if block_id == 0 or (position + 1) * block_size > cached:
                         continue  # vLLM's null block, or a block the step computes into
                     for name in names:
-                        cache = cache_of(name)
+                        cache = _cache(context, name)
                         cache[block_id].fill_(value if cache.dtype.is_floating_point else 0x55)
                     count += 1
                 filled.append([index, cached, count])
@@ -73,8 +69,13 @@ def poison(worker, value: float) -> int:
     filled = 0
     for group in worker.model_runner.kv_cache_config.kv_cache_groups:
         for name in group.layer_names:
-            cache = context[name].kv_cache
-            cache = cache[0] if isinstance(cache, (list, tuple)) else cache
+            cache = _cache(context, name)
             cache.fill_(value if cache.dtype.is_floating_point else 0x55)
             filled += 1
     return filled
+
+
+def _cache(context, name: str):
+    """Layer `name`'s KV cache in vLLM's forward context (a one-element list on some versions)."""
+    cache = context[name].kv_cache
+    return cache[0] if isinstance(cache, (list, tuple)) else cache

@@ -52,7 +52,7 @@ def migrate_to_shm_and_wrap(wrapped, instance, args, kwargs):
     return described
 
 
-SHM_VIEWS = Patch(
+SHM_IN_PLACE = Patch(
     name="lmcache-cpu-shm-in-place",
     target="lmcache.v1.platform.devices.cpu.shm",
     attributes=("migrate_to_shm_and_wrap",),
@@ -112,4 +112,4 @@ BLOCK_STRIDE = Patch(
     tested_fingerprints={"_normalize_paged_layers": ("be02b8d9a87b",)},  # LMCache 0.5.6
 )
 
-PATCHES = (SHM_VIEWS, BLOCK_STRIDE)
+PATCHES = (SHM_IN_PLACE, BLOCK_STRIDE)
