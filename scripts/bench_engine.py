@@ -43,6 +43,7 @@ with enough CPUs, the arms then stop competing for the machine while one of them
     .venvs/stack-d/bin/python scripts/bench_engine.py            # the full run
     .venvs/stack-d/bin/python scripts/bench_engine.py --quick    # a check of a few minutes
     ... --write-docs    # this run's tables into docs/engine-benchmark.md, its headline into README.md
+    ... --from-json results/bench_engine.json [--write-docs]    # the same from a saved run, not run again
 
 Writes results/bench_engine.json (every request), results/bench_engine.png (TTFT per
 query over the run, the no-reuse overhead), results/bench_engine.md (the docs tables).
@@ -758,13 +759,17 @@ def _meta(args) -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
                            capture_output=True, text=True)
+    if commit.returncode == 0:
+        commit = commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    else:  # a copy of the checkout without its history (the device machine's): whoever copied it names it
+        commit = os.environ.get("LMCACHE_ASCEND_COMMIT", "unknown") + " (a copy of the checkout)"
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError, StopIteration):
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return {
         "command": "scripts/bench_engine.py " + " ".join(sys.argv[1:]),
-        "commit": commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else ""),
+        "commit": commit,
         "date": datetime.date.today().isoformat(),
         "machine": f"{cpu}, {len(os.sched_getaffinity(0))} CPUs, {memory:.0f} GiB, load {os.getloadavg()[0]:.1f} at start",
         "device": args.device, "quick": args.quick, "arms": args.arms, "shape": args.shape,
@@ -816,10 +821,23 @@ def main() -> int:
     parser.add_argument("--out", default="results", help="folder for bench_engine.{json,png,md}")
     parser.add_argument("--write-docs", action="store_true",
                         help=f"put the tables into {DOCS.relative_to(REPO_ROOT)}, the headline into README.md")
+    parser.add_argument("--from-json", metavar="PATH",
+                        help="no run: the tables, plot and headline of the run saved at PATH (its bench_engine.json)")
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
         return 0
+    out = REPO_ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
+    if args.from_json:
+        try:
+            result = json.loads(Path(args.from_json).read_text())
+            groups = result["groups"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            parser.error(f"--from-json {args.from_json}: not a saved run of this script ({error})")
+        for group in groups:
+            group["summary"] = summarize(group)
+        out.mkdir(parents=True, exist_ok=True)
+        return report(result, out, args.write_docs)
 
     sizes = SHAPES["quick" if args.quick else "full"]
     args.shape = {key: getattr(args, key) if getattr(args, key) is not None else sizes[key] for key in sizes}
@@ -848,7 +866,6 @@ def main() -> int:
     # vLLM's CPU platform lets this variable override kv_cache_memory_bytes; every arm gets --kv-cache-mib.
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
-    out = REPO_ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     result = {"meta": _meta(args), "groups": []}
@@ -864,9 +881,14 @@ def main() -> int:
     result["meta"]["wall_s"] = time.monotonic() - started
     # Other work on the machine lands on whichever arm is being asked: the load says how much there was.
     result["meta"]["machine"] += f", {os.getloadavg()[0]:.1f} at the end"
+    (out / "bench_engine.json").write_text(json.dumps(result, indent=1))
+    return report(result, out, args.write_docs)
+
+
+def report(result: dict, out: Path, write: bool) -> int:
+    """Print and write a run's tables, headline and plot (into the docs with `write`); the exit code."""
     table = markdown(result)
     head = headline(result)
-    (out / "bench_engine.json").write_text(json.dumps(result, indent=1))
     (out / "bench_engine.md").write_text(table + "\n")
     print()
     print(table)
@@ -878,7 +900,7 @@ def main() -> int:
     except ImportError as error:
         picture = None
         print(f"\nno plot: {error} (matplotlib is pinned in requirements/stack-d.txt)")
-    if args.write_docs:
+    if write:
         write_docs(table, head, picture)
         print(f"wrote the tables into {DOCS}" + (" and the plot beside it" if picture else "") + f", the headline into {README}")
     return 0 if all(group["summary"]["outputs"]["equal"] for group in result["groups"]) else 1

@@ -41,16 +41,22 @@ def test_a_benchmark_script_runs_on_the_cpu(script, tmp_path):
     assert json.loads(out.read_text())
 
 
-def test_the_engine_benchmark_summarises_a_run_without_an_engine(tmp_path, monkeypatch):
-    """bench_engine.py's workloads, summaries, tables and plot on made-up answers (its engines are too slow for here)."""
+def _engine_benchmark(monkeypatch):
     import importlib.util
-    import random
 
     spec = importlib.util.spec_from_file_location("bench_engine", REPO / "scripts" / "bench_engine.py")
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench_engine", bench)  # its dataclass looks itself up there
     monkeypatch.setattr(sys, "path", list(sys.path))  # it puts the repository first on the path
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_engine_benchmark_summarises_a_run_without_an_engine(tmp_path, monkeypatch):
+    """bench_engine.py's workloads, summaries, tables and plot on made-up answers (its engines are too slow for here)."""
+    import random
+
+    bench = _engine_benchmark(monkeypatch)
     queries = bench.workloads(random.Random(0), 512, bench.SHAPES["quick"])
     shape = bench.SHAPES["quick"]
     interleaved = [q["key"] for q in queries["docs-interleaved"]]
@@ -78,5 +84,37 @@ def test_the_engine_benchmark_summarises_a_run_without_an_engine(tmp_path, monke
     pytest.importorskip("matplotlib")
     bench.plot(result, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(result))
+    rendered = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_engine.py"), "--from-json", str(saved),
+                               "--out", str(tmp_path / "again")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert rendered.returncode == 0, rendered.stderr[-3000:]
+    assert (tmp_path / "again" / "bench_engine.md").read_text() == bench.markdown(result) + "\n"
     requests[-1]["tokens"] = [1, 3]
     assert not bench.summarize(group)["outputs"]["equal"]
+
+
+def test_the_engine_benchmark_gives_every_process_cpus_of_its_own(monkeypatch):
+    """--cpus-per-engine: disjoint CPUs for the driver, each engine and each MP server; too few is refused."""
+    bench = _engine_benchmark(monkeypatch)
+    arms = list(bench.ARMS)
+    monkeypatch.setattr(bench.os, "sched_getaffinity", lambda pid: set(range(100, 116)))
+    plan = bench.cpu_plan(arms, 2)
+    taken = [*plan.driver, *(c for cpus in plan.engines.values() for c in cpus),
+             *(c for cpus in plan.servers.values() for c in cpus)]
+    assert len(taken) == len(set(taken)) == 1 + 2 * len(arms) + 2
+    assert set(taken) <= set(range(100, 116))
+    assert all(len(plan.engines[name]) == 2 for name in arms)
+    assert set(plan.servers) == {name for name in arms if bench.ARMS[name].mp_server}
+    assert bench.cpu_plan(arms, 0) is None
+    with pytest.raises(ValueError, match=r"--cpus-per-engine 3: .* need 21 CPUs, .* 16 .* allowed here: 0 \(no pinning\) to 2"):
+        bench.cpu_plan(arms, 3)
+
+
+def test_a_pinned_command_runs_on_its_cpus_only(monkeypatch):
+    bench = _engine_benchmark(monkeypatch)
+    cpu = max(os.sched_getaffinity(0))
+    command = bench.on_cpus([cpu], [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"])
+    assert subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip() == f"[{cpu}]"
+    assert bench.on_cpus(None, ["x"]) == ["x"]
+
