@@ -878,6 +878,8 @@ def main() -> int:
             group = run_model(name, args, Path(scratch) / name)
             group["summary"] = summarize(group)
             result["groups"].append(group)
+            # What a later failure (or a machine taken back) cannot take away: the models done so far.
+            (out / "bench_engine.json").write_text(json.dumps(result, indent=1))
     result["meta"]["wall_s"] = time.monotonic() - started
     # Other work on the machine lands on whichever arm is being asked: the load says how much there was.
     result["meta"]["machine"] += f", {os.getloadavg()[0]:.1f} at the end"
