@@ -85,7 +85,7 @@ def worker(patched: bool, quick: bool, compressed_storage_block: int | None = No
     if patched:
         from lmcache_ascend.patches import registry
 
-        states = {name: registry.apply_now(name).value for name in CORE_BACKPORT_PATCHES}
+        states = {name: registry.process_registry().apply_now(name).value for name in CORE_BACKPORT_PATCHES}
         not_applied = {name: state for name, state in states.items() if state != "applied"}
         if not_applied:
             raise SystemExit(f"patches did not apply: {not_applied}")
@@ -97,7 +97,8 @@ def worker(patched: bool, quick: bool, compressed_storage_block: int | None = No
     if not patched:
         from lmcache_ascend.patches import registry
 
-        applied = [name for name in CORE_BACKPORT_PATCHES if registry.state(name).value == "applied"]
+        process = registry.process_registry()
+        applied = [name for name in CORE_BACKPORT_PATCHES if process.state(name).value == "applied"]
         if applied:
             raise SystemExit(f"unpatched run has patches applied: {applied}")
     manager = make_manager(hybrid_config(hybrid), hybrid.scheduler_block_size, hybrid.hash_block_size)

@@ -76,6 +76,7 @@ from tests.fixtures.kv_cache_configs import (  # noqa: E402
 )
 from tests.multigroup.scheduler_driver import RequestDriver, make_connector_impl, step_together  # noqa: E402
 
+REGISTRY = registry.process_registry()
 PATCH = "lmcache-adapter-multigroup"
 LMCACHE_CHUNK = 256
 # Request k of a batch has a prompt k % BATCH_STAGGER tokens shorter: block boundaries of
@@ -136,11 +137,11 @@ class Case:
 def set_patch(patched: bool) -> None:
     """Upstream (the patch reverted) or the patch applied."""
     if patched:
-        state = registry.apply_now(PATCH)
+        state = REGISTRY.apply_now(PATCH)
         if state is not State.APPLIED:
-            raise SystemExit(f"{PATCH} did not apply: {state} ({registry.record(PATCH).reason})")
+            raise SystemExit(f"{PATCH} did not apply: {state} ({REGISTRY.record(PATCH).reason})")
     else:
-        state = registry.revert(PATCH)
+        state = REGISTRY.revert(PATCH)
         if state in (State.APPLIED, State.OVERRIDDEN):
             raise SystemExit(f"{PATCH} could not be reverted for the upstream case: {state}")
 

@@ -60,11 +60,12 @@ def patched(request):
     (False): a test that takes this fixture runs twice and asserts what differs without the patch."""
     from lmcache_ascend.patches import State, registry
 
+    patches = registry.process_registry()
     name = request.module.PATCH
     if request.param:
-        assert registry.apply_now(name) is State.APPLIED, registry.record(name).reason
+        assert patches.apply_now(name) is State.APPLIED, patches.record(name).reason
     else:
-        assert registry.record(name).state is not State.APPLIED
+        assert patches.record(name).state is not State.APPLIED
     yield request.param
     if request.param:
-        registry.revert(name)
+        patches.revert(name)

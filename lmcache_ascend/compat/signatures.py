@@ -48,15 +48,10 @@ def call_arguments(wrapped: Callable, args: tuple, kwargs: dict) -> inspect.Boun
     return bound
 
 
-def call_argument(wrapped: Callable, args: tuple, kwargs: dict, name: str) -> object:
-    """The value parameter `name` has in the call ``wrapped(*args, **kwargs)`` (its default if not
-    passed), read where the call put it without binding the whole signature."""
-    return parameter(wrapped, name).read(args, kwargs)
-
-
 def parameter(wrapped: Callable, name: str) -> "Parameter":
-    """Parameter `name` of `wrapped`, located once per function; a wrapper on a per-request path
-    keeps it (with ``function``, to tell a call of another function) rather than look it up."""
+    """Parameter `name` of `wrapped`, located once per function: ``.read(args, kwargs)`` is its value
+    in a call (its default if not passed) without binding the whole signature; a wrapper on a
+    per-request path keeps it (with ``function``, to tell a call of another function)."""
     function = getattr(wrapped, "__func__", wrapped)
     return _parameter(function, function is not wrapped, name)
 

@@ -6,9 +6,9 @@ __all__ = ["MISSING", "Patch", "PatchContext", "PatchKind", "State", "UpstreamGu
 
 
 def __getattr__(name: str) -> object:
-    # Loaded on first use: activation needs neither.
+    # The guard types live in compat, loaded on first use: activation needs neither (PEP 562).
     if name in ("UpstreamGuard", "Verdict"):
-        from lmcache_ascend.patches import model
+        from lmcache_ascend.compat import guards
 
-        return getattr(model, name)
+        return getattr(guards, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

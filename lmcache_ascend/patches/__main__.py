@@ -16,14 +16,11 @@ import textwrap
 
 from lmcache_ascend import CLI_SCRIPT, __version__
 from lmcache_ascend import flags as flag_table
-from lmcache_ascend.compat.source import fingerprint
 from lmcache_ascend.compat.versions import PROJECT_PACKAGES, installed_projects
 from lmcache_ascend.patches import registry as registry_module
-from lmcache_ascend.patches.model import MISSING, CatalogueEntry, State, look_up
+from lmcache_ascend.patches.model import State
 
 TABLE_WIDTH = 120  # unless --wide (JSON keeps every word)
-# The packages whose modules declare patches.
-PATCH_PACKAGES = ("lmcache_ascend.patches.vllm", "lmcache_ascend.patches.lmcache", "lmcache_ascend.patches.vllm_ascend")
 # Our distribution's name, which LMCache-Ascend (LMCache's NPU plugin) uses too, without our command.
 DISTRIBUTION = "lmcache-ascend"
 
@@ -158,18 +155,11 @@ def _print_table(report: dict, wide: bool = False) -> None:
         print("(lines cut at 120 columns: --wide shows them whole, `show NAME` one patch)")
 
 
-def _declared_patch(name: str):
-    """The declaration of patch `name`, or None once the reason is on stderr."""
+def _show(name: str) -> int:
     try:
-        return registry_module.process_registry().record(name).patch
+        patch = registry_module.process_registry().record(name).patch
     except (KeyError, registry_module.DeclarationError) as error:
         print(error.args[0], file=sys.stderr)
-        return None
-
-
-def _show(name: str) -> int:
-    patch = _declared_patch(name)
-    if patch is None:
         return 2
     fields = [
         ("patch", patch.name),
@@ -183,108 +173,6 @@ def _show(name: str) -> int:
     ]
     for label, text in fields:
         print(textwrap.fill(text, width=100, initial_indent=f"{label + ':':<13}", subsequent_indent=" " * 13))
-    return 0
-
-
-def _fingerprints(name: str) -> int:
-    import importlib
-
-    patch = _declared_patch(name)
-    if patch is None:
-        return 2
-    try:
-        module = importlib.import_module(patch.target)
-    except Exception as error:  # bad input here: a target this environment can't import
-        print(f"fingerprint {name}: {patch.target} does not import here: {type(error).__name__}: {error}",
-              file=sys.stderr)
-        return 2
-    for path in patch.attributes:
-        raw = look_up(module, path)[2]
-        print(f"{path!r}: {fingerprint(raw) if raw is not MISSING else None!r},")
-    return 0
-
-
-def _written_catalogue() -> tuple[str, tuple[str, ...]]:
-    """The catalogue's docstring and module order as written now, which a generated one keeps."""
-    try:
-        from lmcache_ascend.patches import catalogue
-    except ImportError:
-        return "", ()
-    return catalogue.__doc__ or "", catalogue.PATCH_MODULES
-
-
-def declaration_modules() -> list[str]:
-    """The patch modules: the catalogue's, in its order, then any new one in PATCH_PACKAGES."""
-    import importlib
-    import pkgutil
-
-    found = list(_written_catalogue()[1])
-    for package in PATCH_PACKAGES:
-        for info in pkgutil.iter_modules(importlib.import_module(package).__path__, package + "."):
-            if not info.ispkg and info.name not in found:
-                found.append(info.name)
-    return found
-
-
-def _literal(value: object) -> str:
-    """`value` (str, None, tuple or dict of them) as the catalogue writes it."""
-    if isinstance(value, tuple):
-        return f"({_literal(value[0])},)" if len(value) == 1 else "(" + ", ".join(map(_literal, value)) + ")"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_literal(key)}: {_literal(item)}" for key, item in value.items()) + "}"
-    return "None" if value is None else json.dumps(value)  # a str in double quotes
-
-
-def _catalogue_row(entry: CatalogueEntry) -> list[str]:
-    """The lines of one ``_entry(...)`` call, its arguments packed into 120 columns."""
-    arguments = [_literal(entry.name), _literal(entry.module.removeprefix(_PACKAGE_PREFIX)), _literal(entry.target),
-                 _literal(entry.requires)]
-    arguments += [f"{field}={_literal(getattr(entry, field))}" for field in ("flags", "enabled_by", "after")
-                  if getattr(entry, field) not in ((), None)]
-    lines = ["    _entry("]
-    for index, argument in enumerate(arguments):
-        argument += ")," if index == len(arguments) - 1 else ","
-        if len(lines[-1]) + len(argument) + 1 > TABLE_WIDTH:
-            lines.append(" " * 11)
-        lines[-1] += argument if lines[-1].endswith(("(", " " * 11)) else " " + argument
-    return lines
-
-
-_PACKAGE_PREFIX = "lmcache_ascend.patches."
-_CATALOGUE_HEAD = (
-    "def _entry(name: str, module: str, target: str, requires: dict[str, str], **optional: object) -> CatalogueEntry:",
-    '    """One row: the patch, its module under lmcache_ascend.patches, its target, requires, then the rest."""',
-    f'    return CatalogueEntry(name, module="{_PACKAGE_PREFIX}" + module, target=target, requires=requires, '
-    '**optional)',
-)
-
-
-def catalogue_source() -> str:
-    """The text of ``catalogue.py``: its docstring as written, one row per declared patch."""
-    rows = [line for module_name in declaration_modules() for patch in registry_module.declared_in(module_name)
-            for line in _catalogue_row(CatalogueEntry.of(patch, module_name))]
-    return "\n".join([f'"""{_written_catalogue()[0]}"""', "", "from lmcache_ascend.patches.model import CatalogueEntry",
-                      "", "", *_CATALOGUE_HEAD, "", "", "CATALOGUE: tuple[CatalogueEntry, ...] = (", *rows, ")", "",
-                      "# The declaration modules, in order.",
-                      "PATCH_MODULES: tuple[str, ...] = tuple(dict.fromkeys(entry.module for entry in CATALOGUE))", ""])
-
-
-def _catalogue(write: bool) -> int:
-    from pathlib import Path
-
-    source = catalogue_source()
-    if not write:
-        print(source, end="")
-        return 0
-    path = Path(__file__).with_name("catalogue.py")
-    checkout = path.parents[2]
-    if not (checkout / "pyproject.toml").is_file() or not (checkout / "lmcache_ascend" / "patches").is_dir():
-        # An installed package is not where declarations are edited: the wheel would disagree with its source.
-        print(f"catalogue --write: {path} is not in a source checkout of lmcache-ascend (no pyproject.toml "
-              f"at {checkout}); run it from the checkout whose declarations you edited", file=sys.stderr)
-        return 2
-    path.write_text(source)
-    print(f"wrote {path}")
     return 0
 
 
@@ -304,13 +192,7 @@ def _flag_shown(flag: flag_table.Flag) -> str:
     return f"{flag.value_text(flag.default)} (default)"
 
 
-def _flags(markdown: bool) -> int:
-    if markdown:
-        print("| flag | allowed | default | LMCache key | meaning |\n|---|---|---|---|---|")
-        for flag in flag_table.FLAGS:
-            key = f"`{flag.lmcache_config_key}`" if flag.lmcache_config_key else "-"
-            print(f"| `{flag.name}` | {flag.allowed_text()} | `{flag.default_text()}` | {key} | {flag.help} |")
-        return 0
+def _flags() -> int:
     for flag in flag_table.FLAGS:
         print(f"{flag.name} = {_flag_shown(flag)}")
         print(textwrap.fill(f"{flag.help} Allowed: {flag.allowed_text()}.", width=100, initial_indent="    ",
@@ -352,8 +234,6 @@ _OPTIONS = (
     ("--json", "print JSON (with schema_version)"),
     ("--strict", "exit 1 on a failed patch, a target missing although installed, or an untested target"),
     ("--wide", f"show the targets and whole lines (otherwise cut at {TABLE_WIDTH} columns)"),
-    ("--markdown", "with 'flags': a Markdown table"),
-    ("--write", "with 'catalogue': rewrite the catalogue module"),
 )
 
 
@@ -363,9 +243,9 @@ def _parser(program: str) -> argparse.ArgumentParser:
     for option, help_text in _OPTIONS:
         dest = "import_targets" if option == "--import" else option[2:]
         parser.add_argument(option, dest=dest, action="store_true", help=help_text)
-    parser.add_argument("command", nargs="?", choices=("show", "flags", "fingerprint", "catalogue"),
+    parser.add_argument("command", nargs="?", choices=("show", "flags"),
                         help="optional sub-command")
-    parser.add_argument("name", nargs="?", help="patch name for 'show' and 'fingerprint'")
+    parser.add_argument("name", nargs="?", help="patch name for 'show'")
     return parser
 
 
@@ -385,24 +265,18 @@ def main(argv: list[str] | None = None) -> int:
     flag_error = _flag_values()[1] if args.command in (None, "flags") else None
     if flag_error is not None:  # bad input to every command that reads the flags: one line, exit 2
         if args.command == "flags":
-            _flags(args.markdown)
+            _flags()
         elif args.json:
             _print_json(_collect(import_targets=False)[0])
         print(f"{program}: {flag_error}", file=sys.stderr)
         return 2
     if args.command == "flags":
-        return _flags(args.markdown)
-    if args.command == "catalogue":
-        return _catalogue(args.write)
-    if args.command in ("show", "fingerprint"):
+        return _flags()
+    if args.command == "show":
         if not args.name:
-            parser.error(f"'{args.command}' needs a patch name")
-        return _show(args.name) if args.command == "show" else _fingerprints(args.name)
-    try:
-        report, strict_code = _collect(args.import_targets)
-    except flag_table.FlagError as error:  # refused by the registry itself at activation
-        print(f"{program}: {error}", file=sys.stderr)
-        return 2
+            parser.error("'show' needs a patch name")
+        return _show(args.name)
+    report, strict_code = _collect(args.import_targets)
     if args.json:
         _print_json(report)
     else:

@@ -5,7 +5,7 @@ Generated from the declarations (each patch module's ``PATCH`` or ``PATCHES``) a
 test.  After changing a declaration's name, target, requires, flags, enabled_by or after, or
 adding a patch module (appended here; move its entries to reorder), run::
 
-    python -m lmcache_ascend.patches catalogue --write
+    python scripts/patch_catalogue.py write
 """
 
 from lmcache_ascend.patches.model import CatalogueEntry

@@ -11,15 +11,6 @@ from typing import Any, Callable, Mapping
 from lmcache_ascend.compat.source import function_behind
 
 
-def __getattr__(name: str) -> object:
-    # The guard types live in compat; activation needs neither (PEP 562).
-    if name in ("UpstreamGuard", "Verdict"):
-        from lmcache_ascend.compat import guards
-
-        return getattr(guards, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _no_guard() -> object:
     from lmcache_ascend.compat.guards import UpstreamGuard
 

@@ -94,9 +94,6 @@ class PatchRecord:
             raise RuntimeError(f"patch {self.entry.name}: no transition {self._state.value} -> {state.value}")
         self._state, self._reason, self._error = state, reason, error
 
-    def rearm(self) -> None:
-        self.set(State.PENDING, "")
-
     def settle(self, outcome: Outcome) -> None:
         """Write down a decision or an apply."""
         self.set(outcome.state, outcome.reason, outcome.error)

@@ -23,7 +23,7 @@ from lmcache_ascend.compat.source import fingerprint, module_is_locatable
 from lmcache_ascend.patches import gates
 from lmcache_ascend.patches.install import Outcome, install, kind_refusal, resolve, restore, same, short_trace
 from lmcache_ascend.patches.model import MISSING, CatalogueEntry, Patch, State, look_up, read_raw, split_attribute_path
-from lmcache_ascend.patches.records import DeclarationError, PatchRecord, declared_in, load_declaration
+from lmcache_ascend.patches.records import DeclarationError, PatchRecord
 
 SCHEMA_VERSION = 1
 
@@ -115,13 +115,8 @@ class Registry:
                 record.settle(skip or Outcome(State.PENDING, f"applies when {target} is imported; {note}"))
 
     def activate(self, flag_values: Mapping[str, object], source: str) -> None:
-        """Register post-import hooks for every patch that passes the early gates."""
-        unknown = [n for n in flag_values["LMCACHE_ASCEND_DISABLED_PATCHES"] if n != "*" and n not in self._records]
-        if unknown:  # a typo would leave the patch on
-            raise flag_table.FlagError(
-                f"LMCACHE_ASCEND_DISABLED_PATCHES names unknown patches {', '.join(map(repr, unknown))}; "
-                f"known: {', '.join(self._records)} (or '*')"
-            )
+        """Register post-import hooks for every patch that passes the early gates (`flag_values` are
+        validated: a name in LMCACHE_ASCEND_DISABLED_PATCHES that is no patch was refused there)."""
         with self._lock:
             self.activated_by.append(source)
             self.armed = True
@@ -140,7 +135,7 @@ class Registry:
         to_apply: list[tuple[str, str]] = []
         for record in self._records.values():
             if record.state in (State.REVERTED, State.SKIPPED_DISABLED) and record.entry.name in self._hooked:
-                record.rearm()  # re-armed after deactivate(): decide again
+                record.set(State.PENDING, "")  # re-armed after deactivate(): decide again
             if record.state is not State.PENDING:
                 continue
             early = gates.flag_gate(record.entry, flag_values)
@@ -181,7 +176,7 @@ class Registry:
             if record.state is State.APPLIED:
                 return record.state
             if record.state is not State.PENDING:
-                record.rearm()  # decided earlier (e.g. disabled, reverted): decide again with these flags
+                record.set(State.PENDING, "")  # decided earlier (disabled, reverted): decide again with these flags
             early = gates.before_import(record.entry, values)
             if early is not None:
                 record.settle(early)
@@ -333,20 +328,3 @@ def process_registry() -> Registry:
 
             _PROCESS_REGISTRY = Registry(CATALOGUE)
         return _PROCESS_REGISTRY
-
-
-# Shortcuts on the process registry, for tests and tools.
-def apply_now(name: str, flag_values: Mapping[str, object] | None = None) -> State:
-    return process_registry().apply_now(name, flag_values)
-
-
-def revert(name: str) -> State:
-    return process_registry().revert(name)
-
-
-def state(name: str) -> State:
-    return process_registry().state(name)
-
-
-def record(name: str) -> PatchRecord:
-    return process_registry().record(name)

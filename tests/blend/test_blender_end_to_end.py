@@ -29,6 +29,7 @@ from tests.blend.reference.documents import lookup_segments
 from tests.blend.reference.model import PromptKV, TinyModelConfig, TinyRopeTransformer
 from tests.blend.reference.rope import apply_rope, rerotate_keys
 
+REGISTRY = registry.process_registry()
 ENGINE_PATCH = "lmcache-blend-holes-engine"
 BLENDER_PATCH = "lmcache-blend-holes-blender"
 RATIO = 0.3
@@ -40,10 +41,10 @@ SYSTEM, DOC_1, DOC_2, MISSING = [12, 11, 10, 9], [3, 4, 3, 4, 3, 4], [5, 6, 7, 8
 def hole_patches(monkeypatch):
     monkeypatch.setenv("LMCACHE_ASCEND_BLEND_HOLES", "1")
     for name in (ENGINE_PATCH, BLENDER_PATCH):
-        assert registry.apply_now(name) is State.APPLIED
+        assert REGISTRY.apply_now(name) is State.APPLIED
     yield
     for name in (BLENDER_PATCH, ENGINE_PATCH):
-        registry.revert(name)
+        REGISTRY.revert(name)
 
 
 class CpuBufferConnector:

@@ -22,6 +22,7 @@ from lmcache_ascend.patches.lmcache.blend_holes_engine import HOLE_SINK_KWARG
 
 from tests.blend.lmcache_setup import HIDDEN, NUM_LAYERS, SEP, store_document_kv
 
+REGISTRY = registry.process_registry()
 ENGINE_PATCH = "lmcache-blend-holes-engine"
 BLENDER_PATCH = "lmcache-blend-holes-blender"
 
@@ -29,18 +30,18 @@ BLENDER_PATCH = "lmcache-blend-holes-blender"
 @pytest.fixture
 def hole_patches(monkeypatch):
     monkeypatch.setenv("LMCACHE_ASCEND_BLEND_HOLES", "1")
-    states = {name: registry.apply_now(name) for name in (ENGINE_PATCH, BLENDER_PATCH)}
+    states = {name: REGISTRY.apply_now(name) for name in (ENGINE_PATCH, BLENDER_PATCH)}
     assert states == {ENGINE_PATCH: State.APPLIED, BLENDER_PATCH: State.APPLIED}
     yield
     for name in (BLENDER_PATCH, ENGINE_PATCH):
-        registry.revert(name)
+        REGISTRY.revert(name)
 
 
 def test_patches_are_off_by_default(monkeypatch):
     monkeypatch.delenv("LMCACHE_ASCEND_BLEND_HOLES", raising=False)
     for name in (ENGINE_PATCH, BLENDER_PATCH):
-        assert registry.apply_now(name) is State.SKIPPED_DISABLED
-        assert registry.state(name) is State.SKIPPED_DISABLED
+        assert REGISTRY.apply_now(name) is State.SKIPPED_DISABLED
+        assert REGISTRY.state(name) is State.SKIPPED_DISABLED
 
 
 class RecordingLayerwiseConnector:
@@ -95,9 +96,9 @@ def test_lookup_reports_cached_documents_after_a_hole(engine, stored, hole_patch
 def test_lookup_without_the_blender_side_or_tokens_is_upstream(engine, stored, hole_patches):
     tokens = rag_prompt(SYSTEM, DOC_A, MISSING, DOC_B)
     prefix = len(rag_prompt(SYSTEM, DOC_A))
-    registry.revert(BLENDER_PATCH)  # engine side alone must not promise holes
+    REGISTRY.revert(BLENDER_PATCH)  # engine side alone must not promise holes
     assert engine.lookup(tokens=tokens) == prefix
-    assert registry.apply_now(BLENDER_PATCH) is State.APPLIED
+    assert REGISTRY.apply_now(BLENDER_PATCH) is State.APPLIED
     assert engine.lookup(tokens=tokens) == len(tokens)
 
 
@@ -117,7 +118,7 @@ def test_lookup_edge_cases(engine, stored, hole_patches, documents, expected):
 
 def test_lookup_is_unchanged_when_the_flag_is_off(engine, stored, monkeypatch):
     monkeypatch.delenv("LMCACHE_ASCEND_BLEND_HOLES", raising=False)
-    assert registry.apply_now(ENGINE_PATCH) is State.SKIPPED_DISABLED
+    assert REGISTRY.apply_now(ENGINE_PATCH) is State.SKIPPED_DISABLED
     tokens = rag_prompt(SYSTEM, DOC_A, MISSING, DOC_B)
     assert engine.lookup(tokens=tokens) == len(rag_prompt(SYSTEM, DOC_A))
 

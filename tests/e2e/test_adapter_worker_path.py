@@ -26,6 +26,7 @@ from tests.fixtures.kv_cache_configs import dsv4_ascend_kv_cache_config
 from tests.fixtures.kv_caches import assert_bytes_equal, dsv4_ascend_kv_caches, expected_after_roundtrip
 from tests.multigroup.scheduler_driver import RequestDriver, make_connector_impl
 
+REGISTRY = registry.process_registry()
 CHUNK = 256
 PROMPT_TOKENS = 3 * CHUNK + 32  # the partial last chunk is not stored
 PATCHES = (
@@ -89,10 +90,10 @@ def fixture_backend_dims(monkeypatch):
 @pytest.fixture
 def patches():
     for name in PATCHES:
-        assert registry.apply_now(name) is State.APPLIED, (name, registry.record(name).reason)
+        assert REGISTRY.apply_now(name) is State.APPLIED, (name, REGISTRY.record(name).reason)
     yield
     for name in reversed(PATCHES):
-        registry.revert(name)
+        REGISTRY.revert(name)
 
 
 def _engine():

@@ -27,7 +27,7 @@ from tests.e2e.test_engine_roundtrip import (  # noqa: F401 - fixtures
 )
 from tests.fixtures.kv_caches import dsv4_ascend_kv_caches
 
-
+REGISTRY = registry.process_registry()
 STABLE_HASH_PATCH = "lmcache-stable-token-hash"
 
 
@@ -36,9 +36,9 @@ def stable_hash_patch():
     """Armed as the product arms it: without it, LMCache 0.4's builtin-hash fallback draws a new
     chain start for every engine created in a process, so even two engines of one layout would
     key chunks apart and the control below could not hold."""
-    assert registry.apply_now(STABLE_HASH_PATCH) is State.APPLIED, registry.record(STABLE_HASH_PATCH).reason
+    assert REGISTRY.apply_now(STABLE_HASH_PATCH) is State.APPLIED, REGISTRY.record(STABLE_HASH_PATCH).reason
     yield
-    registry.revert(STABLE_HASH_PATCH)
+    REGISTRY.revert(STABLE_HASH_PATCH)
 
 
 def _planned_engine(caches, kv_cache_config, kv_groups, bundle=True):

@@ -34,6 +34,8 @@ from tests.e2e.test_engine_roundtrip import (  # noqa: F401 - fixtures
 from tests.fixtures.kv_caches import assert_bytes_equal, dsv4_ascend_kv_caches, expected_after_roundtrip
 
 # A real Redis server, and redis-py for LMCache's Redis connector (LMCache installs it only with its full set).
+
+REGISTRY = registry.process_registry()
 NEEDS_REDIS = pytest.mark.skipif(
     shutil.which("redis-server") is None or importlib.util.find_spec("redis") is None,
     reason="no redis-server on PATH, or no redis-py in this stack (LMCache's Redis connector needs it)",
@@ -56,9 +58,9 @@ def store(request):
 @pytest.fixture
 def seal_patch(store):
     name = SEAL_PATCHES[store]
-    assert registry.apply_now(name) is State.APPLIED, registry.record(name).reason
+    assert REGISTRY.apply_now(name) is State.APPLIED, REGISTRY.record(name).reason
     yield
-    registry.revert(name)
+    REGISTRY.revert(name)
 
 
 def _store_engine(store, tmp_path):
@@ -173,7 +175,7 @@ def test_a_store_whose_folder_is_removed_gives_nothing_and_forgets_it(metadata_p
 
 
 def test_without_the_seal_flipped_bytes_reach_the_caches(metadata_patch, store, config_and_groups, tmp_path):
-    assert registry.record(SEAL_PATCHES[store]).state is not State.APPLIED
+    assert REGISTRY.record(SEAL_PATCHES[store]).state is not State.APPLIED
     retrieved, *_ = _store_and_reload(store, tmp_path, config_and_groups, _flip)
     assert retrieved == NUM_TOKENS, "with the check off the damaged chunk is loaded as if whole"
 
@@ -185,7 +187,7 @@ def test_unreadable_redis_metadata_is_a_miss_and_its_key_goes(metadata_patch, co
     ``lmcache-redis-get-releases`` it is a miss, the chunks before it arrive byte-exact, the rest
     keep the poison, and the unreadable key is deleted."""
     name = "lmcache-redis-get-releases"
-    assert registry.apply_now(name) is State.APPLIED, registry.record(name).reason
+    assert REGISTRY.apply_now(name) is State.APPLIED, REGISTRY.record(name).reason
     kv_cache_config, kv_groups = config_and_groups
     source, target = dsv4_ascend_kv_caches("random", seed=4), dsv4_ascend_kv_caches("poison")
     slot_mappings = _slot_mappings(kv_groups)
@@ -201,7 +203,7 @@ def test_unreadable_redis_metadata_is_a_miss_and_its_key_goes(metadata_patch, co
             retrieved = int(engine.retrieve(tokens, slot_mappings_by_group=slot_mappings).sum())
             gone = not client.exists(metadata_key)
     finally:
-        registry.revert(name)
+        REGISTRY.revert(name)
     assert retrieved == CHUNK, f"retrieved {retrieved} tokens; only the chunk before the unreadable one is whole"
     assert gone, "the unreadable metadata key was kept"
     assert_bytes_equal(target.storages, first_chunk_only)

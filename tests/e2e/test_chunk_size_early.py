@@ -16,6 +16,7 @@ import pytest
 from lmcache_ascend.patches import State, registry
 from tests.stack import only_with_vllm_cpu_build
 
+REGISTRY = registry.process_registry()
 only_with_vllm_cpu_build("the early chunk-size check on a real VllmConfig")
 
 PATCH = "vllm-lmcache-chunk-size-early"
@@ -42,9 +43,9 @@ def no_plugin_activation(monkeypatch):
 
 @pytest.fixture
 def patched():
-    assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
+    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     yield
-    registry.revert(PATCH)
+    REGISTRY.revert(PATCH)
 
 
 @pytest.fixture
@@ -107,6 +108,6 @@ def test_without_lmcache_in_process_nothing_is_checked(model, patched, lmcache_c
 
 def test_the_same_config_passes_vllm_alone(model, lmcache_chunk_size):
     """The control: without the patch vLLM takes the size and the engine would find out after its weights load."""
-    assert registry.state(PATCH) is not State.APPLIED
+    assert REGISTRY.state(PATCH) is not State.APPLIED
     lmcache_chunk_size(200)
     assert _config(model).cache_config.block_size == 128

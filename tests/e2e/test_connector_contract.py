@@ -137,11 +137,12 @@ def factory_patches():
     from lmcache_ascend.patches import State, registry
 
     names = ("lmcache-metadata-chunk-bytes", "lmcache-gpu-connector-npu")
+    patches = registry.process_registry()
     for name in names:
-        assert registry.apply_now(name) is State.APPLIED, registry.record(name).reason
+        assert patches.apply_now(name) is State.APPLIED, patches.record(name).reason
     yield
     for name in reversed(names):
-        registry.revert(name)
+        patches.revert(name)
 
 
 def test_patches_leave_upstream_answers_where_they_do_not_apply(factory_patches):

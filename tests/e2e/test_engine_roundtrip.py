@@ -25,6 +25,7 @@ from tests.fixtures.kv_caches import (
     expected_after_roundtrip,
 )
 
+REGISTRY = registry.process_registry()
 CHUNK = 256
 NUM_TOKENS = 3 * CHUNK
 METADATA_PATCH = "lmcache-metadata-chunk-bytes"
@@ -41,9 +42,9 @@ BLOCK_IDS = {
 
 @pytest.fixture
 def metadata_patch():
-    assert registry.apply_now(METADATA_PATCH) is State.APPLIED, registry.record(METADATA_PATCH).reason
+    assert REGISTRY.apply_now(METADATA_PATCH) is State.APPLIED, REGISTRY.record(METADATA_PATCH).reason
     yield
-    registry.revert(METADATA_PATCH)
+    REGISTRY.revert(METADATA_PATCH)
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from tests.e2e.test_adapter_worker_path import (  # noqa: F401  (fixtures used b
 from tests.fixtures.kv_cache_configs import dsv4_ascend_kv_cache_config
 from tests.fixtures.kv_caches import dsv4_ascend_kv_caches
 
+REGISTRY = registry.process_registry()
 HASH_PATCH = "lmcache-stable-token-hash"
 
 
@@ -57,9 +58,9 @@ def collected():
 
 @pytest.fixture
 def hash_patch():
-    assert registry.apply_now(HASH_PATCH) is State.APPLIED, registry.record(HASH_PATCH).reason
+    assert REGISTRY.apply_now(HASH_PATCH) is State.APPLIED, REGISTRY.record(HASH_PATCH).reason
     yield
-    registry.revert(HASH_PATCH)
+    REGISTRY.revert(HASH_PATCH)
 
 
 def _token_database():

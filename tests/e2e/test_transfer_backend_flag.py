@@ -34,13 +34,14 @@ def factory(monkeypatch):
         monkeypatch.delenv(flag.name, raising=False)
     monkeypatch.delenv("LMCACHE_CONFIG_FILE", raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    patches = registry.process_registry()
     for name in PATCHES:
-        assert registry.apply_now(name) is State.APPLIED, (name, registry.record(name).reason)
+        assert patches.apply_now(name) is State.APPLIED, (name, patches.record(name).reason)
     from lmcache.v1 import gpu_connector
 
     yield gpu_connector
     for name in reversed(PATCHES):
-        registry.revert(name)
+        patches.revert(name)
 
 
 def _metadata():

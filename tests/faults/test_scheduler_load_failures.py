@@ -16,6 +16,7 @@ import pytest
 from lmcache_ascend.patches import State, registry
 from tests.prefix_cache.harness import HybridModel, hybrid_config, make_manager, make_request
 
+REGISTRY = registry.process_registry()
 PATCH = "vllm-multigroup-load-failures"
 HYBRID = HybridModel()
 TOKENS = 1024
@@ -23,9 +24,9 @@ TOKENS = 1024
 
 @pytest.fixture
 def load_failure_patch():
-    assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
+    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     yield
-    registry.revert(PATCH)
+    REGISTRY.revert(PATCH)
 
 
 def _scheduler(recompute: bool = True):
@@ -104,7 +105,7 @@ def test_policy_fail_leaves_the_request_to_vllm_and_still_uncaches_its_blocks(lo
 
 def test_upstream_refuses_the_same_failure():
     """The control: without the patch vLLM's own handler does not survive a hybrid model's failed load."""
-    assert registry.record(PATCH).state is not State.APPLIED
+    assert REGISTRY.record(PATCH).state is not State.APPLIED
     scheduler, manager, _ = _scheduler()
     with pytest.raises((RuntimeError, ValueError)):
         _handle(scheduler, {max(_all_blocks(manager, "a"))})

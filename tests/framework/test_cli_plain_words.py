@@ -10,6 +10,9 @@ LMCache's YAML file comes from; a distribution other than ours that provides ``l
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -42,7 +45,10 @@ def test_a_disabled_patch_that_is_no_patch_is_one_line_and_exit_2_in_every_comma
 
 
 def test_a_target_that_does_not_import_is_one_line_for_fingerprint():
-    result = run_cli("fingerprint", "vllm-ascend-kv-cache-layer-names", bare=True)
+    script = str(REPO_ROOT / "scripts" / "patch_catalogue.py")
+    result = subprocess.run([sys.executable, "-S", script, "fingerprint", "vllm-ascend-kv-cache-layer-names"],
+                            env={**os.environ, "LMCACHE_ASCEND_AUTOLOAD": "0"}, capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
         "fingerprint vllm-ascend-kv-cache-layer-names: vllm_ascend.worker.v2.attn_utils does not import here: "

@@ -137,9 +137,9 @@ def test_late_activation_rebinds_imported_names_and_revert_puts_them_back(fresh_
         "before = api._CONFIG_DEFINITIONS\n"
         "import lmcache_ascend\n"
         "from lmcache_ascend.patches import registry\n"
-        "state = registry.state('lmcache-config-flag-keys').value\n"
+        "state = registry.process_registry().state('lmcache-config-flag-keys').value\n"
         "late = (api._CONFIG_DEFINITIONS is config._CONFIG_DEFINITIONS, 'ascend_skip_state_groups' in api._CONFIG_DEFINITIONS)\n"
-        "registry.revert('lmcache-config-flag-keys')\n"
+        "registry.process_registry().revert('lmcache-config-flag-keys')\n"
         "back = (api._CONFIG_DEFINITIONS is before, config._CONFIG_DEFINITIONS is before, 'ascend_skip_state_groups' in before)\n"
         "print('RESULT', state, late, back)\n"
     )

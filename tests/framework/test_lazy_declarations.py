@@ -11,6 +11,7 @@ postpones come out as the eager ones.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import pathlib
 
@@ -18,35 +19,47 @@ import pytest
 
 from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat.versions import installed_version
-from lmcache_ascend.patches import __main__ as cli
 from lmcache_ascend.patches import catalogue
 from lmcache_ascend.patches import registry as registry_module
 from lmcache_ascend.patches.model import CatalogueEntry, Patch, PatchKind, State
+from lmcache_ascend.patches.records import declared_in
 from lmcache_ascend.patches.registry import DeclarationError, Registry
+from tests.conftest import REPO_ROOT
 
 DEFAULT_FLAGS = flag_table.validate_all({})
 QUEUE_ENTRY = next(entry for entry in catalogue.CATALOGUE if entry.name == "vllm-free-queue-prepend")
 
 
+def _maintainer_tool():
+    spec = importlib.util.spec_from_file_location("patch_catalogue", REPO_ROOT / "scripts" / "patch_catalogue.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tool = _maintainer_tool()
+
+
 def test_the_catalogue_file_is_what_the_declarations_generate():
     written = pathlib.Path(catalogue.__file__).read_text()
-    assert written == cli.catalogue_source(), (
-        "lmcache_ascend/patches/catalogue.py is out of date: run python -m lmcache_ascend.patches catalogue --write"
+    assert written == tool.catalogue_source(), (
+        "lmcache_ascend/patches/catalogue.py is out of date: run python scripts/patch_catalogue.py write"
     )
+    assert tool.main(["check"]) == 0
 
 
 def test_every_entry_equals_its_declaration_and_every_declaration_has_one():
     declared = {
         patch.name: CatalogueEntry.of(patch, module_name)
-        for module_name in cli.declaration_modules()
-        for patch in registry_module.declared_in(module_name)
+        for module_name in tool.declaration_modules()
+        for patch in declared_in(module_name)
     }
     listed = {entry.name: entry for entry in catalogue.CATALOGUE}
     assert list(listed) == [entry.name for entry in catalogue.CATALOGUE], "a name is listed twice"
     assert listed.keys() == declared.keys()
     for name, entry in listed.items():
         assert entry == declared[name], f"{name}: catalogue {entry!r} != declaration {declared[name]!r}"
-    assert catalogue.PATCH_MODULES == tuple(dict.fromkeys(cli.declaration_modules()))
+    assert catalogue.PATCH_MODULES == tuple(dict.fromkeys(tool.declaration_modules()))
 
 
 def test_entries_compare_every_field():
@@ -175,7 +188,7 @@ def test_activation_imports_no_declaration_and_a_target_imports_its_own(fresh_py
     assert set(report["before"]) <= ACTIVATION_MODULES, set(report["before"]) - ACTIVATION_MODULES
     # Exactly the declarations of the patches whose targets are imported now (that one, and any
     # target it imports itself).
-    declarations = {name for name in report["after"] if name.startswith(cli.PATCH_PACKAGES)} - set(cli.PATCH_PACKAGES)
+    declarations = {name for name in report["after"] if name.startswith(tool.PATCH_PACKAGES)} - set(tool.PATCH_PACKAGES)
     assert QUEUE_ENTRY.module in declarations
     assert declarations == set(report["hooked"])
     expected = State.APPLIED if installed_version("vllm") else State.TARGET_MISSING

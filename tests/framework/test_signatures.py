@@ -1,4 +1,4 @@
-"""`compat.signatures.call_argument`: one argument read where the call put it."""
+"""`compat.signatures.parameter`: one argument read where the call put it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from lmcache_ascend.compat.signatures import call_argument, call_arguments, parameter
+from lmcache_ascend.compat.signatures import call_arguments, parameter
 
 
 def plain(tracker, block_size, chunk=256, *, load_spec=None):
@@ -38,7 +38,7 @@ CALLS = [
 def test_reads_agree_with_a_full_binding_for_every_parameter(args, kwargs):
     bound = call_arguments(plain, args, kwargs).arguments
     for name in ("tracker", "block_size", "chunk", "load_spec"):
-        assert call_argument(plain, args, kwargs, name) == bound[name]
+        assert parameter(plain, name).read(args, kwargs) == bound[name]
 
 
 @pytest.mark.parametrize("args, kwargs", CALLS)
@@ -47,7 +47,7 @@ def test_a_kept_parameter_answers_as_the_lookups_by_name(args, kwargs):
     block_size = parameter(plain, "block_size")
     assert parameter(plain, "block_size") is block_size and block_size.function is plain
     assert block_size.position == 1
-    assert block_size.read(args, kwargs) == call_argument(plain, args, kwargs, "block_size")
+    assert block_size.read(args, kwargs) == parameter(plain, "block_size").read(args, kwargs)
     bound = types.MethodType(Owner.method, Owner())
     assert parameter(bound, "scheduler_output").function is Owner.method
     assert parameter(bound, "scheduler_output").position == 0  # self is bound
@@ -56,21 +56,21 @@ def test_a_kept_parameter_answers_as_the_lookups_by_name(args, kwargs):
 def test_bound_methods_skip_their_first_parameter():
     owner = Owner()
     bound = types.MethodType(Owner.method, owner)
-    assert call_argument(bound, ("out",), {}, "scheduler_output") == "out"
-    assert call_argument(bound, (), {"scheduler_output": "kw"}, "scheduler_output") == "kw"
-    assert call_argument(bound, ("out",), {}, "extra") is None
+    assert parameter(bound, "scheduler_output").read(("out",), {}) == "out"
+    assert parameter(bound, "scheduler_output").read((), {"scheduler_output": "kw"}) == "kw"
+    assert parameter(bound, "extra").read(("out",), {}) is None
 
 
 def test_positional_only_and_star_args():
-    assert call_argument(positional_only, (1,), {}, "first") == 1
-    assert call_argument(positional_only, (1,), {"second": 5}, "second") == 5
+    assert parameter(positional_only, "first").read((1,), {}) == 1
+    assert parameter(positional_only, "second").read((1,), {"second": 5}) == 5
     # A parameter after *args is keyword-only: never read from the positional arguments.
-    assert call_argument(with_star_args, (1, 2, 3), {}, "last") == 9
-    assert call_argument(with_star_args, (1, 2, 3), {"last": 4}, "last") == 4
+    assert parameter(with_star_args, "last").read((1, 2, 3), {}) == 9
+    assert parameter(with_star_args, "last").read((1, 2, 3), {"last": 4}) == 4
 
 
 def test_unknown_parameter_and_missing_argument_are_refused_naming_them():
     with pytest.raises(TypeError, match=r"has no parameter 'block_sise'; its parameters: \['tracker', 'block_size'"):
-        call_argument(plain, ("t", 16), {}, "block_sise")
+        parameter(plain, "block_sise").read(("t", 16), {})
     with pytest.raises(TypeError, match="plain\\(\\) missing argument 'block_size'"):
-        call_argument(plain, ("t",), {}, "block_size")
+        parameter(plain, "block_size").read(("t",), {})

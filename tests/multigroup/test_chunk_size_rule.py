@@ -33,14 +33,15 @@ from tests.fixtures.kv_cache_configs import (
 )
 from tests.multigroup.scheduler_driver import RequestDriver, make_connector_impl
 
+REGISTRY = registry.process_registry()
 PATCH = "lmcache-adapter-multigroup"
 
 
 @pytest.fixture
 def patched():
-    assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
+    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     yield
-    assert registry.revert(PATCH) is State.REVERTED
+    assert REGISTRY.revert(PATCH) is State.REVERTED
 
 
 def _kv_groups(fixture):

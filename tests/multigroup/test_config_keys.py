@@ -12,6 +12,7 @@ from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 from lmcache_ascend.patches import State, registry
 from lmcache_ascend.patches.lmcache.config_flag_keys import ConfigKeyError
 
+REGISTRY = registry.process_registry()
 PATCH = "lmcache-config-flag-keys"
 KEYS = {flag.lmcache_config_key: flag for flag in FLAGS if flag.lmcache_config_key}
 
@@ -22,10 +23,10 @@ def config_module(monkeypatch):
         monkeypatch.delenv(flag.name, raising=False)
     module = importlib.import_module("lmcache.v1.config")
     original_class, original_table = module.LMCacheEngineConfig, module._CONFIG_DEFINITIONS
-    assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
+    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     assert module.LMCacheEngineConfig is original_class  # patched in place: every binding sees the keys
     yield module
-    assert registry.revert(PATCH) is State.REVERTED
+    assert REGISTRY.revert(PATCH) is State.REVERTED
     assert module.LMCacheEngineConfig is original_class and module._CONFIG_DEFINITIONS is original_table
     assert not set(KEYS) & set(original_table)
 

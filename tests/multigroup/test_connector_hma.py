@@ -15,6 +15,7 @@ from lmcache_ascend.patches import State, registry
 from tests.fixtures.kv_cache_configs import dsv4_cuda_kv_cache_config
 from tests.multigroup.scheduler_driver import make_connector_impl
 
+REGISTRY = registry.process_registry()
 CASES = [
     ("lmcache-connector-supports-hma", "lmcache.integration.vllm.lmcache_connector_v1", "LMCacheConnectorV1Dynamic"),
     (
@@ -30,13 +31,13 @@ def test_connector_becomes_supports_hma_and_reverts(patch_name, module_name, cla
     cls = getattr(importlib.import_module(module_name), class_name)
     original_bases = cls.__bases__
     assert not supports_hma(cls)  # upstream on both stacks lacks it
-    assert registry.apply_now(patch_name) is State.APPLIED, registry.record(patch_name).reason
+    assert REGISTRY.apply_now(patch_name) is State.APPLIED, REGISTRY.record(patch_name).reason
     try:
         assert supports_hma(cls) and issubclass(cls, SupportsHMA)
         assert cls.__bases__[: len(original_bases)] == original_bases
         assert "request_finished_all_groups" not in vars(cls)  # comes from the added base
     finally:
-        assert registry.revert(patch_name) is State.REVERTED
+        assert REGISTRY.revert(patch_name) is State.REVERTED
     assert cls.__bases__ == original_bases and not supports_hma(cls)
 
 
@@ -51,17 +52,17 @@ def _vllm_accepts_under_hma(config: KVTransferConfig) -> bool:
 def test_vllm_factory_accepts_lmcache_connector_under_hma_once_patched():
     config = KVTransferConfig(kv_connector="LMCacheConnectorV1", kv_role="kv_both")
     assert not _vllm_accepts_under_hma(config)
-    assert registry.apply_now("vllm-lmcache-connector-supports-hma") is State.APPLIED
+    assert REGISTRY.apply_now("vllm-lmcache-connector-supports-hma") is State.APPLIED
     try:
         assert _vllm_accepts_under_hma(config)
     finally:
-        registry.revert("vllm-lmcache-connector-supports-hma")
+        REGISTRY.revert("vllm-lmcache-connector-supports-hma")
 
 
 @pytest.mark.parametrize("patch_name, module_name, class_name", CASES)
 def test_request_finished_all_groups_forwards_to_the_adapter(patch_name, module_name, class_name):
     cls = getattr(importlib.import_module(module_name), class_name)
-    assert registry.apply_now(patch_name) is State.APPLIED
+    assert REGISTRY.apply_now(patch_name) is State.APPLIED
     try:
         impl = make_connector_impl(dsv4_cuda_kv_cache_config(), connector_class=cls)
         connector = impl._parent
@@ -71,7 +72,7 @@ def test_request_finished_all_groups_forwards_to_the_adapter(patch_name, module_
         assert connector.request_finished_all_groups(request, block_ids) == impl.request_finished(request, [1])
         assert connector.request_finished_all_groups(request, block_ids) == (False, None)
     finally:
-        registry.revert(patch_name)
+        REGISTRY.revert(patch_name)
 
 
 def test_native_adapter_is_refused_for_multi_group_models():
@@ -88,11 +89,11 @@ def test_native_adapter_is_refused_for_multi_group_models():
     )
     # A real VllmConfig can't be built without a device; the check reads only this field.
     vllm_config = SimpleNamespace(kv_transfer_config=native)
-    assert registry.apply_now("vllm-lmcache-connector-supports-hma") is State.APPLIED
+    assert REGISTRY.apply_now("vllm-lmcache-connector-supports-hma") is State.APPLIED
     try:
         with pytest.raises(MultiGroupConfigError, match="use_native=True .* this model has 5 KV-cache groups"):
             LMCacheConnectorV1(
                 vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config=dsv4_cuda_kv_cache_config().kv_cache_config
             )
     finally:
-        registry.revert("vllm-lmcache-connector-supports-hma")
+        REGISTRY.revert("vllm-lmcache-connector-supports-hma")

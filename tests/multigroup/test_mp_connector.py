@@ -26,6 +26,7 @@ from lmcache_ascend.multigroup.mp_wire import (
 )
 from lmcache_ascend.patches import State, registry
 
+REGISTRY = registry.process_registry()
 MODULE = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector")
 if hasattr(MODULE, "LMCacheMPConnectorUpstream"):
     PATCH, CLASS_NAME = "vllm-lmcache-mp-upstream-multigroup", "LMCacheMPConnectorUpstream"
@@ -94,9 +95,9 @@ def _dsv4_tracker(counts):
 
 @pytest.fixture
 def patched():
-    assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
+    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     yield
-    assert registry.revert(PATCH) is State.REVERTED
+    assert REGISTRY.revert(PATCH) is State.REVERTED
 
 
 def test_dsv4_slices_and_prefix_bound_pure():
@@ -127,7 +128,7 @@ def test_wire_formats_and_mismatch_error():
 def test_connector_is_supports_hma_and_reverts():
     original = CONNECTOR.__bases__
     assert not supports_hma(CONNECTOR)
-    assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
+    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     try:
         assert issubclass(CONNECTOR, SupportsHMA)
         conn = _connector((16,), 16)
@@ -136,7 +137,7 @@ def test_connector_is_supports_hma_and_reverts():
         assert conn.request_finished_all_groups(request, ([1, 2, 3, 4],)) == (True, None)
         assert "r0" not in conn.request_trackers and ("end", "r0") in conn.scheduler_adapter.calls
     finally:
-        assert registry.revert(PATCH) is State.REVERTED
+        assert REGISTRY.revert(PATCH) is State.REVERTED
     assert CONNECTOR.__bases__ == original and MODULE.reformat_block_ids.__module__ == MODULE.__name__
 
 
@@ -209,11 +210,11 @@ def test_single_group_op_matches_unpatched():
         return MODULE.LMCacheMPRequestMetadata.GetStoreMetadata(tracker, 8, 16).op
 
     before = plan()
-    assert registry.apply_now(PATCH) is State.APPLIED
+    assert REGISTRY.apply_now(PATCH) is State.APPLIED
     try:
         after = plan()
     finally:
-        registry.revert(PATCH)
+        REGISTRY.revert(PATCH)
     assert (after.start, after.end, after.token_ids) == (before.start, before.end, before.token_ids)
     if block_ids_wire_format(MODULE.LoadStoreOp) == PER_GROUP:
         assert after.block_ids == [list(before.block_ids)]

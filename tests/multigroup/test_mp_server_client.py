@@ -33,6 +33,7 @@ from lmcache_ascend.multigroup.mp_server import (  # noqa: E402
 from lmcache_ascend.multigroup.mp_wire import FLAT, PER_GROUP, WireFormatMismatch  # noqa: E402
 from lmcache_ascend.patches import State, registry  # noqa: E402
 
+REGISTRY = registry.process_registry()
 PATCHES = ("lmcache-mp-server-protocol", "lmcache-mp-client-wire-format")
 
 
@@ -69,10 +70,10 @@ class _Event:
 def patched(monkeypatch):
     monkeypatch.setattr(adapter_module, "wrap_kv_caches", lambda caches: [])  # CUDA IPC handles: no CUDA here
     for name in PATCHES:
-        assert registry.apply_now(name) is State.APPLIED, registry.record(name).reason
+        assert REGISTRY.apply_now(name) is State.APPLIED, REGISTRY.record(name).reason
     yield
     for name in reversed(PATCHES):
-        assert registry.revert(name) is State.REVERTED
+        assert REGISTRY.revert(name) is State.REVERTED
 
 
 def _adapter(server, hints):
@@ -139,12 +140,12 @@ def test_single_group_adapter_sends_exactly_what_upstream_sends(patched, monkeyp
 
     ours = sent(True)
     for name in reversed(PATCHES):
-        registry.revert(name)
+        REGISTRY.revert(name)
     try:
         upstream = sent(False)
     finally:
         for name in PATCHES:
-            registry.apply_now(name)
+            REGISTRY.apply_now(name)
     assert ours == upstream
     assert ours[1][1][2] == msgspec.msgpack.encode([3, 4, 5])
 

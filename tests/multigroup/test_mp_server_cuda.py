@@ -47,6 +47,7 @@ from lmcache_ascend.multigroup.mp_server import client_hints  # noqa: E402
 from lmcache_ascend.multigroup.mp_wire import FLAT, PER_GROUP, WireFormatMismatch  # noqa: E402
 from lmcache_ascend.patches import State, registry  # noqa: E402
 
+REGISTRY = registry.process_registry()
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS_PER_BLOCK = (256, 64, 64, 4, 8)  # per KV-cache group; vLLM block size = GCD = 4
 ROWS_PER_BLOCK = (64, 64, 16, 4, 8)  # paged rows per block: compress ratios 4, 1, 4, 1, 1
@@ -111,10 +112,10 @@ def _stop(process: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def client_patches():
     for name in CLIENT_PATCHES:
-        assert registry.apply_now(name) is State.APPLIED, registry.record(name).reason
+        assert REGISTRY.apply_now(name) is State.APPLIED, REGISTRY.record(name).reason
     yield
     for name in reversed(CLIENT_PATCHES):
-        registry.revert(name)
+        REGISTRY.revert(name)
 
 
 @pytest.fixture(scope="module")

@@ -42,9 +42,10 @@ from lmcache_ascend.patches.lmcache.mp_server_per_group import ENGINE
 # without that requirement, in a registry of its own.
 engine_registry = registry.Registry([ENGINE.replace(requires={"lmcache": ENGINE.requires["lmcache"]})])
 names = ("lmcache-mp-server-protocol", "lmcache-mp-server-layer-groups")
-report = {"states": {n: registry.record(n).state.value for n in names}}
+process = registry.process_registry()
+report = {"states": {n: process.record(n).state.value for n in names}}
 report["states"][ENGINE.name] = engine_registry.apply_now(ENGINE.name).value
-report["catalogue_engine"] = registry.record(ENGINE.name).reason
+report["catalogue_engine"] = process.record(ENGINE.name).reason
 report["patched"] = accepted()
 engine_registry.revert(ENGINE.name)
 report["engine_reverted"] = accepted()

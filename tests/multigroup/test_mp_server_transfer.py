@@ -26,6 +26,7 @@ from lmcache_ascend.patches.lmcache.mp_server_per_group import batch_block_ids, 
 from lmcache_ascend.multigroup.mp_server import chunk_block_ids, client_hints, retrieve_batches  # noqa: E402
 from lmcache_ascend.patches import State, registry  # noqa: E402
 
+REGISTRY = registry.process_registry()
 TOKENS_PER_BLOCK = (256, 64, 64, 4, 8)
 ROWS_PER_BLOCK = (64, 64, 16, 4, 8)  # compress ratios 4, 1, 4, 1, 1
 LAYER_GROUPS = (0, 1, 2, 3, 4, 0, 1, 2, 3, 4)
@@ -59,9 +60,9 @@ class _HostContext:
 
 @pytest.fixture
 def layer_groups_patch():
-    assert registry.apply_now("lmcache-mp-server-layer-groups") is State.APPLIED
+    assert REGISTRY.apply_now("lmcache-mp-server-layer-groups") is State.APPLIED
     yield
-    assert registry.revert("lmcache-mp-server-layer-groups") is State.REVERTED
+    assert REGISTRY.revert("lmcache-mp-server-layer-groups") is State.REVERTED
 
 
 def _setup():
@@ -98,12 +99,12 @@ def test_flat_registration_is_upstream_grouping(layer_groups_patch):
     caches, _, _ = _setup()
     kv_format, kv = normalize_kv_and_discover_format(caches, EngineType.VLLM, layout_hints={"kv_layout": "NHD"})
     ours = KVLayerGroupsManager(kv, gpu_kv_format=kv_format, num_blocks=NUM_BLOCKS, layout_hints={"kv_layout": "NHD"})
-    registry.revert("lmcache-mp-server-layer-groups")
+    REGISTRY.revert("lmcache-mp-server-layer-groups")
     try:
         theirs = KVLayerGroupsManager(kv, gpu_kv_format=kv_format, num_blocks=NUM_BLOCKS,
                                       layout_hints={"kv_layout": "NHD"})
     finally:
-        registry.apply_now("lmcache-mp-server-layer-groups")
+        REGISTRY.apply_now("lmcache-mp-server-layer-groups")
     assert repr(ours.kv_layer_groups) == repr(theirs.kv_layer_groups)
     assert [g.layer_indices for g in ours.kv_layer_groups][0] == [0, 1, 5, 6]  # groups 0 and 1 merge upstream
     assert GROUP_PLAN.get(ours) is None

@@ -22,6 +22,7 @@ import torch
 from lmcache_ascend.compat.versions import installed_version
 from lmcache_ascend.patches import State, registry
 
+REGISTRY = registry.process_registry()
 MODULE = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector")
 ADAPTER_API = "vllm-lmcache-mp-upstream-adapter-api"
 GROUP_HINTS = "vllm-lmcache-mp-upstream-group-hints"
@@ -33,7 +34,7 @@ needs_new_api = pytest.mark.skipif(not NEW_API, reason="vLLM >= 0.19 with LMCach
 @pytest.fixture
 def applied():
     def apply(name):
-        assert registry.apply_now(name) is State.APPLIED, registry.record(name).reason
+        assert REGISTRY.apply_now(name) is State.APPLIED, REGISTRY.record(name).reason
 
     yield apply
 
@@ -41,10 +42,10 @@ def applied():
 def test_states_per_stack():
     if NEW_API:
         for name in (ADAPTER_API, GROUP_HINTS, DEVICE_EVENTS):
-            assert registry.apply_now(name) is State.APPLIED, registry.record(name).reason
+            assert REGISTRY.apply_now(name) is State.APPLIED, REGISTRY.record(name).reason
     else:
         for name in (ADAPTER_API, GROUP_HINTS, DEVICE_EVENTS):
-            assert registry.apply_now(name) is State.SKIPPED_VERSION, registry.record(name).reason
+            assert REGISTRY.apply_now(name) is State.SKIPPED_VERSION, REGISTRY.record(name).reason
 
 
 # ---------------------------------------------------------------- adapter API
@@ -117,7 +118,7 @@ def _create_scheduler_adapter(port):
     importlib.util.find_spec("httpx") is None, reason="LMCache's MP server imports httpx, which this stack's pins lack"
 )
 def test_builtin_scheduler_adapter_reaches_the_real_server(applied, server_port):
-    assert registry.revert(ADAPTER_API) in (State.REVERTED, State.PENDING)
+    assert REGISTRY.revert(ADAPTER_API) in (State.REVERTED, State.PENDING)
     with pytest.raises(TypeError, match="server_url"):
         _create_scheduler_adapter(server_port)
     applied(ADAPTER_API)
@@ -190,13 +191,13 @@ def test_unpatched_registration_carries_no_groups():
 
     from tests.fixtures.kv_cache_configs import full_and_sliding_window_kv_cache_config
 
-    assert registry.revert(GROUP_HINTS) in (State.REVERTED, State.PENDING)
+    assert REGISTRY.revert(GROUP_HINTS) in (State.REVERTED, State.PENDING)
     try:
         _, args, kwargs, _ = _registered(full_and_sliding_window_kv_cache_config().kv_cache_config)
         assert "engine_group_infos" not in kwargs
         assert expand_engine_block_ids((), [[1, 2], [7, 8]]) == [[1, 2]]  # group 1's blocks never reach LMCache
     finally:
-        assert registry.apply_now(GROUP_HINTS) is State.APPLIED
+        assert REGISTRY.apply_now(GROUP_HINTS) is State.APPLIED
 
 
 # ---------------------------------------------------------------- device events
@@ -216,7 +217,7 @@ def test_connector_module_records_events_on_lmcache_device(applied):
         event = MODULE.torch.cuda.Event(interprocess=True)
         event.record()
     assert event.query()
-    assert registry.revert(DEVICE_EVENTS) is State.REVERTED
+    assert REGISTRY.revert(DEVICE_EVENTS) is State.REVERTED
     try:
         assert MODULE.torch is torch
         with pytest.raises((RuntimeError, AssertionError)):
@@ -226,7 +227,7 @@ def test_connector_module_records_events_on_lmcache_device(applied):
 
 
 def test_device_events_skip_a_cuda_host(monkeypatch):
-    from lmcache_ascend.compat.host import without_cuda
+    from lmcache_ascend.patches.vllm.lmcache_mp_worker import without_cuda
 
     # Both kinds of host faked, so the check runs the same on a CPU, NPU or CUDA machine.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

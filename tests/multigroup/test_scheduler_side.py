@@ -27,15 +27,16 @@ from tests.multigroup.cpu_slots import rows_in_chunk_windows
 from tests.multigroup.reference import reference_load_slots, reference_raw_slots, reference_store_slots
 from tests.multigroup.scheduler_driver import RequestDriver, make_connector_impl
 
+REGISTRY = registry.process_registry()
 PATCH = "lmcache-adapter-multigroup"
 STATE_GROUPS = {index for index, _ in DSV4_ASCEND_STATE_GROUPS}
 
 
 @pytest.fixture
 def patched():
-    assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
+    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     yield
-    assert registry.revert(PATCH) is State.REVERTED
+    assert REGISTRY.revert(PATCH) is State.REVERTED
 
 
 def _specs(fixture):
@@ -220,13 +221,13 @@ def _meta_fields(meta):
 
 def test_single_group_results_identical_to_unpatched_lmcache():
     fixture = single_group_kv_cache_config()
-    registry.revert(PATCH)
+    REGISTRY.revert(PATCH)
     unpatched, unpatched_tracker = _single_group_life(make_connector_impl(fixture))
-    assert registry.apply_now(PATCH) is State.APPLIED
+    assert REGISTRY.apply_now(PATCH) is State.APPLIED
     try:
         patched_out, patched_tracker = _single_group_life(make_connector_impl(fixture))
     finally:
-        registry.revert(PATCH)
+        REGISTRY.revert(PATCH)
     assert [_meta_fields(m) for m in patched_out] == [_meta_fields(m) for m in unpatched]
     # Save in steps 1 and 2, nothing in the decode step, load after the preemption.
     assert [len(meta.requests) for meta in patched_out] == [1, 1, 0, 1]
@@ -524,11 +525,11 @@ def test_block_ids_only_for_metadata_that_stores_or_loads(kv_role, can_load):
     same with and without the patch."""
     fixture = dsv4_ascend_kv_cache_config()
     _, _, upstream = _first_step_with_a_load_spec(fixture, kv_role, can_load)
-    assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
+    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     try:
         _, tables, meta = _first_step_with_a_load_spec(fixture, kv_role, can_load)
     finally:
-        assert registry.revert(PATCH) is State.REVERTED
+        assert REGISTRY.revert(PATCH) is State.REVERTED
     assert _decision(meta) == _decision(upstream)
     (req,) = meta.requests
     assert not req.save_spec.can_save and req.load_spec.can_load is can_load

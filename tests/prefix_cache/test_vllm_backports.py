@@ -28,18 +28,19 @@ from tests.prefix_cache.harness import (
     sliding_window_config,
 )
 
+REGISTRY = registry.process_registry()
 PATCH_NAMES = CORE_BACKPORT_PATCHES + (SCHEDULER_BACKPORT_PATCH,)
 VLLM_HAS_RETENTION = Version(installed_version("vllm")) >= Version("0.23")
 
 
 def _apply_all() -> dict[str, State]:
-    return {name: registry.apply_now(name) for name in PATCH_NAMES}
+    return {name: REGISTRY.apply_now(name) for name in PATCH_NAMES}
 
 
 def _revert_all() -> None:
     for name in reversed(PATCH_NAMES):
-        if registry.state(name) is State.APPLIED:
-            registry.revert(name)
+        if REGISTRY.state(name) is State.APPLIED:
+            REGISTRY.revert(name)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_states_per_stack(backports):
     expected = State.SKIPPED_UPSTREAM if VLLM_HAS_RETENTION else State.APPLIED
     assert backports == {name: expected for name in PATCH_NAMES}
     for name in PATCH_NAMES:
-        assert "capability probe" in registry.record(name).reason
+        assert "capability probe" in REGISTRY.record(name).reason
 
 
 # A hybrid model whose sliding-window checkpoints are sparse: full attention
@@ -279,7 +280,7 @@ def test_signature_guards_see_through_third_party_wrappers(unpatched, monkeypatc
     from lmcache_ascend.compat.guards import Verdict
     from vllm.v1.core import kv_cache_coordinator as module
 
-    record = registry.record("vllm-coordinator-scheduler-block-size")
+    record = REGISTRY.record("vllm-coordinator-scheduler-block-size")
     original = module.KVCacheCoordinator.__dict__["__init__"]
 
     def wrapper(*args, **kwargs):

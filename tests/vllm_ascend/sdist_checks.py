@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from lmcache_ascend.patches import State, registry  # noqa: E402
 
+REGISTRY = registry.process_registry()
 PATCHES = (
     "vllm-ascend-dsv4-prefix-block-size",
     "vllm-ascend-dsv4-attention-block-size",
@@ -40,16 +41,16 @@ def vllm_ascend_loaded():
 
 @pytest.fixture
 def patched():
-    states = {name: registry.apply_now(name) for name in PATCHES}
+    states = {name: REGISTRY.apply_now(name) for name in PATCHES}
     yield states
     for name in PATCHES:
-        if registry.state(name) is State.APPLIED:
-            registry.revert(name)
+        if REGISTRY.state(name) is State.APPLIED:
+            REGISTRY.revert(name)
 
 
 def test_states(patched):
     expected = State.APPLIED if HAS_DSV4 else State.SKIPPED_VERSION
-    assert patched == {name: expected for name in PATCHES}, {n: registry.record(n).reason for n in PATCHES}
+    assert patched == {name: expected for name in PATCHES}, {n: REGISTRY.record(n).reason for n in PATCHES}
 
 
 # DeepSeek-V4 support exists from vllm-ascend 0.23 on; on 0.18.0 each test below
@@ -84,7 +85,7 @@ def _coordinator_shell():
 
 def test_prefix_block_size_unpacks_uniform_bundle():
     if not needs_dsv4:
-        assert registry.apply_now(PATCHES[0]) is State.SKIPPED_VERSION
+        assert REGISTRY.apply_now(PATCHES[0]) is State.SKIPPED_VERSION
         return
     from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 
@@ -94,12 +95,12 @@ def test_prefix_block_size_unpacks_uniform_bundle():
     # As shipped: the bundle hides compress_ratio -> 128 instead of 128 x 128.
     assert coordinator._get_effective_block_size(member) == 16384
     assert coordinator._get_effective_block_size(bundle) == 128
-    assert registry.apply_now(PATCHES[0]) is State.APPLIED
+    assert REGISTRY.apply_now(PATCHES[0]) is State.APPLIED
     try:
         assert coordinator._get_effective_block_size(bundle) == 16384
         assert coordinator._get_effective_block_size(member) == 16384
     finally:
-        registry.revert(PATCHES[0])
+        REGISTRY.revert(PATCHES[0])
 
 
 def _indexer(compress_ratio):
@@ -145,8 +146,8 @@ def test_compressed_block_size_flag(patched, monkeypatch, layer, flag, ratio, ex
     spec = make(ratio).get_kv_cache_spec(_engine_config())
     assert spec.block_size == expected
     assert spec.compress_ratio == ratio
-    registry.revert(PATCHES[1])
-    registry.revert(PATCHES[2])
+    REGISTRY.revert(PATCHES[1])
+    REGISTRY.revert(PATCHES[2])
     legacy = make(ratio).get_kv_cache_spec(_engine_config())
     # Everything but the block size is what vllm-ascend itself returns.
     assert legacy.block_size == 128
@@ -184,14 +185,14 @@ def _engine_context():
 
 
 def test_layer_name_mismatch_lists_missing_and_extra():
-    state = registry.apply_now(LAYER_NAMES_PATCH)
+    state = REGISTRY.apply_now(LAYER_NAMES_PATCH)
     if not HAS_DSV4:
         assert state is State.SKIPPED_VERSION
         return
     from lmcache_ascend.prefix_cache.layer_names import LayerNameMismatchError
     from vllm_ascend.worker.v2 import attn_utils
 
-    assert state is State.APPLIED, registry.record(LAYER_NAMES_PATCH).reason
+    assert state is State.APPLIED, REGISTRY.record(LAYER_NAMES_PATCH).reason
     try:
         config = _layer_config(["layers.0.attn", "layers.1.attn", "layers.2.attn"], ["layers.0.attn", "mtp.attn"])
         with pytest.raises(LayerNameMismatchError) as error:
@@ -199,7 +200,7 @@ def test_layer_name_mismatch_lists_missing_and_extra():
         assert error.value.missing == ["layers.1.attn"] and error.value.extra == ["mtp.attn"]
         assert "mtp.attn: KVCacheTensor(" in str(error.value)
     finally:
-        registry.revert(LAYER_NAMES_PATCH)
+        REGISTRY.revert(LAYER_NAMES_PATCH)
     # As shipped: an extra layer ends in a bare KeyError, a missing one in a bare assert.
     with _engine_context(), pytest.raises(KeyError, match="mtp.attn"):
         attn_utils._allocate_kv_cache(config, {"layers.2.attn": "layers.0.attn"}, torch.device("cpu"))
@@ -213,14 +214,14 @@ def test_matching_layer_names_allocate_as_before():
         return
     from vllm_ascend.worker.v2 import attn_utils
 
-    assert registry.apply_now(LAYER_NAMES_PATCH) is State.APPLIED
+    assert REGISTRY.apply_now(LAYER_NAMES_PATCH) is State.APPLIED
     try:
         config = _layer_config(["layers.0.attn", "layers.1.attn"], ["layers.0.attn", "layers.1.attn"])
         with _engine_context():
             tensors = attn_utils._allocate_kv_cache(config, {}, torch.device("cpu"))
         assert sorted(tensors) == ["layers.0.attn", "layers.1.attn"]
     finally:
-        registry.revert(LAYER_NAMES_PATCH)
+        REGISTRY.revert(LAYER_NAMES_PATCH)
 
 
 PAGE_SIZE_PATCH = "vllm-ascend-dsv4-aggregated-page-size"
@@ -275,18 +276,18 @@ def _layout(groups, available_memory):
 
 
 def test_dsv4_page_size_aggregated_across_groups():
-    state = registry.apply_now(PAGE_SIZE_PATCH)
+    state = REGISTRY.apply_now(PAGE_SIZE_PATCH)
     if not needs_dsv4:
         assert state is State.SKIPPED_VERSION
         return
-    assert state is State.APPLIED, registry.record(PAGE_SIZE_PATCH).reason
+    assert state is State.APPLIED, REGISTRY.record(PAGE_SIZE_PATCH).reason
     groups, page_sizes = _dsv4_groups()
     every_layer = sorted(page_sizes)
     bytes_per_block = 16384 + 2 * 32768 + 2 * 131072 + 131072  # every planned tensor once, nothing else
     try:
         num_blocks, tensors = _layout(groups, 7 * bytes_per_block + bytes_per_block - 1)
     finally:
-        registry.revert(PAGE_SIZE_PATCH)
+        REGISTRY.revert(PAGE_SIZE_PATCH)
     assert num_blocks == 7
     assert tensors == [
         (16384 * 7, ["layers.0.indexer"]),
@@ -312,22 +313,22 @@ def test_dsv4_page_size_aggregated_across_groups():
 
 def test_dsv4_page_size_patch_guard_and_revert():
     if not needs_dsv4:
-        assert registry.apply_now(PAGE_SIZE_PATCH) is State.SKIPPED_VERSION
+        assert REGISTRY.apply_now(PAGE_SIZE_PATCH) is State.SKIPPED_VERSION
         return
     from vllm.v1.core import kv_cache_utils
     from vllm_ascend.patch.platform import patch_kv_cache_utils
 
     shipped = patch_kv_cache_utils._get_kv_cache_config_deepseek_v4
     assert kv_cache_utils._get_kv_cache_config_deepseek_v4 is shipped  # vllm-ascend's own redirect
-    state = registry.apply_now(PAGE_SIZE_PATCH)
+    state = REGISTRY.apply_now(PAGE_SIZE_PATCH)
     try:
         assert state is State.APPLIED
         # Both the vllm-ascend attribute and vLLM's binding (the one its caller uses) are ours.
         assert kv_cache_utils._get_kv_cache_config_deepseek_v4 is patch_kv_cache_utils._get_kv_cache_config_deepseek_v4
-        assert registry.apply_now(PAGE_SIZE_PATCH) is State.APPLIED  # no double apply
+        assert REGISTRY.apply_now(PAGE_SIZE_PATCH) is State.APPLIED  # no double apply
     finally:
-        registry.revert(PAGE_SIZE_PATCH)
-    assert registry.state(PAGE_SIZE_PATCH) is State.REVERTED
+        REGISTRY.revert(PAGE_SIZE_PATCH)
+    assert REGISTRY.state(PAGE_SIZE_PATCH) is State.REVERTED
     assert patch_kv_cache_utils._get_kv_cache_config_deepseek_v4 is shipped
     assert kv_cache_utils._get_kv_cache_config_deepseek_v4 is shipped
     assert "full_mla_spec.get_page_sizes()" in inspect.getsource(kv_cache_utils._get_kv_cache_config_deepseek_v4)

@@ -16,6 +16,7 @@ from lmcache_ascend.compat.versions import installed_version
 from lmcache_ascend.patches import State, registry
 from tests.fixtures.sdists import sdists_dir
 
+REGISTRY = registry.process_registry()
 REPO = Path(__file__).resolve().parents[2]
 PATCH_MODULES = {
     "vllm-ascend-dsv4-prefix-block-size": "lmcache_ascend.patches.vllm_ascend.dsv4_prefix_block_size",
@@ -38,8 +39,8 @@ def test_patch_modules_import_without_vllm_ascend_and_report_target_missing():
     for name, module_name in PATCH_MODULES.items():
         module = importlib.import_module(module_name)
         assert module.PATCH.name == name
-        assert registry.apply_now(name) is State.TARGET_MISSING
-        assert "not found" in registry.record(name).reason
+        assert REGISTRY.apply_now(name) is State.TARGET_MISSING
+        assert "not found" in REGISTRY.record(name).reason
 
 
 @pytest.mark.subprocess
@@ -47,7 +48,7 @@ def test_against_real_vllm_ascend_source():
     if SDIST_VERSION is None:
         # No vllm-ascend exists for this vLLM: its patches must stay out, reporting why.
         for name in PATCH_MODULES:
-            assert registry.apply_now(name) is State.TARGET_MISSING
+            assert REGISTRY.apply_now(name) is State.TARGET_MISSING
         return
     sdist = sdists_dir() / f"vllm-ascend-{SDIST_VERSION}"
     assert (sdist / "vllm_ascend").is_dir(), f"missing {sdist}: run scripts/fetch-vllm-ascend"

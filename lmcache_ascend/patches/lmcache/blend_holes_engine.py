@@ -33,7 +33,7 @@ def _blender_side_active() -> bool:
     """Hole-mode lookups only make sense if the blender will fill the holes."""
     from lmcache_ascend.patches import State, registry
 
-    return registry.state(BLENDER_PATCH_NAME) in (State.APPLIED, State.PENDING)
+    return registry.process_registry().state(BLENDER_PATCH_NAME) in (State.APPLIED, State.PENDING)
 
 
 def lookup_wrapper(wrapped, instance, args, kwargs):

@@ -13,8 +13,9 @@ stays LMCache's. CUDA and CPU-only hosts are left alone (state `skipped-host`).
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 
-from lmcache_ascend.compat.host import not_an_npu_host
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
 
 # The fallback's KV ops that lmcache_ascend.ops implements with the same signature
@@ -26,6 +27,27 @@ OPS = (
     "load_and_reshape_flash",
     "reshape_and_cache_back_flash",
 )
+
+
+def not_an_npu_host() -> str | None:
+    """None on an Ascend NPU host without CUDA; otherwise why not (imports an installed torch_npu)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "a CUDA host: LMCache's own CUDA ops serve it"
+    if getattr(torch, "npu", None) is None and importlib.util.find_spec("torch_npu") is not None:
+        try:
+            importlib.import_module("torch_npu")
+        except Exception as error:  # noqa: BLE001 - a broken CANN install is not an NPU host
+            return f"no NPU: importing torch_npu raised {type(error).__name__}: {error}"
+    npu = getattr(torch, "npu", None)
+    if npu is None:
+        return "no NPU: torch has no npu device module (torch_npu is not installed)"
+    try:
+        available = bool(npu.is_available())
+    except Exception as error:  # noqa: BLE001 - cannot tell means no
+        return f"no NPU: torch.npu.is_available() raised {type(error).__name__}: {error}"
+    return None if available else "no NPU: torch.npu.is_available() is False"
 
 
 def _build(ctx: PatchContext) -> dict[str, object]:

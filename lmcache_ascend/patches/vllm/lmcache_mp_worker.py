@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import types
 
-from lmcache_ascend.compat.host import without_cuda
 from lmcache_ascend.compat.signatures import call_arguments
 from lmcache_ascend.compat.source import NO_SOURCE
 from lmcache_ascend.patches import Patch, PatchContext, PatchKind, UpstreamGuard
@@ -22,6 +21,15 @@ def _calls_cuda(module: types.ModuleType) -> bool | None:
         return "torch.cuda." not in inspect.getsource(module)
     except (OSError, TypeError):
         return None
+
+
+def without_cuda() -> str | None:
+    """None on a host where torch has no usable CUDA device (CPU-only, NPU); otherwise why not."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "a CUDA host: torch.cuda serves it as upstream expects"
+    return None
 
 
 def _build_device_events(ctx: PatchContext) -> dict[str, object]:

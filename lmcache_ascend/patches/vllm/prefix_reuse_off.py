@@ -13,14 +13,14 @@ Without a KV-transfer config nothing is asked or recorded.
 
 from __future__ import annotations
 
-from lmcache_ascend.compat.signatures import call_argument
+from lmcache_ascend.compat.signatures import parameter
 from lmcache_ascend.patches import Patch, PatchKind
 
 _REASON = "vLLM's CPU platform does not support its MLA computation over a cached prefix"
 
 
 def check_and_update_config_wrapper(wrapped, instance, args, kwargs):
-    vllm_config = call_argument(wrapped, args, kwargs, "vllm_config")
+    vllm_config = parameter(wrapped, "vllm_config").read(args, kwargs)
     cache_config = getattr(vllm_config, "cache_config", None)
     if cache_config is None or getattr(vllm_config, "kv_transfer_config", None) is None:
         return wrapped(*args, **kwargs)
