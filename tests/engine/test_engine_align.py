@@ -1,6 +1,6 @@
 """vLLM's own prefix caching of the state-space kinds in ``mamba_cache_mode="align"``, vLLM alone.
 
-Stack D (vLLM's CPU build 0.32). Issue 48 wants LMCache to restore a state-space layer's
+Stack D (vLLM's CPU build 0.32). Reusing a state-space model exactly means restoring a layer's
 state where vLLM snapshots it, in align mode: vLLM, with its prefix caching on, keeps the
 recurrent state at block boundaries and resumes a warm prompt from the snapshot at its
 last cached boundary. These tests pin down what vLLM's CPU build does there on its own,
