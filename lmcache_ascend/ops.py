@@ -39,8 +39,8 @@ torch baseline (`lmcache/v1/platform/torch_ops/mem_kernels.py`,
 
 Where each part lives (`lmcache_ascend.op_surface`): the arguments' checks and the caches'
 description kept between calls (`arguments`), one move and a call's repeat (`moves`), the
-per-token ops (`per_token`), the block op (`per_block`), the formats by LMCache's code
-(`formats`, from `lmcache_ascend.layouts`).
+steps every op takes (`runner`), the per-token ops (`per_token`), the block op (`per_block`),
+the formats by LMCache's code (`formats`, from `lmcache_ascend.layouts`).
 """
 
 from lmcache_ascend.op_surface.arguments import PageBufferShapeDesc

@@ -1,9 +1,8 @@
-"""Other modules' names for an object a patch replaces (standard library only).
+"""Other modules' names for an object a patch replaces.
 
 ``from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator`` copies the function
-into the importer's namespace: when the overlay is activated after such an import, the importer
-keeps calling the original.  The registry therefore re-binds those names too, and puts them
-back on revert.
+into the importer: activated after such an import (vLLM's plugin entry point, an explicit
+`activate()`), the registry re-binds those names too, and puts them back on revert.
 """
 
 from __future__ import annotations
@@ -16,23 +15,21 @@ _SHARED_BY_ACCIDENT = (type(None), bool, int, float, complex, str, bytes, tuple,
 
 
 def is_defined_in(value: object, module: types.ModuleType) -> bool:
-    """Whether `module` is the home of `value` (its ``__module__``; plain data such as a dict lives
-    where the patch finds it), so that its importers should follow a patch of it."""
+    """Whether `module` is the home of `value` (its ``__module__``; data lives where it is found)."""
     if isinstance(value, (types.ModuleType,) + _SHARED_BY_ACCIDENT):
         return False
     home = getattr(value, "__module__", None)
     return home is None or not isinstance(home, str) or home == module.__name__
 
 
-def aliases_of(
-    values: list[object], home: types.ModuleType, exclude_prefix: str
-) -> list[tuple[types.ModuleType, str, object]]:
-    """Every (module, name, value) outside `home` and the `exclude_prefix` package bound
-    to one of the `values` defined in `home`: one pass over the loaded modules for all."""
-    wanted = {id(value): value for value in values if is_defined_in(value, home)}
+def rebind_aliases(home: types.ModuleType, replaced: list[tuple[object, object]], exclude_prefix: str) -> tuple:
+    """Point every name bound to an original of the (original, ours) pairs defined in `home`, outside
+    `home` and the `exclude_prefix` package, at ours (one pass over the loaded modules for all);
+    returns each (module, name, ours, original) it rebound."""
+    wanted = {id(original): (original, ours) for original, ours in replaced if is_defined_in(original, home)}
     if not wanted:
-        return []
-    found = []
+        return ()
+    rebound = []
     for module_name, module in list(sys.modules.items()):
         if module is None or module is home or module_name.split(".", 1)[0] == exclude_prefix:
             continue
@@ -40,6 +37,8 @@ def aliases_of(
         if not isinstance(namespace, dict):
             continue
         for key, bound in list(namespace.items()):
-            if id(bound) in wanted and bound is wanted[id(bound)]:
-                found.append((module, key, bound))
-    return found
+            original, ours = wanted.get(id(bound), (None, None))
+            if original is not None and bound is original:
+                setattr(module, key, ours)
+                rebound.append((module, key, ours, original))
+    return tuple(rebound)

@@ -1,5 +1,4 @@
-"""A patch's upstream guard (how to tell upstream already has the change) and its evaluation:
-capability probe first, then source text."""
+"""A patch's upstream guard (how to tell upstream already has the change) and its evaluation."""
 
 from __future__ import annotations
 
@@ -11,18 +10,15 @@ from lmcache_ascend.compat.source import module_source_text
 
 
 class Verdict(enum.Enum):
-    """What a guard found out about upstream."""
     HAS_FIX = "has-fix"
     LACKS_FIX = "lacks-fix"
     UNKNOWN = "unknown"
 
 
 class UpstreamGuard(NamedTuple):
-    """How to tell that upstream already has what a patch adds.  ``probe`` inspects the imported
-    target and answers True (upstream has it), False (it lacks it) or None (can't tell); without
-    an import (the listing CLI), or when it can't tell, the target's source text is searched for
-    ``fixed_if_source_contains`` / ``unfixed_if_source_contains``.  When neither answers the
-    verdict is UNKNOWN and the patch's version requirements decide alone."""
+    """``probe`` answers on the imported target: True (upstream has it), False (it lacks it) or None;
+    without the import, or without an answer, the target's source is searched for the strings.
+    Where neither answers, the version requirements decide alone."""
 
     probe: Callable[[types.ModuleType], bool | None] | None = None
     fixed_if_source_contains: tuple[str, ...] = ()

@@ -1,5 +1,5 @@
-"""What kind of machine this is, for patches that serve one kind only (`Patch.host`); asked when
-a patch's target is imported (torch is loaded by then), never by the listing CLI."""
+"""What kind of machine this is, for patches that serve one kind only (`Patch.host`), asked once
+the target is imported (torch is loaded by then)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import importlib
 import importlib.util
 
 def not_an_npu_host() -> str | None:
-    """None on an Ascend NPU host without CUDA; otherwise why this machine is not one.  `torch.npu`
-    exists once `torch_npu` is imported: where it is installed but not yet, it is imported here."""
+    """None on an Ascend NPU host without CUDA; otherwise why not (imports an installed torch_npu)."""
     import torch
 
     if torch.cuda.is_available():

@@ -1,11 +1,8 @@
 """Post-import hooks: call a function the moment a module has finished executing.
 
-A small standard-library version of wrapt's mechanism (wrapt's package imports asyncio and
-friends, more than the whole activation budget: docs/design-decisions.md).  One meta-path finder
-sits in front of the others; for a module with pending hooks it asks the remaining finders for
-the spec and wraps the loader so the hooks run right after the module's code.  A module already
-imported gets its hooks at once.  A hook may also run at every later execution of the module's
-body: one that refuses an import (it raises) must refuse the next attempt too.
+wrapt's mechanism in the standard library (importing wrapt costs more than the activation
+budget): a meta-path finder in front of the others wraps the loader of a module with pending
+hooks, which run right after its code; a module already imported gets them at once.
 """
 
 from __future__ import annotations
@@ -28,12 +25,9 @@ _every_execution: dict[str, list[Hook]] = {}  # also at each later run of the bo
 
 
 def register_post_import_hook(module_name: str, hook: Hook, *, every_execution: bool = False) -> None:
-    """Run `hook(module)` once `module_name` is imported (now, if it already is), exactly once.
-
-    A module whose body is still running (imported by another thread, or by this one further up
-    the stack) is not imported yet: the hook waits for its end.  With `every_execution`, the hook
-    also runs each time the body runs again (a new import after one that failed, a reload); it
-    may then be called more than once for one execution, so it must be idempotent.
+    """Run `hook(module)` once `module_name` is imported (now, if it already is; after the end of a
+    body still running).  With `every_execution` (a hook that refuses an import must refuse the
+    next attempt too), it also runs at each later execution of the body, so it must be idempotent.
     """
     if every_execution:
         _add(_every_execution, module_name, hook)
@@ -64,7 +58,7 @@ def is_initializing(module: types.ModuleType) -> bool:
 
 
 def run_deferred_hooks() -> None:
-    """Run the hooks of modules this thread was importing when they were registered, once they are done."""
+    """Run the hooks of modules this thread was importing when they were registered, now done."""
     with _lock:
         ready = [name for name in _deferred if name in sys.modules and not is_initializing(sys.modules[name])]
         batches = [(name, _deferred.pop(name)) for name in ready]
@@ -91,20 +85,14 @@ class _HookedLoader:
         self._loader = loader
         self._module_name = module_name
 
-    def create_module(self, spec):
-        create = getattr(self._loader, "create_module", None)
-        return create(spec) if create is not None else None
+    def create_module(self, spec):  # importlib requires it beside exec_module
+        return self._loader.create_module(spec)
 
     def exec_module(self, module):
         _bodies_done.discard(self._module_name)
         self._loader.exec_module(module)
         _bodies_done.add(self._module_name)
         _run_hooks(self._module_name)
-
-    def load_module(self, fullname):  # loaders from before PEP 451
-        module = self._loader.load_module(fullname)
-        _run_hooks(self._module_name)
-        return module
 
     def __getattr__(self, name):  # get_source, get_filename, is_package, ...
         return getattr(self._loader, name)

@@ -1,15 +1,6 @@
-"""The three places lmcache-ascend reads CPython's import machinery from the inside.
-
-Each is documented only in CPython's code; `tests/framework/test_interpreter.py` checks each on
-the running interpreter, so a Python release that changes one fails there first.  Where one is
-absent, the answer falls back to the cautious one named below.
-
-- A module whose body is still running: importlib marks its spec ``_initializing`` (absent:
-  taken as finished).
-- Waiting for another thread's import: importlib's per-module locks, ``_bootstrap._module_locks``
-  and ``_lock_unlock_module`` (absent: no wait, the hook runs at the next import instead).
-- ``python -m X`` while runpy still imports X's parents: ``__main__`` has no spec yet and runpy's
-  frames hold the name in ``mod_name`` (absent: not seen).
+"""The three places lmcache-ascend reads CPython's import machinery from the inside, each
+documented only in CPython's code and checked on the running interpreter by
+`tests/framework/test_interpreter.py`; where one is absent, the cautious answer is given.
 """
 
 from __future__ import annotations
@@ -18,13 +9,15 @@ import sys
 import types
 
 def is_initializing(module: types.ModuleType) -> bool:
-    """Whether `module`'s body is still running, as importlib marks it."""
+    """Whether `module`'s body is still running (absent mark: finished)."""
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 def wait_for_import_elsewhere(module_name: str) -> bool:
-    """Block until another thread's import of `module_name` ends, as ``import`` does; False,
-    at once, where this thread is the one running that import (or the locks are not there)."""
+    """Block until another thread's import of `module_name` ends, as ``import`` does; False, at once,
+    where this thread runs that import or importlib's per-module locks are not there (the hook
+    then runs at the next import).  ``importlib.import_module`` would wait too, but import the
+    module itself where the other thread's import failed, and raise on a deadlock."""
     import _thread
     from importlib import _bootstrap
 
@@ -42,7 +35,7 @@ def wait_for_import_elsewhere(module_name: str) -> bool:
 
 def runpy_is_starting(module_names: frozenset[str]) -> bool:
     """Whether runpy, on the caller's stack, is importing the parents of one of `module_names`
-    to run it as ``__main__`` (``python -m``)."""
+    to run it as ``__main__`` (``python -m``: its frames hold the name in ``mod_name``)."""
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_globals.get("__name__") == "runpy" and frame.f_locals.get("mod_name") in module_names:

@@ -1,8 +1,5 @@
-"""Marks on the objects lmcache-ascend installs, so that nothing is applied twice.
-
-Every installed function (or the function behind an installed descriptor) carries the names of
-the patches that made it, found through ``__wrapped__`` chains too: a wrapper someone else put
-around ours still reads as patched, also to a second copy of the registry.
+"""Marks on the objects lmcache-ascend installs, so that nothing is applied twice: found through
+``__wrapped__`` chains too, so a wrapper someone else put around ours still reads as patched.
 """
 
 from __future__ import annotations
@@ -11,7 +8,6 @@ MARKER_ATTRIBUTE = "__lmcache_ascend_patch__"
 
 
 def _carriers(value: object) -> list[object]:
-    """The objects a mark may live on, for a raw attribute value."""
     if isinstance(value, (classmethod, staticmethod)):
         return [value, value.__func__]
     if isinstance(value, property):
@@ -20,7 +16,7 @@ def _carriers(value: object) -> list[object]:
 
 
 def mark(value: object, patch_name: str) -> None:
-    """Record on `value` that `patch_name` installed it (silently skips what can't be marked)."""
+    """Record on `value` that `patch_name` installed it (where it can carry attributes)."""
     for carrier in _carriers(value):
         names = tuple(getattr(carrier, MARKER_ATTRIBUTE, ()))
         if patch_name in names:

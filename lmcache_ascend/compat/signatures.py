@@ -7,13 +7,11 @@ known: that is reported as None ("can't tell"), never guessed as "no".
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Callable
 
 _PARAMETER = inspect.Parameter
-# How to bind each function's calls (less the first parameter of a bound method), worked out once.
-_PLANS: dict[tuple[Callable, bool], "inspect.Signature | _PlainPlan"] = {}
-_PARAMETERS: dict[tuple[Callable, bool, str], "Parameter"] = {}
 
 
 def accepts_keyword(function: Callable, name: str) -> bool | None:
@@ -45,10 +43,7 @@ def call_arguments(wrapped: Callable, args: tuple, kwargs: dict) -> inspect.Boun
     so a wrapper reads what it needs without restating upstream's signature.  Edit
     ``.arguments`` and call ``wrapped(*bound.args, **bound.kwargs)`` to pass them on."""
     function = getattr(wrapped, "__func__", wrapped)
-    plan = _plan(function, function is not wrapped)
-    if isinstance(plan, _PlainPlan):
-        return plan.bind(args, kwargs)
-    bound = plan.bind(*args, **kwargs)
+    bound = _signature(function, function is not wrapped).bind(*args, **kwargs)
     bound.apply_defaults()
     return bound
 
@@ -63,11 +58,7 @@ def parameter(wrapped: Callable, name: str) -> "Parameter":
     """Parameter `name` of `wrapped`, located once per function; a wrapper on a per-request path
     keeps it (with ``function``, to tell a call of another function) rather than look it up."""
     function = getattr(wrapped, "__func__", wrapped)
-    key = (function, function is not wrapped, name)
-    found = _PARAMETERS.get(key)
-    if found is None:
-        found = _PARAMETERS[key] = Parameter(function, function is not wrapped, name)
-    return found
+    return _parameter(function, function is not wrapped, name)
 
 
 class Parameter:
@@ -77,7 +68,7 @@ class Parameter:
     __slots__ = ("function", "name", "position", "by_keyword", "default")
 
     def __init__(self, function: Callable, bound: bool, name: str) -> None:
-        parameters = list(inspect.signature(function).parameters.values())[1 if bound else 0 :]
+        parameters = list(_signature(function, bound).parameters.values())
         found = next((p for p in parameters if p.name == name), None)
         if found is None:
             raise TypeError(
@@ -100,49 +91,14 @@ class Parameter:
         return self.default
 
 
-class _PlainPlan:
-    """How to bind a call of a signature without ``*args``, ``**kwargs`` or positional-only
-    parameters in a few dict operations: wrappers bind on every scheduler step, where
-    ``Signature.bind`` costs tens of microseconds."""
-
-    __slots__ = ("name", "signature", "positional", "keyword_only", "names", "defaults")
-
-    def __init__(self, name: str, signature: inspect.Signature) -> None:
-        parameters = signature.parameters.values()
-        self.name, self.signature = name, signature
-        self.positional = tuple(p.name for p in parameters if p.kind is _PARAMETER.POSITIONAL_OR_KEYWORD)
-        self.keyword_only = tuple(p.name for p in parameters if p.kind is _PARAMETER.KEYWORD_ONLY)
-        self.names = frozenset(self.positional + self.keyword_only)
-        self.defaults = {p.name: p.default for p in parameters if p.default is not _PARAMETER.empty}
-
-    def bind(self, args: tuple, kwargs: dict) -> inspect.BoundArguments:
-        if len(args) > len(self.positional):
-            taken = len(self.positional)
-            raise TypeError(f"{self.name}() takes {taken} positional arguments but {len(args)} were given")
-        arguments = dict(zip(self.positional, args))
-        for key, value in kwargs.items():
-            if key not in self.names:
-                raise TypeError(f"{self.name}() got an unexpected keyword argument {key!r}")
-            if key in arguments:
-                raise TypeError(f"{self.name}() got multiple values for argument {key!r}")
-            arguments[key] = value
-        if len(arguments) < len(self.names):
-            for key, default in self.defaults.items():
-                arguments.setdefault(key, default)
-            missing = [key for key in self.positional + self.keyword_only if key not in arguments]
-            if missing:
-                raise TypeError(f"{self.name}() missing required arguments: {', '.join(map(repr, missing))}")
-        return inspect.BoundArguments(self.signature, arguments)
+@functools.lru_cache(maxsize=None)
+def _signature(function: Callable, bound: bool) -> inspect.Signature:
+    """`function`'s signature, less the first parameter of a bound method (worked out once)."""
+    signature = inspect.signature(function)
+    if bound:
+        signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+    return signature
 
 
-def _plan(function: Callable, bound: bool) -> "inspect.Signature | _PlainPlan":
-    plan = _PLANS.get((function, bound))
-    if plan is None:
-        signature = inspect.signature(function)
-        if bound:  # the first parameter is taken
-            signature = signature.replace(parameters=list(signature.parameters.values())[1:])
-        kinds = {p.kind for p in signature.parameters.values()}
-        plain = kinds <= {_PARAMETER.POSITIONAL_OR_KEYWORD, _PARAMETER.KEYWORD_ONLY}
-        name = getattr(function, "__qualname__", repr(function))
-        plan = _PLANS[(function, bound)] = _PlainPlan(name, signature) if plain else signature
-    return plan
+# Keyed by the plain function, never by a bound method (a new one each call, holding its instance).
+_parameter = functools.lru_cache(maxsize=None)(Parameter)

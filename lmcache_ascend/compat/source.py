@@ -1,9 +1,7 @@
-"""Finding a module's source text without importing it, and fingerprints of targets.
+"""Finding a module and its source without importing it, and fingerprints of targets.
 
-The listing CLI evaluates source guards without importing patch targets, so it locates
-``pkg/sub/mod.py`` on ``sys.path`` itself (``importlib.util.find_spec`` would import the parent
-packages, i.e. all of vLLM, and run every meta-path finder, the start-up hook's among them).
-A ``.pyc``-only install has no source: the guard then answers "unknown".
+``importlib.util.find_spec`` would import the parent packages (all of vLLM) and run every
+meta-path finder: the listing CLI and activation look ``pkg/sub/mod.py`` up on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -13,24 +11,8 @@ import os
 import sys
 import types
 
-# The fingerprint of code whose source can't be read (a .pyc-only install, generated code):
-# never a hash, so it is untested unless a patch lists it as tested.
+# The fingerprint of code without readable source: untested unless a patch lists it.
 NO_SOURCE = "no-source"
-
-
-def module_source_path(module_name: str) -> str | None:
-    """Path of the .py file of `module_name` (imported or not), or None when there is none."""
-    module = sys.modules.get(module_name)
-    if module is not None:
-        path = getattr(module, "__file__", None)
-        return path if path and path.endswith(".py") and os.path.exists(path) else None
-    parts = module_name.split(".")
-    for entry in sys.path:
-        base = os.path.join(entry or os.getcwd(), *parts)
-        for candidate in (base + ".py", os.path.join(base, "__init__.py")):
-            if os.path.isfile(candidate):
-                return candidate
-    return None
 
 
 def _found_in(root: str, parts: tuple[str, ...]) -> bool:
@@ -50,7 +32,7 @@ def _root_holding(parts: tuple[str, ...], search_path: tuple[str, ...]) -> str |
 
 @functools.lru_cache(maxsize=64)
 def _package_root(package: str, search_path: tuple[str, ...]) -> str | None:
-    """`_root_holding` a top-level package not imported yet (cached: activation asks for every target)."""
+    # Cached: activation asks for every target.
     return _root_holding((package,), search_path)
 
 
@@ -64,8 +46,8 @@ def module_directory(module_name: str) -> str | None:
 
 
 def module_is_locatable(module_name: str) -> bool:
-    """Whether `module_name` exists on sys.path as source or bytecode (no import); a submodule is
-    looked for beside its top-level package first (one entry, not all of sys.path)."""
+    """Whether `module_name` exists on sys.path as source or bytecode (no import), looked for
+    beside its top-level package first."""
     if module_name in sys.modules:
         return True
     top, dot, _ = module_name.partition(".")
@@ -77,7 +59,16 @@ def module_is_locatable(module_name: str) -> bool:
 
 
 def module_source_text(module_name: str) -> str | None:
-    path = module_source_path(module_name)
+    """The source of `module_name` (imported or not), or None where it has no readable .py file."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        path = getattr(module, "__file__", None) or ""
+        candidates = [path] if path.endswith(".py") else []
+    else:
+        parts = module_name.split(".")
+        candidates = [os.path.join(entry or os.getcwd(), *parts) + suffix
+                      for entry in sys.path for suffix in (".py", os.sep + "__init__.py")]
+    path = next((path for path in candidates if os.path.isfile(path)), None)
     if path is None:
         return None
     try:

@@ -166,14 +166,20 @@ class KVGroupSpec:
     def at_ratio(self, ratio: int) -> "KVGroupSpec":
         """The group's row geometry for its layers of compress ratio `ratio`: the same group index, block
         size and block ids, `block_size // ratio` rows per block."""
-        if ratio not in self.ratios:
+        geometry = self._row_geometries.get(ratio)
+        if geometry is None:
             raise ValueError(
                 f"KV-cache group {self.group_index} ({self.spec_class_name}) has no layer of compress ratio "
                 f"{ratio}; its ratios: {self.ratios}"
             )
+        return geometry
+
+    @functools.cached_property
+    def _row_geometries(self) -> dict[int, "KVGroupSpec"]:
+        # Made once: every request's slots of every step ask for them.
         if not self.layer_ratios:
-            return self
-        return dataclasses.replace(self, compress_ratio=ratio, layer_ratios=())
+            return {self.compress_ratio: self}
+        return {ratio: dataclasses.replace(self, compress_ratio=ratio, layer_ratios=()) for ratio in self.ratios}
 
     def single_ratio(self, rule: str) -> int:
         """The group's one compress ratio; a group whose layers compress at several is refused, naming `rule`."""

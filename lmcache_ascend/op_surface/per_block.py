@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ from lmcache_ascend.kernels.resolve import (
 from lmcache_ascend.kernels.same_layout import SameLayout
 from lmcache_ascend.kernels.spec import MAX_PLANES, TransferError
 from lmcache_ascend.kernels.upload import to_device
+from lmcache_ascend.layouts import BLOCK_OP, FormatFacts, layout_of, paged_layer_shape
 from lmcache_ascend.op_surface.arguments import (
     PageBufferShapeDesc,
     at_pointer,
@@ -34,19 +35,10 @@ from lmcache_ascend.op_surface.arguments import (
     pointer_list,
     same_dtype,
     slot_tensor,
-    tables,
 )
-from lmcache_ascend.layouts import BLOCK_OP, FormatFacts, layout_of, paged_layer_shape
-from lmcache_ascend.op_surface.formats import format_facts
-from lmcache_ascend.op_surface.moves import (
-    move,
-    never,
-    paged_group,
-    repeats,
-    slot_row_bytes,
-    strided_regions,
-    transfer_backend,
-)
+from lmcache_ascend.op_surface.moves import move, never, slot_row_bytes, strided_regions
+from lmcache_ascend.op_surface.runner import OpCall, Plane, run
+
 
 def _refusal(prefix: str):
     """A layout's way to refuse an argument: a TransferError whose message starts with `prefix`."""
@@ -130,28 +122,70 @@ def _checked_block_arguments(objects: object, direction: object, chunk_size: obj
     return store, bs
 
 
-@dataclass
-class _BlockCall:
-    """One block call's checked arguments and the moves it is made of: objects moved whole from
-    their first row in one launch when they share a layout and a placement the kernel reaches
-    (`batch`: object, bytes, first block, end block), any other object on its own (`alone`)."""
+@dataclass(eq=False)
+class _BlockCall(OpCall):
+    """A `multi_layer_block_kv_transfer` call: its arguments, what its checks work out, and the moves it
+    is made of: objects moved whole from their first row in one launch when they share a layout and
+    a placement the kernel reaches (`batch`: object, bytes, first block, end block), any other
+    object on its own (`alone`). LMCache makes it once per request: its launch is made again, and a
+    call its repeat refuses (other objects or block ids) leaves its own launch in the repeat's place."""
 
-    op: str
-    backend: str
-    facts: FormatFacts
-    store: bool
-    bs: int
-    group: PagedGroup
-    rows: int
-    row_bytes: tuple[int, ...]
-    objects: list[torch.Tensor]
-    ids: torch.Tensor
-    ids_as_given: bool
-    per_object: int
-    batch: list = field(default_factory=list)
-    batch_shape: tuple | None = None
-    batch_regions: tuple | None = None
-    alone: int = 0
+    op = BLOCK_OP
+    reuses_launch = True
+    replaces_refused_repeat = True
+
+    paged_buffer_ptrs_tensor: object
+    lmcache_objects_ptrs: list
+    block_ids: object
+    device: object
+    direction: object
+    shape_desc: PageBufferShapeDesc
+    lmcache_chunk_size: int
+    engine_kv_format: object
+    skip_prefix_n_blocks: int
+
+    @classmethod
+    def repeat_key(cls, backend: str, arguments: tuple) -> tuple | None:
+        _, objects, block_ids, device, direction, shape_desc, chunk_size, engine_kv_format, skip = arguments
+        return _block_repeat_key(backend, objects, block_ids, (device, direction, chunk_size, engine_kv_format, skip),
+                                 shape_desc)
+
+    @staticmethod
+    def repeat(kept, arguments: tuple) -> bool:
+        return kept(arguments[1], arguments[2])  # the objects and the block ids
+
+    def check(self, facts: FormatFacts) -> None:
+        self.facts = facts
+        self.store, self.bs = _checked_block_arguments(self.lmcache_objects_ptrs, self.direction,
+                                                       self.lmcache_chunk_size, self.skip_prefix_n_blocks,
+                                                       self.shape_desc, self.op)
+        self.dtype = _kv_dtype(self.paged_buffer_ptrs_tensor, self.lmcache_objects_ptrs, self.shape_desc, self.op)
+        self.paged_device = torch.device(self.device)
+
+    def planes_key(self) -> tuple:
+        desc = self.shape_desc
+        return (self.op, self.facts.name, self.dtype, self.paged_device, int(desc.nb), int(desc.nl), desc.bs,
+                int(desc.nh), int(desc.hs), int(getattr(desc, "block_stride_elems", 0) or 0))
+
+    def planes(self) -> list[Plane]:
+        return _checked_planes(self.paged_buffer_ptrs_tensor, self.facts, self.shape_desc, self.dtype,
+                               self.paged_device, self.op)
+
+    def move(self, group: PagedGroup, rows: int, backend: str, repeatable: bool):
+        """Move every object; returns the call's repeat (`never` where it has none)."""
+        bs, op = self.bs, self.op
+        self.group, self.rows, self.backend = group, rows, backend
+        self.row_bytes = tuple(plane.row_bytes for plane in group.planes)
+        self.objects = _objects(self.lmcache_objects_ptrs, self.facts, self.shape_desc, self.lmcache_chunk_size,
+                                self.dtype, group.layer_count, op)
+        ids = _block_id_tensor(self.block_ids, bs, rows, op)
+        # A repeat reads the ids where the caller put them: only ids given as they are moved (or as a list).
+        self.ids_as_given = isinstance(self.block_ids, list) or ids is self.block_ids
+        self.ids = ids if ids.device == group.device else ids.to(device=group.device, non_blocking=True)
+        self.per_object = self.lmcache_chunk_size // bs
+        self.batch, self.batch_shape, self.batch_regions, self.alone = [], None, None, 0
+        _move_or_batch(self, self.skip_prefix_n_blocks)
+        return _launch_batch(self, repeatable)
 
 
 def multi_layer_block_kv_transfer(
@@ -171,28 +205,8 @@ def multi_layer_block_kv_transfer(
     K/V) or [NL, T, row] of the planes' bytes side by side (MLA plane tuples);
     the first `skip_prefix_n_blocks` blocks are not moved.
     """
-    op = BLOCK_OP
-    backend = transfer_backend()
-    key = _block_repeat_key(backend, lmcache_objects_ptrs, block_ids, (
-        device, direction, lmcache_chunk_size, engine_kv_format, skip_prefix_n_blocks), shape_desc)
-    handle, repeat = repeats.lookup(paged_buffer_ptrs_tensor, key) if key is not None else (None, None)
-    if repeat is not None and repeat(lmcache_objects_ptrs, block_ids):
-        return
-    facts = format_facts(engine_kv_format, op)
-    store, bs = _checked_block_arguments(lmcache_objects_ptrs, direction, lmcache_chunk_size, skip_prefix_n_blocks,
-                                         shape_desc, op)
-    dtype = _kv_dtype(paged_buffer_ptrs_tensor, lmcache_objects_ptrs, shape_desc, op)
-    group, rows, row_bytes = _block_group(paged_buffer_ptrs_tensor, facts, shape_desc, dtype, torch.device(device), op)
-    objects = _objects(lmcache_objects_ptrs, facts, shape_desc, lmcache_chunk_size, dtype, group.layer_count, op)
-    ids = _block_id_tensor(block_ids, bs, rows, op)
-    # A repeat reads the ids where the caller put them: only ids given as they are moved (or as a list).
-    ids_as_given = isinstance(block_ids, list) or ids is block_ids
-    if ids.device != group.device:
-        ids = ids.to(device=group.device, non_blocking=True)
-    call = _BlockCall(op, backend, facts, store, bs, group, rows, row_bytes, objects, ids, ids_as_given,
-                      lmcache_chunk_size // bs)
-    _move_or_batch(call, skip_prefix_n_blocks)
-    repeats.keep(handle, _launch_batch(call, handle is not None))
+    run(_BlockCall, (paged_buffer_ptrs_tensor, lmcache_objects_ptrs, block_ids, device, direction, shape_desc,
+                     lmcache_chunk_size, engine_kv_format, skip_prefix_n_blocks))
 
 
 def _move_or_batch(call: _BlockCall, skip: int) -> None:
@@ -335,17 +349,9 @@ class _BlockRepeat:
         return self._launch(np.fromiter(map(torch.Tensor.data_ptr, reached), dtype=np.int64, count=len(reached)), ids)
 
 
-def _block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
-                 device: torch.device, op: str) -> tuple[PagedGroup, int, tuple[int, ...]]:
-    """The group of the block op's paged planes, its slot count and the planes' row bytes: built
-    and checked once per description of the caches and geometry (`_TableCache`)."""
-    key = (op, facts.name, dtype, device, int(shape_desc.nb), int(shape_desc.nl), shape_desc.bs, int(shape_desc.nh),
-           int(shape_desc.hs), int(getattr(shape_desc, "block_stride_elems", 0) or 0))
-    return tables.get_or_build(paged, key, lambda: _build_block_group(paged, facts, shape_desc, dtype, device, op))
-
-
-def _build_block_group(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
-                       device: torch.device, op: str) -> tuple[PagedGroup, int, tuple[int, ...]]:
+def _checked_planes(paged: object, facts: FormatFacts, shape_desc: PageBufferShapeDesc, dtype: torch.dtype,
+                    device: torch.device, op: str) -> list[Plane]:
+    """The block op's paged planes, each plane's every layer checked against the description."""
     bs = shape_desc.bs
     planes = _block_planes(paged, facts, shape_desc, dtype, device, op)
     if len(planes) > MAX_PLANES:
@@ -366,12 +372,9 @@ def _build_block_group(paged: object, facts: FormatFacts, shape_desc: PageBuffer
                     f"{tuple(cache.shape)}; allowed: shape_desc.bs={cache.shape[1] if cache.dim() >= 2 else '?'} "
                     "(its blocks' rows)"
                 )
-    row_bytes = tuple(slot_row_bytes(caches[0], bs) if not facts.pbs_fused else
-                      math.prod(caches[0].shape[1:]) * caches[0].element_size() for caches in planes)
-    group = paged_group([(caches, 1 if facts.pbs_fused else bs, rb) for caches, rb in zip(planes, row_bytes)])
-    rows = min(geometry.num_blocks * plane.block_size
-               for per_layer in group.geometry for geometry, plane in zip(per_layer, group.planes))
-    return group, rows, row_bytes
+    if facts.pbs_fused:  # one row per block: blocks and their tokens are one axis
+        return [(caches, 1, math.prod(caches[0].shape[1:]) * caches[0].element_size()) for caches in planes]
+    return [(caches, bs, slot_row_bytes(caches[0], bs)) for caches in planes]
 
 
 def _kernel_reaches(group: PagedGroup, obj: torch.Tensor) -> bool:

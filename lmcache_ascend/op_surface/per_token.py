@@ -7,12 +7,14 @@ form, `single_layer_kv_transfer` and the flash layout's scatter and gather.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from lmcache_ascend.kernels.paged import PagedGroup
 from lmcache_ascend.kernels.resolve import PlaneSlots
 from lmcache_ascend.kernels.spec import TransferError
+from lmcache_ascend.layouts import MULTI_LAYER_OP, SINGLE_LAYER_OP, UNILATERAL_OP, FormatFacts
 from lmcache_ascend.op_surface.arguments import (
     at_pointer,
     checked_tensor,
@@ -22,11 +24,9 @@ from lmcache_ascend.op_surface.arguments import (
     pointer_list,
     same_dtype,
     slot_tensor,
-    tables,
 )
-from lmcache_ascend.layouts import FormatFacts
-from lmcache_ascend.op_surface.formats import format_facts
-from lmcache_ascend.op_surface.moves import byte_strides, move, paged_group, repeat_key, repeats, transfer_backend
+from lmcache_ascend.op_surface.moves import byte_strides, move, repeat_key, transfer_backend
+from lmcache_ascend.op_surface.runner import OpCall, Plane, run
 
 
 def _token_layers(key_value_ptrs: object, layers: int, facts: FormatFacts, dtype: torch.dtype, hidden: int,
@@ -133,39 +133,9 @@ def _block_size_of(tensor: torch.Tensor, row_bytes: int, what: str, op: str) -> 
     return block_bytes // row_bytes
 
 
-def _token_group(op: str, key_value_ptrs: object, key: tuple, planes) -> tuple[PagedGroup, int]:
-    """The group of a token op's paged planes (`planes()` builds them) and its slot count: built once
-    per description of the caches and `key`, the arguments that shape the tensors (`_TableCache`)."""
-    def build() -> tuple[PagedGroup, int]:
-        row = key[-1]
-        group = paged_group([(caches, _block_size_of(caches[0], row, "key_value_ptrs[0]", op), row) for caches in planes()])
-        return group, min(geometry.num_blocks * plane.block_size
-                          for per_layer in group.geometry for geometry, plane in zip(per_layer, group.planes))
-
-    return tables.get_or_build(key_value_ptrs, key, build)
-
-
-def _token_move(op: str, key_value: torch.Tensor, group: PagedGroup, rows: int, slot_mapping: torch.Tensor,
-                store: bool, start: int, backend: str, repeatable: bool = False):
-    """key_value [planes, L, T, H] <-> the group's rows at slot_mapping[start:] (tokens from `start`);
-    `repeatable`: returns the move's repeat (see `move`)."""
-    tokens = key_value.shape[2]
-    if slot_mapping.numel() != tokens:
-        raise TransferError(
-            f"{op}: slot_mapping has {slot_mapping.numel()} slots but key_value {tuple(key_value.shape)} holds "
-            f"{tokens} tokens; allowed: one slot per token"
-        )
-    slots = device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
-    # A repeat reads the caller's slot tensor in place: not where it had to be converted.
-    repeatable = repeatable and slots is slot_mapping
-    count = max(tokens - start, 0)
-    if count == 0:
-        return _nothing if repeatable else None
-    strides = byte_strides(key_value, "key_value", op)
-    planes = group.plane_count
-    return move(group, PlaneSlots(slots, start, count), key_value,
-                 [kv * strides[0] + start * strides[2] for kv in range(planes)], [strides[2]] * planes,
-                 strides[1], store, op, "key_value", backend, repeatable)
+def _planes_of(caches_per_plane: list[list[torch.Tensor]], row_bytes: int, what: str, op: str) -> list[Plane]:
+    """Planes of `row_bytes`-byte rows, each's rows per block read from its first layer's shape."""
+    return [(caches, _block_size_of(caches[0], row_bytes, what, op), row_bytes) for caches in caches_per_plane]
 
 
 def _nothing(*addresses: int) -> bool:
@@ -173,30 +143,270 @@ def _nothing(*addresses: int) -> bool:
     return True
 
 
-def _repeated(op: str, paged: object, tensors: tuple, scalars: tuple) -> tuple[bool, tuple | None, str]:
-    """(whether the repeat kept for this call ran it, the handle to keep one under after the whole
-    path (None: keep none), the backend). `tensors` start with the chunk buffer and the slot (or
-    block id) tensor, whose addresses a repeat takes."""
-    backend = transfer_backend()
-    key = repeat_key(op, backend, tensors, scalars)
-    if key is None:
-        return False, None, backend
-    handle, repeat = repeats.lookup(paged, key)
-    if repeat is None:
-        return False, handle, backend
-    # A kept repeat that refuses these addresses leaves the whole path to the call, and stays.
-    return repeat(tensors[0].data_ptr(), tensors[1].data_ptr()), None, backend
+@dataclass(eq=False)
+class _ChunkCall(OpCall):
+    """A call of a multi-layer op: key_value [planes, L, T, H] <-> every layer's rows at slot_mapping
+    (-1: skipped), over paged layers given as a list of tensors or a pointer table of
+    `page_buffer_size` slots each. LMCache makes it once per chunk, shapes unchanged: a later call
+    makes the first one's launch again."""
+
+    paged_at = 1  # key_value_ptrs
+    reuses_launch = True
+
+    key_value: torch.Tensor
+    key_value_ptrs: object
+    slot_mapping: torch.Tensor
+    paged_memory_device: object
+    page_buffer_size: int
+    direction: object
+    engine_kv_format: object
+
+    @classmethod
+    def repeat_key(cls, backend: str, arguments: tuple) -> tuple | None:
+        # A repeat takes the addresses of the chunk (key_value) and of the slots; every argument
+        # after them must be the kept call's.
+        return repeat_key(cls.op, backend, (arguments[0], arguments[2]), arguments[3:])
+
+    @staticmethod
+    def repeat(kept, arguments: tuple) -> bool:
+        return kept(arguments[0].data_ptr(), arguments[2].data_ptr())
+
+    @property
+    def layers(self) -> int:
+        return self.key_value.shape[1]
+
+    @property
+    def hidden(self) -> int:
+        return self.key_value.shape[3]
+
+    def check_chunk(self, facts: FormatFacts) -> None:
+        """The arguments both multi-layer ops take alike, in this order: the direction, key_value
+        [planes, L, T, H], the slots, page_buffer_size >= 1."""
+        op = self.op
+        self.facts = facts
+        self.store = is_store(self.direction, op)
+        checked_tensor(self.key_value, "key_value", op, dims=4)
+        slot_tensor(self.slot_mapping, op)
+        int_arg(self.page_buffer_size, "page_buffer_size", op, 1)
+
+    def planes_key(self) -> tuple:
+        """Every argument the paged tensors are shaped by (LMCache hands the same ones every chunk)."""
+        return (self.op, self.facts.name, self.key_value.dtype, self.layers, self.hidden, self.page_buffer_size,
+                *self.geometry(), self.device, self.row_bytes())
+
+    def geometry(self) -> tuple:
+        """The arguments besides the chunk's that shape the paged tensors."""
+        return ()
+
+    def row_bytes(self) -> int:
+        return self.hidden * self.key_value.element_size()
+
+    def first_token(self) -> int:
+        return 0
+
+    def move(self, group: PagedGroup, rows: int, backend: str, repeatable: bool):
+        """key_value <-> the group's rows at slot_mapping, from the first token moved on."""
+        op, key_value, slot_mapping = self.op, self.key_value, self.slot_mapping
+        tokens = key_value.shape[2]
+        if slot_mapping.numel() != tokens:
+            raise TransferError(
+                f"{op}: slot_mapping has {slot_mapping.numel()} slots but key_value {tuple(key_value.shape)} holds "
+                f"{tokens} tokens; allowed: one slot per token"
+            )
+        slots = device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
+        # A repeat reads the caller's slot tensor in place: not where it had to be converted.
+        repeatable = repeatable and slots is slot_mapping
+        start = self.first_token()
+        count = max(tokens - start, 0)
+        if count == 0:
+            return _nothing if repeatable else None
+        strides = byte_strides(key_value, "key_value", op)
+        planes = group.plane_count
+        return move(group, PlaneSlots(slots, start, count), key_value,
+                    [kv * strides[0] + start * strides[2] for kv in range(planes)], [strides[2]] * planes,
+                    strides[1], self.store, op, "key_value", backend, repeatable)
 
 
-def _multi_layer_arguments(op: str, direction: object, key_value: object, slot_mapping: object,
-                           page_buffer_size: object) -> tuple[bool, torch.Tensor, torch.Tensor]:
-    """The arguments both multi-layer ops take alike, checked in this order: (whether the call
-    stores, key_value [planes, L, T, H], the slot tensor); page_buffer_size must be >= 1."""
-    store = is_store(direction, op)
-    key_value = checked_tensor(key_value, "key_value", op, dims=4)
-    slot_mapping = slot_tensor(slot_mapping, op)
-    int_arg(page_buffer_size, "page_buffer_size", op, 1)
-    return store, key_value, slot_mapping
+@dataclass(eq=False)
+class _MultiLayer(_ChunkCall):
+    """`multi_layer_kv_transfer`: every layer of one tensor (or, MLA, one latent tensor) per layer."""
+
+    op = MULTI_LAYER_OP
+
+    block_size: int = 0
+    head_size: int = 0
+    skip_prefix_n_tokens: int = 0
+    block_stride_elems: int = 0
+
+    def check(self, facts: FormatFacts) -> None:
+        op, block_size, page_buffer_size = self.op, self.block_size, self.page_buffer_size
+        self.check_chunk(facts)
+        int_arg(block_size, "block_size", op)
+        int_arg(self.skip_prefix_n_tokens, "skip_prefix_n_tokens", op)
+        int_arg(self.block_stride_elems, "block_stride_elems", op)
+        kv_size = 1 if facts.mla else 2
+        if self.key_value.shape[0] != kv_size:
+            raise TransferError(
+                f"{op}: key_value has shape {tuple(self.key_value.shape)} for {facts.name}; allowed: "
+                f"[{kv_size}, L, T, H]"
+            )
+        if not (facts.mla or facts.two_major) and (block_size == 0 or page_buffer_size % block_size):
+            raise TransferError(
+                f"{op}: block_size={block_size} for {facts.name} with page_buffer_size={page_buffer_size}; "
+                "allowed: a block size > 0 dividing page_buffer_size"
+            )
+        self.device = torch.device(self.paged_memory_device)  # read once every argument checked above holds
+
+    def geometry(self) -> tuple:
+        return self.block_size, self.block_stride_elems
+
+    def planes(self) -> list[Plane]:
+        tensors = _token_layers(self.key_value_ptrs, self.layers, self.facts, self.key_value.dtype, self.hidden,
+                                self.page_buffer_size, self.block_size, self.block_stride_elems, self.device, self.op)
+        return _planes_of(_kv_planes(tensors, self.facts, self.block_size, self.op), self.row_bytes(),
+                          "key_value_ptrs[0]", self.op)
+
+    def first_token(self) -> int:
+        return min(self.skip_prefix_n_tokens, self.key_value.shape[2])
+
+
+@dataclass(eq=False)
+class _Unilateral(_ChunkCall):
+    """`multi_layer_kv_transfer_unilateral` (SGLang): separate K and V buffers per layer, [slots, H] each."""
+
+    op = UNILATERAL_OP
+
+    def check(self, facts: FormatFacts) -> tuple[type[_MultiLayer], tuple] | None:
+        if facts.mla:  # one latent plane: moved exactly as the multi-layer op moves it
+            return _MultiLayer, (self.key_value, self.key_value_ptrs, self.slot_mapping, self.paged_memory_device,
+                                 self.page_buffer_size, self.direction, self.engine_kv_format)
+        self.check_chunk(facts)
+        if self.key_value.shape[0] != 2:
+            raise TransferError(f"{self.op}: key_value has shape {tuple(self.key_value.shape)}; allowed: [2, L, T, H]")
+        self.device = torch.device(self.paged_memory_device)
+        return None
+
+    def planes(self) -> list[Plane]:
+        layers = self.layers
+        buffers = _token_layers(self.key_value_ptrs, layers, self.facts, self.key_value.dtype, self.hidden,
+                                self.page_buffer_size, 0, 0, self.device, self.op, per_layer=2)
+        return _planes_of([buffers[:layers], buffers[layers:]], self.row_bytes(), "key_value_ptrs[0]", self.op)
+
+
+@dataclass(eq=False)
+class _SingleLayer(OpCall):
+    """`single_layer_kv_transfer`: one layer, LMCache's [T, H] (MLA), [2, T, H] or token-major [T, 2, H]
+    <-> vLLM's paged layer, one slot per token."""
+
+    op = SINGLE_LAYER_OP
+    paged_at = 1  # vllm_key_value_cache
+
+    lmc_key_value_cache: torch.Tensor
+    vllm_key_value_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    direction: object
+    engine_kv_format: object
+    token_major: bool
+
+    def check(self, facts: FormatFacts) -> None:
+        op, token_major = self.op, self.token_major
+        self.store = is_store(self.direction, op)
+        lmc = checked_tensor(self.lmc_key_value_cache, "lmc_key_value_cache", op)
+        paged = checked_tensor(self.vllm_key_value_cache, "vllm_key_value_cache", op)
+        tokens = slot_tensor(self.slot_mapping, op).numel()
+        same_dtype(paged, lmc.dtype, "vllm_key_value_cache", "lmc_key_value_cache", op)
+        if facts.mla:
+            self.cut = [[paged]]
+            if lmc.dim() != 2 or lmc.shape[0] != tokens:
+                raise TransferError(f"{op}: lmc_key_value_cache has shape {tuple(lmc.shape)}; allowed: [{tokens}, H]")
+            _check_row_width(paged, "vllm_key_value_cache", 3, 1, lmc.shape[1], "lmc_key_value_cache", op)
+            self.row_bytes = lmc.shape[1] * lmc.element_size()
+            strides = byte_strides(lmc, "lmc_key_value_cache", op)
+            self.offsets, self.pitch = [0], strides[0]
+            return
+        self.cut = _kv_planes([paged], facts, 0, op)
+        expected = (tokens, 2, "H") if token_major else (2, tokens, "H")
+        if lmc.dim() != 3 or tuple(lmc.shape[:2]) != expected[:2]:
+            raise TransferError(
+                f"{op}: lmc_key_value_cache has shape {tuple(lmc.shape)}; allowed: "
+                f"[{', '.join(str(d) for d in expected)}] (token_major={token_major})"
+            )
+        _check_row_width(paged, "vllm_key_value_cache", 5, 2, lmc.shape[2], "lmc_key_value_cache", op)
+        self.row_bytes = lmc.shape[2] * lmc.element_size()
+        strides = byte_strides(lmc, "lmc_key_value_cache", op)
+        self.offsets, self.pitch = ([0, strides[1]], strides[0]) if token_major else ([0, strides[0]], strides[1])
+
+    def planes(self) -> list[Plane]:
+        return _planes_of(self.cut, self.row_bytes, "vllm_key_value_cache", self.op)
+
+    def move(self, group: PagedGroup, rows: int, backend: None, repeatable: bool) -> None:
+        tokens = self.slot_mapping.numel()
+        slots = device_slots(self.slot_mapping, group.device, rows, self.op, "slot_mapping")
+        if tokens:
+            move(group, PlaneSlots(slots, 0, tokens), self.lmc_key_value_cache, self.offsets,
+                 [self.pitch] * len(self.offsets), 0, self.store, self.op, "lmc_key_value_cache", transfer_backend())
+
+
+@dataclass(eq=False)
+class _Flash(OpCall):
+    """The flash layout's pair: key_value[:, layer_idx] [2, T, H] <-> key/value caches [NB, BS, NH, HS]
+    at slot_mapping. Its subclasses say which way."""
+
+    takes_format = False
+    store = False  # a gather from the caches into key_value; else a scatter into them
+
+    key_value: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    layer_idx: int
+
+    def check(self, facts: None) -> None:
+        op, key_value, layer_idx = self.op, self.key_value, self.layer_idx
+        checked_tensor(key_value, "key_value", op, dims=4)
+        checked_tensor(self.key_cache, "key_cache", op)
+        checked_tensor(self.value_cache, "value_cache", op)
+        slot_tensor(self.slot_mapping, op)
+        int_arg(layer_idx, "layer_idx", op)
+        if key_value.shape[0] != 2 or layer_idx >= key_value.shape[1]:
+            raise TransferError(
+                f"{op}: key_value has shape {tuple(key_value.shape)} with layer_idx={layer_idx}; "
+                "allowed: [2, L, T, H] with layer_idx < L"
+            )
+        tokens, hidden = key_value.shape[2], key_value.shape[3]
+        for what, cache in (("key_cache", self.key_cache), ("value_cache", self.value_cache)):
+            same_dtype(cache, key_value.dtype, what, "key_value", op)
+            _check_row_width(cache, what, 4, 2, hidden, "key_value", op)
+        if self.slot_mapping.numel() != tokens:
+            raise TransferError(
+                f"{op}: slot_mapping has {self.slot_mapping.numel()} slots but key_value holds {tokens} tokens; "
+                "allowed: one slot per token"
+            )
+
+    def planes(self) -> list[Plane]:
+        row = self.key_value.shape[3] * self.key_value.element_size()
+        return [([cache], _block_size_of(cache, row, what, self.op), row)
+                for what, cache in (("key_cache", self.key_cache), ("value_cache", self.value_cache))]
+
+    def move(self, group: PagedGroup, rows: int, backend: None, repeatable: bool) -> None:
+        key_value, op = self.key_value, self.op
+        slots = device_slots(self.slot_mapping, group.device, rows, op, "slot_mapping")
+        tokens = key_value.shape[2]
+        if tokens == 0:
+            return
+        strides = byte_strides(key_value, "key_value", op)
+        base = self.layer_idx * strides[1]
+        move(group, PlaneSlots(slots, 0, tokens), key_value, [base, base + strides[0]], [strides[2]] * 2, 0,
+             self.store, op, "key_value", transfer_backend())
+
+
+class _LoadFlash(_Flash):
+    op = "load_and_reshape_flash"
+    store = True
+
+
+class _ReshapeFlash(_Flash):
+    op = "reshape_and_cache_back_flash"
 
 
 def multi_layer_kv_transfer(
@@ -217,40 +427,8 @@ def multi_layer_kv_transfer(
     Tokens before `skip_prefix_n_tokens` are not moved. The paged layers are a
     list of tensors or a pointer table over `page_buffer_size` slots.
     """
-    op = "multi_layer_kv_transfer"
-    ran, handle, backend = _repeated(op, key_value_ptrs, (key_value, slot_mapping), (
-        paged_memory_device, page_buffer_size, direction, engine_kv_format, block_size, head_size,
-        skip_prefix_n_tokens, block_stride_elems))
-    if ran:
-        return
-    facts = format_facts(engine_kv_format, op)
-    store, key_value, slot_mapping = _multi_layer_arguments(op, direction, key_value, slot_mapping, page_buffer_size)
-    int_arg(block_size, "block_size", op)
-    int_arg(skip_prefix_n_tokens, "skip_prefix_n_tokens", op)
-    int_arg(block_stride_elems, "block_stride_elems", op)
-    kv_size = 1 if facts.mla else 2
-    if key_value.shape[0] != kv_size:
-        raise TransferError(
-            f"{op}: key_value has shape {tuple(key_value.shape)} for {facts.name}; allowed: [{kv_size}, L, T, H]"
-        )
-    if not (facts.mla or facts.two_major) and (block_size == 0 or page_buffer_size % block_size):
-        raise TransferError(
-            f"{op}: block_size={block_size} for {facts.name} with page_buffer_size={page_buffer_size}; "
-            "allowed: a block size > 0 dividing page_buffer_size"
-        )
-    layers, hidden, device = key_value.shape[1], key_value.shape[3], torch.device(paged_memory_device)
-
-    def planes() -> list[list[torch.Tensor]]:
-        tensors = _token_layers(key_value_ptrs, layers, facts, key_value.dtype, hidden, page_buffer_size, block_size,
-                                block_stride_elems, device, op)
-        return _kv_planes(tensors, facts, block_size, op)
-
-    key = (op, facts.name, key_value.dtype, layers, hidden, page_buffer_size, block_size, block_stride_elems, device,
-           hidden * key_value.element_size())
-    group, rows = _token_group(op, key_value_ptrs, key, planes)
-    repeat = _token_move(op, key_value, group, rows, slot_mapping, store, min(skip_prefix_n_tokens, key_value.shape[2]),
-                         backend, repeatable=handle is not None)
-    repeats.keep(handle, repeat)
+    run(_MultiLayer, (key_value, key_value_ptrs, slot_mapping, paged_memory_device, page_buffer_size, direction,
+                      engine_kv_format, block_size, head_size, skip_prefix_n_tokens, block_stride_elems))
 
 
 def multi_layer_kv_transfer_unilateral(
@@ -266,30 +444,8 @@ def multi_layer_kv_transfer_unilateral(
 
     MLA formats move one latent plane exactly as `multi_layer_kv_transfer`.
     """
-    op = "multi_layer_kv_transfer_unilateral"
-    ran, handle, backend = _repeated(op, key_value_ptrs, (key_value, slot_mapping),
-                                     (paged_memory_device, page_buffer_size, direction, engine_kv_format))
-    if ran:
-        return
-    facts = format_facts(engine_kv_format, op)
-    if facts.mla:
-        multi_layer_kv_transfer(key_value, key_value_ptrs, slot_mapping, paged_memory_device, page_buffer_size,
-                                direction, engine_kv_format)
-        return
-    store, key_value, slot_mapping = _multi_layer_arguments(op, direction, key_value, slot_mapping, page_buffer_size)
-    if key_value.shape[0] != 2:
-        raise TransferError(f"{op}: key_value has shape {tuple(key_value.shape)}; allowed: [2, L, T, H]")
-    layers, hidden, device = key_value.shape[1], key_value.shape[3], torch.device(paged_memory_device)
-
-    def planes() -> list[list[torch.Tensor]]:
-        buffers = _token_layers(key_value_ptrs, layers, facts, key_value.dtype, hidden, page_buffer_size, 0, 0,
-                                device, op, per_layer=2)
-        return [buffers[:layers], buffers[layers:]]
-
-    key = (op, facts.name, key_value.dtype, layers, hidden, page_buffer_size, device, hidden * key_value.element_size())
-    group, rows = _token_group(op, key_value_ptrs, key, planes)
-    repeats.keep(handle, _token_move(op, key_value, group, rows, slot_mapping, store, 0, backend,
-                                      repeatable=handle is not None))
+    run(_Unilateral, (key_value, key_value_ptrs, slot_mapping, paged_memory_device, page_buffer_size, direction,
+                      engine_kv_format))
 
 
 def single_layer_kv_transfer(
@@ -301,79 +457,8 @@ def single_layer_kv_transfer(
     token_major: bool = False,
 ) -> None:
     """One layer: LMCache's [T, H] (MLA), [2, T, H] or token-major [T, 2, H] <-> vLLM's paged layer."""
-    op = "single_layer_kv_transfer"
-    facts = format_facts(engine_kv_format, op)
-    store = is_store(direction, op)
-    lmc = checked_tensor(lmc_key_value_cache, "lmc_key_value_cache", op)
-    paged = checked_tensor(vllm_key_value_cache, "vllm_key_value_cache", op)
-    slot_mapping = slot_tensor(slot_mapping, op)
-    same_dtype(paged, lmc.dtype, "vllm_key_value_cache", "lmc_key_value_cache", op)
-    tokens = slot_mapping.numel()
-    if facts.mla:
-        expected = (tokens, None)
-        planes = [[paged]]
-        if lmc.dim() != 2 or lmc.shape[0] != tokens:
-            raise TransferError(f"{op}: lmc_key_value_cache has shape {tuple(lmc.shape)}; allowed: [{tokens}, H]")
-        _check_row_width(paged, "vllm_key_value_cache", 3, 1, lmc.shape[1], "lmc_key_value_cache", op)
-        hidden_bytes = lmc.shape[1] * lmc.element_size()
-        strides = byte_strides(lmc, "lmc_key_value_cache", op)
-        offsets, pitch = [0], strides[0]
-    else:
-        planes = _kv_planes([paged], facts, 0, op)
-        expected = (tokens, 2, "H") if token_major else (2, tokens, "H")
-        if lmc.dim() != 3 or tuple(lmc.shape[:2]) != expected[:2]:
-            raise TransferError(
-                f"{op}: lmc_key_value_cache has shape {tuple(lmc.shape)}; allowed: "
-                f"[{', '.join(str(d) for d in expected)}] (token_major={token_major})"
-            )
-        _check_row_width(paged, "vllm_key_value_cache", 5, 2, lmc.shape[2], "lmc_key_value_cache", op)
-        hidden_bytes = lmc.shape[2] * lmc.element_size()
-        strides = byte_strides(lmc, "lmc_key_value_cache", op)
-        if token_major:
-            offsets, pitch = [0, strides[1]], strides[0]
-        else:
-            offsets, pitch = [0, strides[0]], strides[1]
-    group = paged_group([(caches, _block_size_of(caches[0], hidden_bytes, "vllm_key_value_cache", op), hidden_bytes)
-                    for caches in planes])
-    rows = group.geometry[0][0].num_blocks * group.planes[0].block_size
-    slots = device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
-    if tokens:
-        move(group, PlaneSlots(slots, 0, tokens), lmc, offsets, [pitch] * len(offsets), 0, store, op,
-              "lmc_key_value_cache", transfer_backend())
-
-
-def _flash(op: str, key_value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-           slot_mapping: torch.Tensor, layer_idx: int, store: bool) -> None:
-    key_value = checked_tensor(key_value, "key_value", op, dims=4)
-    key_cache = checked_tensor(key_cache, "key_cache", op)
-    value_cache = checked_tensor(value_cache, "value_cache", op)
-    slot_mapping = slot_tensor(slot_mapping, op)
-    int_arg(layer_idx, "layer_idx", op)
-    if key_value.shape[0] != 2 or layer_idx >= key_value.shape[1]:
-        raise TransferError(
-            f"{op}: key_value has shape {tuple(key_value.shape)} with layer_idx={layer_idx}; "
-            "allowed: [2, L, T, H] with layer_idx < L"
-        )
-    tokens, hidden = key_value.shape[2], key_value.shape[3]
-    for what, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        same_dtype(cache, key_value.dtype, what, "key_value", op)
-        _check_row_width(cache, what, 4, 2, hidden, "key_value", op)
-    if slot_mapping.numel() != tokens:
-        raise TransferError(
-            f"{op}: slot_mapping has {slot_mapping.numel()} slots but key_value holds {tokens} tokens; "
-            "allowed: one slot per token"
-        )
-    row = hidden * key_value.element_size()
-    group = paged_group([([cache], _block_size_of(cache, row, what, op), row)
-                    for what, cache in (("key_cache", key_cache), ("value_cache", value_cache))])
-    rows = min(group.geometry[0][p].num_blocks * group.planes[p].block_size for p in range(2))
-    slots = device_slots(slot_mapping, group.device, rows, op, "slot_mapping")
-    if tokens == 0:
-        return
-    strides = byte_strides(key_value, "key_value", op)
-    base = layer_idx * strides[1]
-    move(group, PlaneSlots(slots, 0, tokens), key_value, [base, base + strides[0]], [strides[2]] * 2, 0, store,
-          op, "key_value", transfer_backend())
+    run(_SingleLayer, (lmc_key_value_cache, vllm_key_value_cache, slot_mapping, direction, engine_kv_format,
+                       token_major))
 
 
 def load_and_reshape_flash(
@@ -384,7 +469,7 @@ def load_and_reshape_flash(
     layer_idx: int,
 ) -> None:
     """Gather: key_value[:, layer_idx] [2, T, H] <- key/value caches [NB, BS, NH, HS] at slot_mapping."""
-    _flash("load_and_reshape_flash", key_value, key_cache, value_cache, slot_mapping, layer_idx, store=True)
+    run(_LoadFlash, (key_value, key_cache, value_cache, slot_mapping, layer_idx))
 
 
 def reshape_and_cache_back_flash(
@@ -395,4 +480,4 @@ def reshape_and_cache_back_flash(
     layer_idx: int,
 ) -> None:
     """Scatter: key/value caches [NB, BS, NH, HS] at slot_mapping <- key_value[:, layer_idx] [2, T, H]."""
-    _flash("reshape_and_cache_back_flash", key_value, key_cache, value_cache, slot_mapping, layer_idx, store=False)
+    run(_ReshapeFlash, (key_value, key_cache, value_cache, slot_mapping, layer_idx))

@@ -1,9 +1,4 @@
-"""The patch framework: declarations, the registry and the listing CLI.
-
-Patch authors need only ``from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard,
-adds_keywords``, module-level wrappers ``wrapper(wrapped, instance, args, kwargs)`` and a
-regenerated `lmcache_ascend.patches.catalogue`.  See `model.Patch`.
-"""
+"""The patch framework: declarations (`model.Patch`), the registry and the listing CLI."""
 
 from lmcache_ascend.patches.model import MISSING, Patch, PatchContext, PatchKind, State, adds_keywords
 
@@ -11,7 +6,7 @@ __all__ = ["MISSING", "Patch", "PatchContext", "PatchKind", "State", "UpstreamGu
 
 
 def __getattr__(name: str) -> object:
-    # UpstreamGuard and Verdict: model loads them on first use (activation needs neither).
+    # Loaded on first use: activation needs neither.
     if name in ("UpstreamGuard", "Verdict"):
         from lmcache_ascend.patches import model
 

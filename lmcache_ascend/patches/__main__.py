@@ -19,7 +19,7 @@ from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat.source import fingerprint
 from lmcache_ascend.compat.versions import PROJECT_PACKAGES, installed_projects
 from lmcache_ascend.patches import registry as registry_module
-from lmcache_ascend.patches.model import MISSING, CatalogueEntry, State, read_raw, resolve_owner, split_attribute_path
+from lmcache_ascend.patches.model import MISSING, CatalogueEntry, State, look_up
 
 TABLE_WIDTH = 120  # unless --wide (JSON keeps every word)
 # The packages whose modules declare patches.
@@ -199,8 +199,7 @@ def _fingerprints(name: str) -> int:
               file=sys.stderr)
         return 2
     for path in patch.attributes:
-        owner_path, attribute = split_attribute_path(path)
-        raw = read_raw(resolve_owner(module, owner_path), attribute)
+        raw = look_up(module, path)[2]
         print(f"{path!r}: {fingerprint(raw) if raw is not MISSING else None!r},")
     return 0
 

@@ -104,6 +104,10 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
            {"lmcache": ">=0.4.5,<0.6", "redis": ">=4.2"}),
     _entry("lmcache-job-queue-cancelled-jobs", "lmcache.job_queue_cancelled_jobs",
            "lmcache.v1.storage_backend.job_executor.pq_executor", {"lmcache": ">=0.4.5,<0.6"}),
+    _entry("lmcache-cpu-shm-in-place", "lmcache.cpu_mp_strided_caches", "lmcache.v1.platform.devices.cpu.shm",
+           {"lmcache": ">=0.5.6,<0.6"}),
+    _entry("lmcache-cpu-paged-block-stride", "lmcache.cpu_mp_strided_caches",
+           "lmcache.v1.platform.torch_ops.mp_mem_kernels", {"lmcache": ">=0.5.6,<0.6"}),
 )
 
 # The declaration modules, in order.

@@ -1,7 +1,6 @@
 """Whether a patch goes in: the flags, the installed versions, upstream's own fix, the host and
-the prerequisites, each answering with the skip it decides or None.  Nothing here changes a
-record or imports a target; version and guard checks load `lmcache_ascend.compat` modules on
-first use (activation needs only the flag gate and a file lookup).
+the prerequisites, each answering with the skip it decides or None (changing no record,
+importing no target; activation needs only the flag gate and a file lookup).
 """
 
 from __future__ import annotations
@@ -14,13 +13,11 @@ from lmcache_ascend.compat.source import module_is_locatable
 from lmcache_ascend.patches.install import Outcome
 from lmcache_ascend.patches.model import CatalogueEntry, Patch, State
 
-# Skips that a patch built on another inherits as they are; any other state of a
-# prerequisite that is not in makes the dependent fail.
+# A prerequisite's skips that its dependents inherit; any other state that is not in fails them.
 _INHERITED = (State.SKIPPED_DISABLED, State.SKIPPED_VERSION, State.SKIPPED_HOST)
 
 
 def flag_gate(entry: CatalogueEntry, flag_values: Mapping[str, object]) -> Outcome | None:
-    """The skip the flags decide (off, disabled by name, not enabled), or None."""
     if not flag_values["LMCACHE_ASCEND_PATCHES"]:
         return Outcome(State.SKIPPED_DISABLED, "LMCACHE_ASCEND_PATCHES=0")
     disabled = flag_values["LMCACHE_ASCEND_DISABLED_PATCHES"]
@@ -32,7 +29,7 @@ def flag_gate(entry: CatalogueEntry, flag_values: Mapping[str, object]) -> Outco
 
 
 def before_import(entry: CatalogueEntry, flag_values: Mapping[str, object]) -> Outcome | None:
-    """What can be decided without the target (nor the declaration); None when it waits for the import."""
+    """What can be decided without the target or the declaration; None: it waits for the import."""
     skip = flag_gate(entry, flag_values)
     if skip is not None or module_is_locatable(entry.target):  # a cheap file lookup
         return skip
@@ -40,8 +37,7 @@ def before_import(entry: CatalogueEntry, flag_values: Mapping[str, object]) -> O
 
 
 def missing_target(entry: CatalogueEntry) -> Outcome:
-    """Why `entry`'s target is not there: its package is absent, or (for a package that
-    exists but lacks the module) usually a version the patch is not for."""
+    """Why `entry`'s target is not there: its package is absent, or usually a version the patch is not for."""
     missing = Outcome(State.TARGET_MISSING, f"module {entry.target} not found")
     if not module_is_locatable(entry.target.partition(".")[0]):
         return missing.replace(distribution_missing=True)  # not even its package is there
@@ -53,19 +49,19 @@ def missing_target(entry: CatalogueEntry) -> Outcome:
 
 
 def version_gate(patch: Patch | CatalogueEntry) -> tuple[Outcome | None, str]:
-    """(None, the versions found) when every requirement holds, else (the skip, ""); an
-    undecidable check (no `packaging` in a bare interpreter) lets the patch through."""
-    from lmcache_ascend.compat.versions import installed_version, specifier_error, version_satisfies
+    """(None, the versions found) when every requirement holds, else (the skip, ""); without
+    `packaging` (a bare interpreter) the check lets the patch through."""
+    from lmcache_ascend.compat.versions import installed_version, version_satisfies
 
     notes = []
     for distribution, specifier in patch.requires.items():
         version = installed_version(distribution)
         if version is None:
             return Outcome(State.TARGET_MISSING, f"{distribution} is not installed", distribution_missing=True), ""
-        bad_specifier = specifier_error(specifier)
-        if bad_specifier:
-            return Outcome(State.SKIPPED_VERSION, f"invalid requirement for {distribution}: {bad_specifier}"), ""
-        verdict = version_satisfies(version, specifier)
+        try:
+            verdict = version_satisfies(version, specifier)
+        except ValueError as error:  # packaging's InvalidSpecifier
+            return Outcome(State.SKIPPED_VERSION, f"invalid requirement for {distribution}: {error}"), ""
         if verdict is False:
             return Outcome(State.SKIPPED_VERSION, f"{distribution} {version} is outside {specifier}"), ""
         notes.append(f"{distribution} {version}" + (" (unchecked: packaging missing)" if verdict is None else ""))
@@ -90,8 +86,7 @@ def decide(patch: Patch, module: types.ModuleType | None) -> tuple[Outcome | Non
 
 
 def prerequisite_refusal(patch: Patch, states: Mapping[str, tuple[State, str]]) -> Outcome | None:
-    """Why `patch` can't go in for its prerequisites (`states`: name -> (state, reason) of
-    the declared patches), or None; a skip is inherited as such."""
+    """Why `patch` can't go in for its prerequisites (`states`: name -> (state, reason)), or None."""
     for prerequisite in patch.after:
         if prerequisite not in states:
             return Outcome(State.FAILED, f"needs patch {prerequisite!r}, which is not declared")
@@ -104,8 +99,8 @@ def prerequisite_refusal(patch: Patch, states: Mapping[str, tuple[State, str]]) 
 
 
 def owned_flag_refusal(patch: Patch) -> Outcome | None:
-    """The failure for what is wrong with the flags `patch` owns, or None (checked when it goes in:
-    activation leaves them alone, as upstream may read them with its own rules)."""
+    """What is wrong with the flags `patch` owns, checked when it goes in (activation leaves them
+    alone: upstream may read them by its own rules), or None."""
     problems = []
     for name in patch.flags:
         if not flag_table.get_flag(name).owned_by_patches:

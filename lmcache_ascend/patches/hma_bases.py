@@ -1,13 +1,12 @@
-"""The ``__bases__`` that make an in-process LMCache connector class a ``SupportsHMA``: a build
-shared by the patches of LMCache's and vLLM's connector classes (which may not import each other).
-"""
+"""A build shared by the patches of LMCache's and vLLM's connector classes (which may not import
+each other): the ``__bases__`` that make an in-process LMCache connector a ``SupportsHMA``."""
 
 from __future__ import annotations
 
 
 def supports_hma_bases(class_name: str):
-    """A patch build giving the target's `class_name` the ``SupportsHMA`` mixin as last base
-    (the registry clears the ABC caches of ``SupportsHMA`` when it sets or restores ``__bases__``)."""
+    """A build giving `class_name` the ``SupportsHMA`` mixin as last base (the registry clears the
+    ABC caches when it sets or restores ``__bases__``)."""
 
     def build(ctx) -> dict[str, object]:
         from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA

@@ -1,10 +1,4 @@
-"""Installing a patch on its target: every attribute set, or none, and put back on revert.
-
-`resolve` looks the patch's attributes up on the imported target, `kind_refusal` says why a
-patch of that kind may not go there, and `install` builds the new values (wrappers around the
-originals, or what the patch's build returns) and sets them all or none, rebinding other
-modules' names for a replaced module-level value; `restore` and `same` serve the revert.
-"""
+"""Installing a patch on its target: every attribute set, or none, and put back on revert."""
 
 from __future__ import annotations
 
@@ -27,13 +21,11 @@ from lmcache_ascend.patches.model import (
 )
 
 
-# Plain classes with slots, treated as immutable: a frozen dataclass or a named tuple costs more
-# to create at import than activation may.
+# Plain slotted classes: a frozen dataclass or a named tuple costs more at import than activation may.
 class Outcome:
-    """What deciding about or applying a patch came to; recorded by `PatchRecord.settle`.
-    ``error`` is a traceback; ``fingerprints`` None leaves the recorded ones; an apply's
-    ``installed`` and ``originals`` are the raw values per attribute path, ours and upstream's,
-    and ``aliases`` (module, name, ours, original) the other modules' names it rebound."""
+    """What deciding about or applying a patch came to.  ``error`` is a traceback; ``fingerprints``
+    None leaves the recorded ones; an apply's ``installed`` and ``originals`` are the raw values
+    per path, ours and upstream's, ``aliases`` the other modules' names it rebound."""
 
     __slots__ = ("state", "reason", "error", "fingerprints", "untested", "distribution_missing", "installed",
                  "originals", "aliases")
@@ -47,7 +39,6 @@ class Outcome:
         self.installed, self.originals, self.aliases = installed, originals, aliases
 
     def replace(self, **changes: object) -> "Outcome":
-        """A copy with `changes`."""
         return Outcome(**{**{name: getattr(self, name) for name in self.__slots__}, **changes})
 
     def __repr__(self) -> str:
@@ -55,8 +46,7 @@ class Outcome:
 
 
 class Resolution:
-    """The patch's attributes looked up on the target: ``owners``, raw ``originals``, or what
-    is ``missing`` (None when nothing is)."""
+    """The patch's attributes on the target: ``owners``, raw ``originals``, what is ``missing`` or None."""
 
     __slots__ = ("owners", "originals", "missing")
 
@@ -65,7 +55,7 @@ class Resolution:
 
 
 def resolve(patch: Patch, module: types.ModuleType) -> Resolution:
-    """Every attribute's owner and raw original; what is missing is reported after the version gate."""
+    """Every attribute's owner and raw original (what is missing is reported after the version gate)."""
     owners: dict[str, object] = {}
     originals: dict[str, object] = {}
     for path in patch.attributes:
@@ -97,7 +87,6 @@ def kind_refusal(patch: Patch, resolution: Resolution) -> Outcome | None:
 
 
 def _new_values(patch: Patch, module: types.ModuleType, resolution: Resolution) -> dict[str, object]:
-    """The values to install: each wrapper around its original, plus what ``build`` returns."""
     values = dict(patch.build(PatchContext(patch, module))) if patch.build is not None else {}
     for path, wrapper in patch.wrappers.items():
         owner, original = resolution.owners[path], resolution.originals[path]
@@ -106,8 +95,7 @@ def _new_values(patch: Patch, module: types.ModuleType, resolution: Resolution) 
 
 
 def _value_refusal(patch: Patch, new_values: Mapping[str, object], originals: Mapping[str, object]) -> Outcome | None:
-    """Why the built values can't go in: not exactly the declared paths, or (REPLACE) a function
-    where data was or the reverse."""
+    """Why the built values can't go in: not the declared paths, or (REPLACE) code for data or the reverse."""
     if set(new_values) != set(patch.attributes) or len(new_values) != len(patch.attributes):
         expected = sorted(patch.attributes)
         return Outcome(State.FAILED, f"build returned {sorted(new_values)}, expected exactly {expected}")
@@ -125,7 +113,7 @@ def _value_refusal(patch: Patch, new_values: Mapping[str, object], originals: Ma
 def install(
     patch: Patch, module: types.ModuleType, resolution: Resolution, fingerprints: Mapping[str, str | None], note: str
 ) -> Outcome:
-    """Build the new values and set them all, or none; returns what was installed."""
+    """Build the new values and set them all, or none."""
     try:
         new_values = _new_values(patch, module, resolution)
     except Exception as error:  # nothing is touched if this raises
@@ -134,7 +122,7 @@ def install(
     refusal = _value_refusal(patch, new_values, originals)
     if refusal is not None:
         return refusal
-    from lmcache_ascend.compat import markers
+    from lmcache_ascend.compat import bindings, markers
 
     for value in new_values.values():
         markers.mark(value, patch.name)
@@ -151,9 +139,9 @@ def install(
             restore(owners[path], split_attribute_path(path)[1], originals[path])
         return Outcome(State.FAILED, f"installing raised {type(error).__name__}: {error}", short_trace())
     installed = {path: read_raw(owners[path], split_attribute_path(path)[1]) for path in patch.attributes}
-    aliases = _rebind_aliases(module, [(originals[p], installed[p]) for p in patch.attributes if owners[p] is module])
-    # Drift: a target whose source we never tested still applies, but says so; code without
-    # source is untested too unless the patch lists it so.
+    replaced = [(originals[path], installed[path]) for path in patch.attributes if owners[path] is module]
+    aliases = bindings.rebind_aliases(module, replaced, __name__.split(".", 1)[0])
+    # A target whose source was never tested still applies, but says so.
     tested = patch.tested_fingerprints
     untested = [
         path + (" has no source" if print_ == NO_SOURCE else "") for path, print_ in fingerprints.items()
@@ -163,19 +151,6 @@ def install(
         note = f"untested target ({', '.join(untested)}); {note}"
     return Outcome(State.APPLIED, note, untested=bool(untested), installed=installed, originals=dict(originals),
                    aliases=aliases)
-
-
-def _rebind_aliases(module: types.ModuleType, replaced: list[tuple[object, object]]) -> tuple:
-    """Point other modules' names for a replaced value of `module` at ours (see compat.bindings):
-    (original, ours) pairs in, (importer, name, ours, original) out."""
-    from lmcache_ascend.compat import bindings
-
-    ours_by_id = {id(original): ours for original, ours in replaced if original is not MISSING}
-    originals = [original for original, _ in replaced if original is not MISSING]
-    found = bindings.aliases_of(originals, module, __name__.split(".", 1)[0])
-    for importer, name, original in found:
-        setattr(importer, name, ours_by_id[id(original)])
-    return tuple((importer, name, ours_by_id[id(original)], original) for importer, name, original in found)
 
 
 def _is_callable_member(raw: object) -> bool:
@@ -200,8 +175,8 @@ def restore(owner: object, attribute: str, original: object) -> None:
 
 
 def _forget_abc_answers(old_bases: tuple, new_bases: tuple) -> None:
-    """Clear the issubclass caches of every ABC a __bases__ change added or removed: ABCMeta
-    caches both answers, so ``isinstance(x, SupportsHMA)`` could keep its answer from before."""
+    """Clear the caches of every ABC a __bases__ change added or removed, which would keep
+    ``isinstance(x, SupportsHMA)``'s answer from before."""
     import abc
 
     for base in set(old_bases) ^ set(new_bases):

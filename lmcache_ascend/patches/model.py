@@ -12,7 +12,7 @@ from lmcache_ascend.compat.source import function_behind
 
 
 def __getattr__(name: str) -> object:
-    # The guard types belong to compat, which evaluates them; activation needs neither (PEP 562).
+    # The guard types live in compat; activation needs neither (PEP 562).
     if name in ("UpstreamGuard", "Verdict"):
         from lmcache_ascend.compat import guards
 
@@ -33,7 +33,7 @@ Wrapper = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
 
 class _Missing:
-    """Marks an attribute absent from its owner's ``__dict__``: falsy, one instance (`MISSING`)."""
+    """Marks an attribute absent from its owner's ``__dict__`` (falsy)."""
 
     def __repr__(self) -> str:
         return "MISSING"
@@ -67,10 +67,8 @@ class State(enum.Enum):
     OVERRIDDEN = "overridden"
 
 
-# The life of a patch record: the states each state may go to, and nothing else
-# (`PatchRecord.set` refuses the rest).  A pending record is decided once; a decided
-# one goes back to pending only to be decided again (re-activation, `apply_now`), and
-# any decision made without the declaration fails when the declaration does not load.
+# The states each state may go to (`PatchRecord.set` refuses the rest): a decided record goes
+# back to pending only to be decided again, and fails when its declaration does not load.
 _DECIDED = (State.SKIPPED_DISABLED, State.SKIPPED_VERSION, State.SKIPPED_UPSTREAM, State.SKIPPED_HOST,
             State.TARGET_MISSING)
 TRANSITIONS: dict[State, frozenset[State]] = {
@@ -99,15 +97,12 @@ _PATCH_FIELDS: dict[str, Callable[[], object] | None] = {
 
 
 class Patch:
-    """One change to one upstream module, declared once (immutable; keywords only).
+    """One change to one upstream module (immutable; keywords only).
 
-    ``wrappers`` maps attribute paths to module-level `Wrapper` functions, put around the
-    originals with their binding; ``build`` receives a `PatchContext` and returns the raw values
-    for the other paths.  Together they give every path of ``attributes`` exactly once: the
-    framework installs all or none, marks what it installs and can restore the originals.
-    ``summary`` (what), ``why``, ``mirrors`` and ``delete_when`` are the patch's description,
-    written here only (``show`` reads them).  A plain class: a frozen dataclass costs
-    milliseconds of activation.
+    ``wrappers`` maps attribute paths to `Wrapper` functions put around the originals; ``build``
+    receives a `PatchContext` and returns the values of the other paths.  ``summary``, ``why``,
+    ``mirrors`` and ``delete_when`` describe it (``show`` prints them).  A plain class: a frozen
+    dataclass costs milliseconds of activation.
     """
 
     def __init__(self, **fields: object) -> None:
@@ -129,7 +124,6 @@ class Patch:
         return f"Patch(name={self.name!r}, target={self.target!r}, kind={self.kind})"
 
     def replace(self, **changes: object) -> "Patch":
-        """A copy with `changes` (checked like a new declaration)."""
         return Patch(**{**{name: getattr(self, name) for name in _PATCH_FIELDS}, **changes})
 
     def _check(self) -> None:
@@ -155,10 +149,8 @@ class Patch:
 
 
 class CatalogueEntry:
-    """What activation knows of a patch before its declaration is imported: enough to gate it
-    and to arm the hook that imports the declaration with its target.  The catalogue lists one
-    per patch, derived from the declarations (`of`); ``module`` is the declaring module (None
-    for a `Patch` handed to a `Registry` directly)."""
+    """What activation knows of a patch without importing its declaration: enough to gate it and
+    hook its target.  ``module`` declares it (None for a `Patch` given to a `Registry` directly)."""
 
     __slots__ = ("name", "module", "target", "requires", "flags", "enabled_by", "after")
     PATCH_FIELDS = ("name", "target", "requires", "flags", "enabled_by", "after")  # a Patch has them too
@@ -170,7 +162,6 @@ class CatalogueEntry:
 
     @classmethod
     def of(cls, patch: "Patch", module: str | None) -> "CatalogueEntry":
-        """The entry of `patch`, declared in `module`."""
         header = {field: getattr(patch, field) for field in cls.PATCH_FIELDS}
         return cls(header.pop("name"), module=module, **header)
 
@@ -193,7 +184,6 @@ def split_attribute_path(path: str) -> tuple[str, str]:
 
 
 def resolve_owner(module: types.ModuleType, owner_path: str) -> object:
-    """The object that owns an attribute: the module itself or a (nested) class in it."""
     owner: object = module
     for part in filter(None, owner_path.split(".")):
         owner = getattr(owner, part)
@@ -207,6 +197,13 @@ def read_raw(owner: object, name: str) -> object:
     return vars(owner).get(name, MISSING)
 
 
+def look_up(module: types.ModuleType, path: str) -> tuple[object, str, object]:
+    """(owner, attribute name, raw value) of `path` on `module`; AttributeError if its owner is gone."""
+    owner_path, name = split_attribute_path(path)
+    owner = resolve_owner(module, owner_path)
+    return owner, name, read_raw(owner, name)
+
+
 class PatchContext:
     """What a patch's ``build`` may look at: the target module and its originals."""
 
@@ -215,24 +212,23 @@ class PatchContext:
         self.module = module
 
     def owner(self, path: str) -> object:
-        return resolve_owner(self.module, split_attribute_path(path)[0])
+        return look_up(self.module, path)[0]
 
     def original(self, path: str) -> object:
         """The raw original (e.g. the classmethod object itself), or MISSING."""
-        return read_raw(self.owner(path), split_attribute_path(path)[1])
+        return look_up(self.module, path)[2]
 
     def original_function(self, path: str) -> Callable[..., Any]:
         """The plain function behind an attribute, own or inherited, for wrapping."""
-        raw = self.original(path)
+        owner, name, raw = look_up(self.module, path)
         if raw is MISSING:
-            raw = getattr(self.owner(path), split_attribute_path(path)[1])
+            raw = getattr(owner, name)
             raw = getattr(raw, "__func__", raw)  # inherited classmethod comes back bound
         return function_behind(raw)
 
 
 def adds_keywords(**defaults: object) -> Callable[[Wrapper], Wrapper]:
-    """Declare the keyword-only arguments a wrapper takes beyond the original's (it pops them
-    from ``kwargs``); the installed function's signature shows them."""
+    """Declare the keyword-only arguments a wrapper pops from ``kwargs``: the installed signature shows them."""
 
     def declare(wrapper: Wrapper) -> Wrapper:
         wrapper.added_keywords = dict(defaults)
@@ -242,8 +238,8 @@ def adds_keywords(**defaults: object) -> Callable[[Wrapper], Wrapper]:
 
 
 def wrapped_member(owner: object, name: str, raw: object, wrapper: Wrapper) -> object:
-    """The value to install for `owner.name` (raw value `raw`, MISSING when inherited) that
-    calls ``wrapper(wrapped, instance, args, kwargs)``, bound as the original is."""
+    """The value for `owner.name` (raw value `raw`, MISSING when inherited) that calls
+    ``wrapper(wrapped, instance, args, kwargs)``, bound as the original is."""
     if raw is MISSING:
         raw = inspect.getattr_static(owner, name)
     if isinstance(raw, property):

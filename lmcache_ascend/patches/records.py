@@ -1,7 +1,5 @@
 """What happened to each patch in this process (`PatchRecord`), and its declaration, imported
-when first needed.  A record's state changes only through `PatchRecord.set`, along
-`model.TRANSITIONS`; `PatchRecord.settle` writes down a whole `Outcome`.
-"""
+when first needed."""
 
 from __future__ import annotations
 
@@ -23,8 +21,8 @@ def declared_in(module_name: str) -> tuple[Patch, ...]:
 
 
 def load_declaration(entry: CatalogueEntry) -> Patch:
-    """The `Patch` that `entry` announces, imported from its module; raises `DeclarationError`
-    if the module does not load or its declaration no longer matches the entry."""
+    """The `Patch` that `entry` announces, imported from its module; `DeclarationError` if the
+    module does not load or no longer declares what the entry says."""
     try:
         declared = {patch.name: patch for patch in declared_in(entry.module)}
     except Exception as error:
@@ -41,11 +39,9 @@ def load_declaration(entry: CatalogueEntry) -> Patch:
 
 
 class PatchRecord:
-    """What happened to one patch in this process (a plain class: see `Patch`).
-
-    ``state``, ``reason``, ``error`` and ``distribution_installed`` are read through properties:
-    a decision that activation postponed (`postpone`) is made when one of them is first read.
-    """
+    """What happened to one patch in this process.  A decision that activation postponed
+    (`postpone`) is made when ``state``, ``reason``, ``error`` or ``distribution_installed`` is
+    first read; the state changes only through `set`, along `model.TRANSITIONS`."""
 
     def __init__(self, entry: CatalogueEntry, patch: Patch | None = None) -> None:
         self.entry = entry
@@ -58,15 +54,15 @@ class PatchRecord:
         self._postponed: Callable[[], Outcome] | None = None
         self.untested = False
         self.fingerprints: dict[str, str | None] = {}
-        # What apply installed and what it replaced, per attribute path (for revert), and other
-        # modules' names it rebound: (module, name, ours, original).
+        # Per attribute path, what apply installed and what it replaced; other modules' names it
+        # rebound: (module, name, ours, original).
         self.installed: dict[str, object] = {}
         self.originals: dict[str, object] = {}
         self.aliases: list[tuple[object, str, object, object]] = []
 
     @property
     def patch(self) -> Patch:
-        """The declaration, imported from ``entry.module`` on first use; raises `DeclarationError`."""
+        """The declaration, imported on first use; raises `DeclarationError`."""
         if self._patch is None:
             if self._declaration_error is None:
                 try:
@@ -78,7 +74,6 @@ class PatchRecord:
         return self._patch
 
     def postpone(self, decide: Callable[[], Outcome]) -> None:
-        """Leave the record's decision to `decide`, made (and settled) when the record is first read."""
         self._postponed = decide
 
     def _decided(self) -> "PatchRecord":
@@ -94,18 +89,16 @@ class PatchRecord:
     distribution_installed = property(lambda self: self._decided()._distribution_installed)
 
     def set(self, state: State, reason: str, error: str | None = None) -> None:
-        """Move to `state`; a move `model.TRANSITIONS` does not allow is a bug of the registry."""
         self._postponed = None
         if state is not self._state and state not in TRANSITIONS[self._state]:
             raise RuntimeError(f"patch {self.entry.name}: no transition {self._state.value} -> {state.value}")
         self._state, self._reason, self._error = state, reason, error
 
     def rearm(self) -> None:
-        """Back to pending, to be decided again."""
         self.set(State.PENDING, "")
 
     def settle(self, outcome: Outcome) -> None:
-        """Write down `outcome`: the one place a decision or an apply reaches the record."""
+        """Write down a decision or an apply."""
         self.set(outcome.state, outcome.reason, outcome.error)
         if outcome.distribution_missing:
             self._distribution_installed = False
@@ -117,7 +110,6 @@ class PatchRecord:
             self.untested = outcome.untested
 
     def forget_installation(self) -> None:
-        """Nothing of ours is in place any more (reverted)."""
         self.installed.clear()
         self.originals.clear()
         self.untested = False

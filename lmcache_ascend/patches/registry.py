@@ -1,15 +1,11 @@
-"""The registry: the patches of one process, activating them and applying/reverting them.
+"""The registry: the patches of one process, activating, applying and reverting them.
 
-Life of a patch: declared --activate()--> gated (`gates.flag_gate`) --target imported-->
-decided (`gates.decide`: guard, version, host) --> installed, all or nothing (`install`) -->
-recorded (`records.PatchRecord`, along `model.TRANSITIONS`).
-
-Activation works from each patch's `CatalogueEntry`: a declaration module is imported only
-with its target (the post-import hook) or when someone asks for the patch itself (the CLI,
-tests).  Nothing here imports a target by itself except `import_targets` (the CLI's
-``--import``) and `apply_now` (tests).  Every failure is caught and recorded: the user's
-import never sees an exception from a patch.  A target executed again (``importlib.reload``)
-is not followed: its fresh objects lack the patch, which the record reports as overridden.
+A patch is gated at activation (`gates.flag_gate`), decided when its target is imported
+(`gates.decide`: guard, version, host), installed all or nothing (`install`) and recorded
+(`records.PatchRecord`).  Activation reads only the catalogue: a declaration is imported with
+its target.  Only `import_targets` (the CLI's ``--import``) and `apply_now` import a target.
+Every failure is recorded, never raised into the user's import.  A reloaded target is not
+followed: its record says overridden.
 """
 
 from __future__ import annotations
@@ -26,13 +22,8 @@ from lmcache_ascend.compat import import_hooks
 from lmcache_ascend.compat.source import fingerprint, module_is_locatable
 from lmcache_ascend.patches import gates
 from lmcache_ascend.patches.install import Outcome, install, kind_refusal, resolve, restore, same, short_trace
-from lmcache_ascend.patches.model import (
-    MISSING, CatalogueEntry, Patch, State, read_raw, resolve_owner, split_attribute_path,
-)
+from lmcache_ascend.patches.model import MISSING, CatalogueEntry, Patch, State, look_up, read_raw, split_attribute_path
 from lmcache_ascend.patches.records import DeclarationError, PatchRecord, declared_in, load_declaration
-
-__all__ = ["DeclarationError", "PatchRecord", "Registry", "SCHEMA_VERSION", "declared_in", "load_declaration",
-           "process_registry"]
 
 SCHEMA_VERSION = 1
 
@@ -44,8 +35,7 @@ def _log(level: str, message: str, *args: object) -> None:
 
 
 class Registry:
-    """The patches of one process and their records; thread-safe.  Built from declarations
-    (`Patch`) or from catalogue entries, whose declarations are imported when first needed."""
+    """The patches of one process and their records (thread-safe), from declarations or catalogue entries."""
 
     def __init__(self, patches: Iterable[Patch | CatalogueEntry]):
         self._lock = threading.RLock()
@@ -53,10 +43,8 @@ class Registry:
         for item in patches:
             if item.name in self._records:
                 raise ValueError(f"two patches are named {item.name!r}")
-            if isinstance(item, CatalogueEntry):
-                self._records[item.name] = PatchRecord(item)
-            else:
-                self._records[item.name] = PatchRecord(CatalogueEntry.of(item, module=None), item)
+            entry, patch = (item, None) if isinstance(item, CatalogueEntry) else (CatalogueEntry.of(item, None), item)
+            self._records[item.name] = PatchRecord(entry, patch)
         self._load_errors: dict[str, str] = {}  # declaration module -> why it did not load
         self.activated_by: list[str] = []
         self._hooked: set[str] = set()
@@ -91,8 +79,8 @@ class Registry:
         return dict(self._load_errors)
 
     def load_declarations(self, names: Iterable[str]) -> None:
-        """Import the declarations of `names` and of their prerequisites, outside the lock
-        (an import may wait for another thread); one that fails leaves its record failed."""
+        """Import the declarations of `names` and their prerequisites, outside the lock (an import
+        may wait for another thread); one that fails leaves its record failed."""
         pending = list(names)
         seen: set[str] = set()
         while pending:
@@ -146,9 +134,8 @@ class Registry:
             import_hooks.register_post_import_hook(target, functools.partial(self.apply_to_module, name))
 
     def _arm(self, flag_values: Mapping[str, object]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-        """Gate every pending record; returns the (name, target) pairs to hook (first activation:
-        one hook per patch, for good) and to apply (re-activation of a target imported while
-        disarmed, whose hook has fired already)."""
+        """Gate every pending record; returns the (name, target) pairs to hook (once per patch)
+        and to apply (re-activated after their hook fired)."""
         to_hook: list[tuple[str, str]] = []
         to_apply: list[tuple[str, str]] = []
         for record in self._records.values():
@@ -208,9 +195,9 @@ class Registry:
         return record.state
 
     def _import_target(self, record: PatchRecord) -> types.ModuleType | None:
-        """`record`'s target, imported; None where its versions rule the patch out (then the target
-        is not even imported: it may need other packages) or the import fails, either settled on
-        a record still pending."""
+        """`record`'s target, imported; None (settled on a pending record) where its versions rule
+        the patch out (the target, which may need other packages, is then not imported) or the
+        import fails."""
         with self._lock:
             skip, _ = gates.version_gate(record.entry)
             if skip is not None:
@@ -244,16 +231,14 @@ class Registry:
                 _log("warning", "lmcache-ascend: patch %s failed: %s", name, record.reason)
 
     def _decide_and_install(self, patch: Patch, module: types.ModuleType) -> Outcome:
-        """Decide whether `patch` goes in on `module`, and install it if so."""
         from lmcache_ascend.compat import markers
 
         resolution = resolve(patch, module)
-        # Never twice: a mark of this patch on a current value means it is in already (checked
-        # before the guard, which would take our own work for upstream's).
+        # Our mark on a current value: another copy of the registry installed it (ours to report,
+        # not to revert).  Checked before the guard, which would take our work for upstream's.
         if resolution.missing is None and any(
             patch.name in markers.patch_names_on(raw) for raw in resolution.originals.values()
         ):
-            # Another copy of the registry installed it: ours to report, not to revert.
             return Outcome(State.APPLIED, "already applied (marked objects found)")
         skip, note = gates.decide(patch, module)
         if skip is not None:
@@ -293,8 +278,8 @@ class Registry:
             if record.state not in (State.APPLIED, State.OVERRIDDEN) or not record.installed:
                 return record.state  # not applied, or applied by another copy: nothing of ours to undo
             kept = []
-            for path, owner, attribute, ours in _installed_places(record, sys.modules.get(record.entry.target)):
-                if owner is not MISSING and same(read_raw(owner, attribute), ours):
+            for path, owner, attribute in _installed_places(record):
+                if owner is not MISSING and same(read_raw(owner, attribute), record.installed[path]):
                     restore(owner, attribute, record.originals[path])
                 else:
                     kept.append(path)
@@ -310,11 +295,10 @@ class Registry:
             self.revert(name)
 
     def _notice_override(self, record: PatchRecord) -> None:
-        module = sys.modules.get(record.entry.target)
-        if record.state is not State.APPLIED or not record.installed or module is None:
+        if record.state is not State.APPLIED or not record.installed or record.entry.target not in sys.modules:
             return
-        for path, owner, attribute, ours in _installed_places(record, module):
-            if not same(MISSING if owner is MISSING else read_raw(owner, attribute), ours):
+        for path, owner, attribute in _installed_places(record):
+            if owner is MISSING or not same(read_raw(owner, attribute), record.installed[path]):
                 record.set(State.OVERRIDDEN, f"{path} was replaced after we applied")
                 return
 
@@ -325,15 +309,15 @@ class Registry:
                 self._import_target(record)  # the post-import hook applies it
 
 
-def _installed_places(record: PatchRecord, module: types.ModuleType | None):
-    """(path, owner, attribute, our value) of what `record` installed; owner MISSING where it is gone."""
-    for path, ours in record.installed.items():
-        owner_path, attribute = split_attribute_path(path)
+def _installed_places(record: PatchRecord):
+    """(path, owner, attribute) of what `record` installed; owner MISSING where it is gone."""
+    module = sys.modules.get(record.entry.target)
+    for path in record.installed:
         try:
-            owner = resolve_owner(module, owner_path)
+            owner, attribute, _ = look_up(module, path)
         except AttributeError:
-            owner = MISSING
-        yield path, owner, attribute, ours
+            owner, attribute = MISSING, split_attribute_path(path)[1]
+        yield path, owner, attribute
 
 
 _PROCESS_REGISTRY: Registry | None = None

@@ -97,7 +97,8 @@ def _ttft(output) -> float | None:
     return latency or None
 
 
-def engine(model_name: str, arm: str, lengths: list[int], repeats: int, backend: str, out: Path) -> None:
+def engine(model_name: str, arm: str, lengths: list[int], repeats: int, backend: str, memory: float,
+           out: Path) -> None:
     """One engine process: the outputs pass, then the timing pass; JSON to `out`."""
     if arm.startswith("overlay"):
         import lmcache_ascend  # noqa: F401  (arms the overlay in this process, where the worker runs)
@@ -111,7 +112,7 @@ def engine(model_name: str, arm: str, lengths: list[int], repeats: int, backend:
             "max_model_len": max(lengths) + 64, "enforce_eager": True,
             "max_num_batched_tokens": None, "kv_cache_memory_bytes": None}
     options = llm_options(spec)
-    options.update(gpu_memory_utilization=0.5)
+    options.update(gpu_memory_utilization=memory)
     if backend:
         options["attention_config"] = {"backend": backend}
     from vllm import LLM, SamplingParams
@@ -139,7 +140,7 @@ def engine(model_name: str, arm: str, lengths: list[int], repeats: int, backend:
         control = [prompt[0] % (VOCAB - 1) + 1] + prompt[1:]
         for label, tokens in (("cold", prompt), ("warm", prompt), ("control", control)):
             result, _ = generate(tokens, outputs_sampling)
-            requests.append({"length": length, "label": label, **output_record(result)})
+            requests.append({"length": length, "label": label, "prompt": tokens, **output_record(result)})
     records = llm.collective_rpc(kv_oracle.report)
     llm.collective_rpc(kv_oracle.record, args=(False,))
 
@@ -181,12 +182,8 @@ def _summary(runs: dict, lengths: list[int]) -> dict:
         checked = None
         if run["arm"].startswith("overlay"):
             (records,) = run["oracle"]
-            prompts = []
-            rng = random.Random(0)
-            for length in lengths:
-                prompt = _prompt(rng, length)
-                prompts += [prompt, prompt, [prompt[0] % (VOCAB - 1) + 1] + prompt[1:]]
-            checked = assert_loaded_blocks_were_computed(records, prompts, [r["num_cached_tokens"] for r in run["requests"]])
+            checked = assert_loaded_blocks_were_computed(
+                records, [r["prompt"] for r in run["requests"]], [r["num_cached_tokens"] for r in run["requests"]])
         for got, want in zip(run["requests"], reference["requests"], strict=True):
             gap = max(abs(a - b) for a, b in zip(got["logprobs"], want["logprobs"], strict=True))
             rows.append({"arm": arm, "length": got["length"], "label": got["label"], "cached": got["num_cached_tokens"],
@@ -238,6 +235,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed prompts per length and arm")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--attention-backend", default="FLASH_ATTN", help="vLLM attention backend ('': vLLM's choice)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                        help="vLLM's share of device memory (on vLLM's CPU build: of host memory)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON")
     parser.add_argument("--engine", nargs=2, metavar=("MODEL", "ARM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -249,6 +248,8 @@ def main() -> None:
         lengths = []
     if not lengths or min(lengths) < 1:
         parser.error(f"--lengths={args.lengths!r}: give positive token counts, comma-separated (e.g. 4096,16384)")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        parser.error(f"--gpu-memory-utilization={args.gpu_memory_utilization}: allowed: above 0, at most 1")
     known = sorted({*MODELS, *REAL_SHAPES})
     unknown = [name for name in args.models.split(",") if name not in known]
     if unknown:
@@ -258,7 +259,7 @@ def main() -> None:
         parser.error(f"--arms={args.arms!r}: {', '.join(wrong_arms)} unknown; allowed: {', '.join(ARMS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.engine:
-        engine(*args.engine, lengths, args.repeats, args.attention_backend, args.out / f"{args.engine[0]}.{args.engine[1]}.json")
+        engine(*args.engine, lengths, args.repeats, args.attention_backend, args.gpu_memory_utilization, args.out / f"{args.engine[0]}.{args.engine[1]}.json")
         sys.stdout.flush()
         os._exit(0)  # vLLM's shutdown of an in-process engine core can hang; the result is written
     arms = args.arms.split(",")
@@ -269,7 +270,8 @@ def main() -> None:
         for arm in arms:
             command = [sys.executable, __file__, "--engine", model, arm, "--out", str(args.out),
                        "--lengths", args.lengths, "--repeats", str(args.repeats),
-                       "--attention-backend", args.attention_backend]
+                       "--attention-backend", args.attention_backend,
+                       "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
             subprocess.run(command, check=True, timeout=300)
             runs[arm] = json.loads((args.out / f"{model}.{arm}.json").read_text())
         summary = _summary(runs, lengths)

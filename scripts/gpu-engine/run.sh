@@ -3,8 +3,8 @@
 #   bash scripts/gpu-engine/run.sh [run.py options]      (results under $OUT, or /tmp/gpu-engine/out)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-site=/tmp/gpu-engine/site
-[ -d "$site/vllm" ] || { echo "run.sh: $site has no vLLM; carry every .gpu-stage/part-K through 'stage.py receive' first" >&2; exit 2; }
+site=/tmp/gpu-engine/gpu/site
+[ -d "$site/vllm" ] || { echo "run.sh: $site has no vLLM; carry every .gpu-stage/gpu/part-K through 'stage.py receive' first" >&2; exit 2; }
 export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # One engine process (vLLM's engine core in a process of its own does not start on this image);
 # FlashInfer's sampler needs its JIT, which this image cannot build offline.

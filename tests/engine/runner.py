@@ -13,7 +13,9 @@ worker really allocated; what lmcache-ascend's connector moved; and, with
 ``kv_oracle``, digests of each prompt's KV blocks (`tests.engine.kv_oracle`); with
 ``skip_groups`` (KV-cache group indices; ``skip_fill``, a float, NaN unless given), the
 cached-prefix blocks of those groups overwritten before a warm request's first step
-(`tests.engine.skipped_groups`). With
+(`tests.engine.skipped_groups`); with ``poison_between_rounds`` (a float), before each round
+after the first (its stores waited for) vLLM's prefix cache emptied and every block of every
+KV cache filled with it, for connectors that load before that first step. With
 ``faults`` (round index -> fault) and ``fault_store``, each such round's first load (or
 store) meets that fault of the shared store (`tests.engine.faults`), a killed server is
 restarted (a removed folder made again, an MP adapter waited for until it finds the
@@ -200,9 +202,15 @@ def main(spec_path: str, out_path: str) -> None:
     cold = SamplingParams(**greedy, skip_reading_prefix_cache=True)
     rounds = []
     faults_met = []
+    poisoned = []  # per round after the first, with poison_between_rounds: the caches filled
     for index, prompts in enumerate(spec["rounds"]):
         if index and spec.get("wait_for_stores"):
             wait_for_stores(llm)
+        if index and spec.get("poison_between_rounds") is not None:
+            from tests.engine import skipped_groups
+
+            llm.reset_prefix_cache()
+            poisoned.append(sum(llm.collective_rpc(skipped_groups.poison, args=(float(spec["poison_between_rounds"]),))))
         if index and spec.get("faults"):
             # The round before's remote writes complete first: a round after a server's restart
             # must find what the round before stored, however slow the machine is.
@@ -234,6 +242,7 @@ def main(spec_path: str, out_path: str) -> None:
         "workers": workers,
         "kv_oracle": llm.collective_rpc(kv_oracle.report) if spec.get("kv_oracle") else None,
         "skipped_groups": llm.collective_rpc(skipped_groups.report) if spec.get("skip_groups") else None,
+        "poisoned": poisoned,
         "seconds": {"start": ready - started, "total": time.monotonic() - started},
     }
     with open(out_path, "w") as handle:

@@ -13,11 +13,17 @@ connector may skip the group when a prefix ends where this one ended; if they
 change, the group must be stored and loaded.
 
 `report` hands back (group, cached tokens, blocks filled) per request.
+
+`poison(worker, value)` fills every block of every KV cache with `value` at once, for a
+connector that loads a prefix before the request's first step (LMCache's MP connector
+loads while the request waits for its KV): called between rounds, with nothing in
+flight and vLLM's own prefix cache emptied, every block a warm request then reads
+holds either what this step computes or what the connector loaded.
 """
 
 from __future__ import annotations
 
-__all__ = ["install", "report"]
+__all__ = ["install", "poison", "report"]
 
 
 def install(worker, groups: list[int], value: float) -> bool:
@@ -31,10 +37,6 @@ def install(worker, groups: list[int], value: float) -> bool:
     filled: list[list[int]] = []
     original = runner.execute_model
 
-    def cache_of(name: str):
-        cache = context[name].kv_cache
-        return cache[0] if isinstance(cache, (list, tuple)) else cache
-
     def execute_model(scheduler_output, *args, **kwargs):
         for request in scheduler_output.scheduled_new_reqs:
             cached = request.num_computed_tokens
@@ -46,7 +48,7 @@ def install(worker, groups: list[int], value: float) -> bool:
                     if block_id == 0 or (position + 1) * block_size > cached:
                         continue  # vLLM's null block, or a block the step computes into
                     for name in names:
-                        cache = cache_of(name)
+                        cache = _cache(context, name)
                         cache[block_id].fill_(value if cache.dtype.is_floating_point else 0x55)
                     count += 1
                 filled.append([index, cached, count])
@@ -59,3 +61,21 @@ def install(worker, groups: list[int], value: float) -> bool:
 
 def report(worker) -> list[list[int]]:
     return list(getattr(worker.model_runner, "_skipped_groups", None) or [])
+
+
+def poison(worker, value: float) -> int:
+    """Every KV cache of the worker filled with `value` (integer caches with 0x55); the caches filled."""
+    context = worker.model_runner.vllm_config.compilation_config.static_forward_context
+    filled = 0
+    for group in worker.model_runner.kv_cache_config.kv_cache_groups:
+        for name in group.layer_names:
+            cache = _cache(context, name)
+            cache.fill_(value if cache.dtype.is_floating_point else 0x55)
+            filled += 1
+    return filled
+
+
+def _cache(context, name: str):
+    """Layer `name`'s KV cache in vLLM's forward context (a one-element list on some versions)."""
+    cache = context[name].kv_cache
+    return cache[0] if isinstance(cache, (list, tuple)) else cache

@@ -31,7 +31,8 @@ With LMCache in process: where vLLM turned its prefix caching off (no AMX), the
 engine runs and LMCache supplies and stores nothing. Where prefix caching stays on
 (AMX, or the AMX decision on a CPU where vLLM's own reuse was just shown to equal the
 cold prefill), LMCache supplies the chunk-aligned prefix of every group, the group
-whose layers compress at ratios 4 and 128 moved at each layer's own ratio.
+whose layers compress at ratios 4 and 128 moved at each layer's own ratio. Through
+LMCache's MP server with LMCache's own MP connector, the same prefixes, every group.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import platform
 
 import pytest
 
-from tests.engine.harness import EngineRunError, run_engine
+from tests.engine.harness import run_engine
 from tests.engine.models import DSV4, build
 from tests.engine.test_engine_reuse import (  # noqa: F401 - model_dir is a fixture
     LMCACHE_ENV,
@@ -235,33 +236,26 @@ def test_lmcache_reuse_exact_on_every_group(model_dir, cold, own, bundle):
     assert not unchecked, f"the oracle checked no loaded block of {unchecked}: {table}"
 
 
-@pytest.mark.xfail(strict=True, raises=EngineRunError, reason=(
-    "LMCache 0.5.6's MP transfer on a CPU worker (LMCache-driven) moves vLLM's KV caches into POSIX shared "
-    "memory at registration, and its lmcache/v1/platform/devices/cpu/shm.py migrate_to_shm_and_wrap refuses "
-    "DeepSeek-V4's caches: 'ValueError: migrate_to_shm_and_wrap requires a contiguous tensor' (the engine "
-    "stops at start). vLLM's CPU worker gives every DeepSeek-V4 layer a strided view of pages shared by "
-    "several layers (e.g. model.layers.1.attn: shape [blocks, 64, 584] uint8, strides [93888, 584, 1]), "
-    "none contiguous; the engine-driven mode refuses more than one KV-cache group"))
 def test_lmcache_mp_reuse_exact_on_every_group(model_dir, cold, own):
     """LMCache's MP server with LMCache's own MP connector (its LMCache-driven transfer, which a CPU
     worker needs for more than one KV-cache group): warm prompts get their chunk-aligned prefixes from
-    the server, the prefix's blocks filled with NaN before it loads them, every output equals vLLM's own
-    reuse's and the cold prefill's, and the byte oracle checks loaded blocks of every layer."""
+    the server, every block of every cache filled with NaN between rounds (the connector loads while a
+    request waits, before its first step), every output equals vLLM's own reuse's and the cold
+    prefill's, and the byte oracle checks loaded blocks of every layer."""
     from tests.engine.harness import mp_server
     from tests.engine.kv_oracle import loaded_blocks_checked
 
     decision = {} if _amx_tiles() else AMX_DECISION
-    groups = list(range(len(DSV4.expected_groups)))
     with mp_server(256) as port:
-        spec = _spec(model_dir, lmcache=True, kv_oracle=True, skip_groups=groups, wait_for_stores=True,
+        spec = _spec(model_dir, lmcache=True, kv_oracle=True, poison_between_rounds="nan", wait_for_stores=True,
                      kv_connector="LMCacheMPConnector",
                      kv_connector_extra_config={"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port},
                      env={"LMCACHE_MP_TRANSFER_MODE": "lmcache_driven", **decision})
         run = run_engine(spec, timeout_s=600)
     (worker,) = run["workers"]
     assert worker["kv_connector"] == "lmcache.integration.vllm.lmcache_mp_connector.LMCacheMPConnector"
-    (filled,) = run["skipped_groups"]
-    assert sorted({group for group, cached, count in filled if cached == 512 and count}) == groups, filled
+    layers = sum(len(group["layers"]) for group in worker["groups"])
+    assert run["poisoned"] == [layers] * (len(ROUNDS) - 1), run["poisoned"]
     assert _hits(run) == _hits(own) == WARM_HITS
     _assert_equal_outputs(run, own, "LMCache's MP server against vLLM's own reuse")
     _assert_equal_outputs(run, cold, "LMCache's MP server against the cold prefill")

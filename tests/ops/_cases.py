@@ -14,10 +14,22 @@ import random
 
 import torch
 
+from lmcache_ascend.layouts import (
+    BLOCK_OP,
+    MULTI_LAYER_OP,
+    SINGLE_LAYER_OP,
+    UNILATERAL_OP,
+    format_by_code,
+    formats_taken_by,
+    paged_layer_shape,
+)
 from lmcache_ascend.patches.lmcache.c_ops_npu import OPS as PER_TOKEN_OPS
 
 # The per-token ops (LMCache 0.4.x's c_ops and 0.5.x's device ops alike), then 0.5.x's block op.
-OPS = (*PER_TOKEN_OPS, "multi_layer_block_kv_transfer")
+OPS = (*PER_TOKEN_OPS, BLOCK_OP)
+# The engine KV formats, as the layouts declare them: a layout's formats are drawn by every op
+# that takes them, and the paged tensors of a case are shaped by what each format is.
+FORMATS = format_by_code()
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.uint8, torch.float8_e4m3fn,
           torch.float8_e5m2)
 POISON = 0xA5
@@ -102,20 +114,21 @@ def build(op: str, draw, device: torch.device, big: bool = False) -> dict:
     nh = draw.int(1, 3)
     meta = {"op": op, "dtype": str(dtype).replace("torch.", ""), "store": store, "layers": layers, "bs": bs}
 
-    if op in ("multi_layer_kv_transfer", "multi_layer_kv_transfer_unilateral"):
-        fmt = draw.pick((1, 2, 3, 5) if op == "multi_layer_kv_transfer" else (3, 4, 5, 9))
-        mla = fmt in (3, 5)
+    if op in (MULTI_LAYER_OP, UNILATERAL_OP):
+        fmt = draw.pick(formats_taken_by(op))
+        facts = FORMATS[fmt]
+        mla = facts.mla
         hidden = hs if mla else nh * hs
         tokens = draw.int(0, min(pbs, 24))
         slots = _slots(draw, gen, tokens, pbs, holes=True)
-        skip = draw.int(0, tokens + 1) if op == "multi_layer_kv_transfer" and draw.int(0, 1) else 0
-        if mla or op.endswith("unilateral"):
+        skip = draw.int(0, tokens + 1) if op == MULTI_LAYER_OP and draw.int(0, 1) else 0
+        if mla or op == UNILATERAL_OP:  # rows of every slot: one tensor per layer (per K/V and layer)
             shape = (pbs, hidden)
             count = layers * (1 if mla else 2)
-        elif fmt == 2:
-            shape, count = (nb, 2, bs, hidden), layers
-        else:
+        elif facts.two_major:
             shape, count = (2, pbs, hidden), layers
+        else:
+            shape, count = (nb, 2, bs, hidden), layers
         paged = [_filled(shape, dtype, gen, device, poison=not store) for _ in range(count)]
         kv = _filled((1 if mla else 2, layers, tokens, hidden), dtype, gen, device, poison=store)
         pointers = draw.int(0, 1) == 1
@@ -129,14 +142,15 @@ def build(op: str, draw, device: torch.device, big: bool = False) -> dict:
             table = (torch.tensor([p.data_ptr() for p in paged_], dtype=torch.int64, device=device) if pointers
                      else paged_)
             args = [kv_, table, slots_, device, pbs, D2H if store else H2D, ops.fmt(fmt)]
-            if op == "multi_layer_kv_transfer":
+            if op == MULTI_LAYER_OP:
                 ops.multi_layer_kv_transfer(*args, block_size=bs, head_size=hs, skip_prefix_n_tokens=skip)
             else:
                 ops.multi_layer_kv_transfer_unilateral(*args)
 
-    elif op == "single_layer_kv_transfer":
-        fmt = draw.pick((1, 2, 3, 5))
-        mla = fmt in (3, 5)
+    elif op == SINGLE_LAYER_OP:
+        fmt = draw.pick(formats_taken_by(op))
+        facts = FORMATS[fmt]
+        mla = facts.mla
         token_major = draw.int(0, 1) == 1
         tokens = draw.int(0, min(pbs, 24))
         slots = _slots(draw, gen, tokens, pbs, holes=True)
@@ -144,8 +158,7 @@ def build(op: str, draw, device: torch.device, big: bool = False) -> dict:
             paged = _filled((nb, bs, hs), dtype, gen, device, poison=not store)
             lmc = _filled((tokens, hs), dtype, gen, device, poison=store)
         else:
-            shape = (2, nb, bs, nh, hs) if fmt == 1 else (nb, 2, bs, nh, hs)
-            paged = _filled(shape, dtype, gen, device, poison=not store)
+            paged = _filled(paged_layer_shape(facts, nb, bs, nh, hs), dtype, gen, device, poison=not store)
             lmc = _filled((tokens, 2, nh * hs) if token_major else (2, tokens, nh * hs), dtype, gen, device,
                           poison=store)
         meta.update(fmt=fmt, tokens=tokens, token_major=token_major)
@@ -179,51 +192,47 @@ def build(op: str, draw, device: torch.device, big: bool = False) -> dict:
     return {"tensors": tensors, "call": call, "meta": meta}
 
 
-_BLOCK_FORMATS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 17, 18)
-
-
 def _build_block(draw, gen, device, dtype, store, layers, bs, nb, nh, hs, meta, big):
-    fmt = draw.pick(_BLOCK_FORMATS)
+    fmt = draw.pick(formats_taken_by(BLOCK_OP))
+    facts = FORMATS[fmt]
+    bundle = facts.kv_tuple and facts.mla  # per layer a tuple of planes of their own widths and dtypes
     nb = max(nb, 2)
-    hnd = fmt in (6, 7, 8, 10, 12)
-    if hnd:
+    if facts.hnd:
         nh = min(nh, 3)
     planes_dtypes = None
-    if fmt == 0:
-        paged = _filled((nb, layers, 2, bs, nh, hs), dtype, gen, device, poison=not store)
-    elif fmt == 8:
-        paged = _filled((nb, layers, 2, nh, bs, hs), dtype, gen, device, poison=not store)
-    elif fmt in (4, 9):
-        shape = (nb * bs, nh, hs) if fmt == 4 else (nb, bs, nh, hs)
-        paged = [[_filled(shape, dtype, gen, device, poison=not store) for _ in range(layers)] for _ in range(2)]
-    elif fmt == 16:
-        paged = [tuple(_filled((nb, bs, nh, hs), dtype, gen, device, poison=not store) for _ in range(2))
-                 for _ in range(layers)]
-    elif fmt == 17:
+
+    def cache(shape):
+        return _filled(shape, dtype, gen, device, poison=not store)
+
+    if facts.cross_layer:
+        paged = cache((nb, layers, 2, nh, bs, hs) if facts.hnd else (nb, layers, 2, bs, nh, hs))
+    elif facts.kv_list:
+        shape = (nb * bs, nh, hs) if facts.pbs_fused else (nb, bs, nh, hs)
+        paged = [[cache(shape) for _ in range(layers)] for _ in range(2)]
+    elif bundle:
         # Widest elements first: each plane then starts on a multiple of its element size, which the
         # baseline needs to view a 1-token slice (we do not; see lmcache_ascend.ops).
         planes_dtypes = sorted((draw.pick(DTYPES) for _ in range(draw.int(1, 3))), key=lambda d: -d.itemsize)
         widths = [draw.pick((1, 2, 4, 8, 16)) for _ in planes_dtypes]
         paged = [tuple(_filled((nb, bs, 1, w), d, gen, device, poison=not store)
                        for w, d in zip(widths, planes_dtypes)) for _ in range(layers)]
+    elif facts.kv_tuple:
+        paged = [tuple(cache((nb, bs, nh, hs)) for _ in range(2)) for _ in range(layers)]
     else:
-        shape = {1: (2, nb, bs, nh, hs), 2: (nb, 2, bs, nh, hs), 3: (nb, bs, hs), 5: (nb * bs, 1, hs),
-                 6: (2, nb, nh, bs, hs), 7: (nb, 2, nh, bs, hs), 10: (nb, nh, bs, hs), 11: (nb, bs, nh, hs),
-                 12: (nb, nh, bs, hs), 13: (nb, bs, nh, hs), 14: (nb, bs, hs), 18: (nb, bs, nh, hs)}[fmt]
-        paged = [_filled(shape, dtype, gen, device, poison=not store) for _ in range(layers)]
+        paged = [cache(paged_layer_shape(facts, nb, bs, nh, hs)) for _ in range(layers)]
     per_object = draw.int(1, 3)
     chunk = per_object * bs
     blocks = draw.int(0, min(nb, 2 * per_object + 1))
     block_ids = torch.tensor(gen.sample(range(nb), blocks), dtype=torch.int64)
     objects_count = max(1, -(-blocks // per_object))
-    if fmt == 17:
+    if bundle:
         # Rows a multiple of 16 bytes: the baseline cannot view a 1-token slice of a row whose length is no
         # multiple of a plane's element size (a RuntimeError we do not share; see lmcache_ascend.ops).
         row = -(-sum(w * d.itemsize for w, d in zip(widths, planes_dtypes)) // 16) * 16 + draw.pick((0, 16))
         obj_shape, obj_dtype = (layers, chunk, row), torch.uint8
-    elif fmt in (3, 5, 14):
+    elif facts.mla:
         obj_shape, obj_dtype = (layers, chunk, hs), dtype
-    elif fmt in (10, 11, 12, 13, 18):
+    elif facts.single_plane:  # K and V packed in each row, or one of them alone
         obj_shape, obj_dtype = (layers, chunk, nh * hs), dtype
     else:
         obj_shape, obj_dtype = (2, layers, chunk, nh * hs), dtype
@@ -245,7 +254,7 @@ def _build_block(draw, gen, device, dtype, store, layers, bs, nb, nh, hs, meta, 
         desc.kv_size, desc.nl, desc.nb, desc.bs, desc.nh, desc.hs = 2, layers, nb, bs, nh, hs
         desc.element_size = dtype.itemsize
         desc.dtype = _baseline_view(torch.empty(0, dtype=dtype)).dtype if baseline else dtype
-        if fmt == 17:
+        if bundle:  # planes of several dtypes
             desc.dtype = None
         ops.multi_layer_block_kv_transfer(paged_, list(objects_), ids, device, D2H if store else H2D, desc, chunk,
                                           ops.fmt(fmt), skip)

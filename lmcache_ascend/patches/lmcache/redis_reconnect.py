@@ -26,14 +26,16 @@ def _retry_once_on_connection_error():
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    return Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)), [RedisConnectionError]
+    return Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
 
 
 def init_wrapper(wrapped, instance, args, kwargs):
     wrapped(*args, **kwargs)
     settings = instance.pool.connection_kwargs
     if settings.get("retry") is None and not settings.get("retry_on_error"):  # a URL that asks for its own keeps it
-        settings["retry"], settings["retry_on_error"] = _retry_once_on_connection_error()
+        # The policy alone: each connection copies it and adds its own list of errors (a list in
+        # these settings would be shared, and a URL's retry_on_timeout appends to it per connection).
+        settings["retry"] = _retry_once_on_connection_error()
 
 
 PATCH = Patch(
