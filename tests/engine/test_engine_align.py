@@ -1,4 +1,4 @@
-"""vLLM's own prefix caching of the state-space kinds in ``mamba_cache_mode="align"``, vLLM alone.
+"""Prefix reuse of the state-space kinds in ``mamba_cache_mode="align"``: vLLM alone, and through LMCache's MP server.
 
 Stack D (vLLM's CPU build 0.32). Reusing a state-space model exactly means restoring a layer's
 state where vLLM snapshots it, in align mode: vLLM, with its prefix caching on, keeps the
@@ -40,21 +40,31 @@ in every kind.
 
 Through LMCache's MP server with upstream LMCache's own MP connector
 (``lmcache.integration.vllm.lmcache_mp_connector``), this overlay active, align mode,
-vLLM's own cache emptied before each warm call (``reset_prefix_cache``), so that what a warm
-prompt reuses comes from LMCache:
+vLLM's own cache emptied before each call after the first (``reset_prefix_cache``), so that
+what a warm prompt reuses comes from LMCache, one engine per kind:
 
 - Mamba2 (one KV-cache group) with LMCache's engine-driven transfer (the server started with
-  ``--supported-transfer-mode auto``): LMCache supplies the 256-token-chunk prefix (1280 of
-  A, 1280 of D) and the outputs equal the no-connector cold computation bitwise (as they did
-  with ``LMCACHE_ASCEND_PATCHES=0``, in a run made once by hand).
-- The hybrids (two KV-cache groups) do not start: LMCache-driven transfer (the one for more than
-  one group) refuses vLLM's state caches at registration, ``ValueError:
-  migrate_to_shm_and_wrap requires a contiguous tensor`` (a state-space layer's cache is a
-  strided view of pages holding its conv and SSM state, e.g. [blocks, 3, 288] float32,
-  strides [16384, 288, 1]); engine-driven transfer refuses them with ``ValueError:
-  engine-driven transfer does not support multiple KV transfer groups now`` (GraniteMoeHybrid,
-  run by hand). Both are LMCache 0.5.6's own code; the first was the same with
-  ``LMCACHE_ASCEND_PATCHES=0`` in engine and server (Qwen3-Next and GraniteMoeHybrid, by hand).
+  ``--supported-transfer-mode auto``): A cold, A warm, D warm. LMCache supplies the
+  256-token-chunk prefix (1280 of A, 1280 of D) and the outputs equal the no-connector cold
+  computation bitwise (as they did with ``LMCACHE_ASCEND_PATCHES=0``, in a run made once by hand).
+- The hybrids (two KV-cache groups) with LMCache-driven transfer (engine-driven transfer
+  refuses more than one group: ``ValueError: engine-driven transfer does not support multiple
+  KV transfer groups now``): A cold, A warm, D warm, then C (a control sharing A's first 256
+  tokens). LMCache supplies the chunk-aligned prefix of both groups (256-token chunks: 1280 of
+  A, 1280 of D, 256 of C; Qwen3-Next, 640-token chunks: 1280, 1280 and none of C), every token
+  equals the no-connector cold computation and every logprob is within `MP_LOGPROB_TOLERANCE`
+  of it, and C's output differs from A's. In runs made by hand the warm A and D were bitwise
+  equal to their cold computation every time; C (256 tokens from LMCache, 1144 computed) was
+  bitwise equal in most runs and off by up to 3.2e-4 (tokens equal) in two GraniteMoeHybrid
+  runs of five.
+  A state-space layer's cache is a strided view of pages holding its conv and SSM state (e.g.
+  [blocks, 3, 288] float32, strides [16384, 288, 1]). LMCache 0.5.6 alone refuses it at
+  registration: ``ValueError: migrate_to_shm_and_wrap requires a contiguous tensor``
+  (``lmcache/v1/platform/devices/cpu/shm.py`` ``migrate_to_shm_and_wrap``, from
+  ``worker_transfer.py`` ``register``; GraniteMoeHybrid with ``LMCACHE_ASCEND_PATCHES=0`` in
+  engine and server, run by hand). This overlay's ``lmcache-cpu-shm-in-place`` shares those pages
+  in place and ``lmcache-cpu-paged-block-stride`` lets the server's transfer address blocks a
+  page apart (`lmcache_ascend.patches.lmcache.cpu_mp_strided_caches`).
 """
 
 from __future__ import annotations
@@ -67,7 +77,6 @@ import pytest
 
 from tests.engine.harness import (
     REPO_ROOT,
-    EngineRunError,
     engine_environment,
     free_loopback_port,
     mp_server_command,
@@ -75,6 +84,7 @@ from tests.engine.harness import (
     server_on_loopback,
 )
 from tests.engine.models import KIND_MODELS, build
+from tests.engine.test_engine_mp import MP_LOGPROB_TOLERANCE
 from tests.engine.test_engine_reuse import model_dir, token_drawer  # noqa: F401 - model_dir is a fixture
 
 STATE_SPACE_KINDS = ["mamba2", "granite-hybrid", "nemotron-h", "falcon-h1", "qwen3-next"]
@@ -211,26 +221,48 @@ def test_cpu_ssd_scan_ignores_intermediate_states():
     assert int(lines[0].split()[1]) == 4, "the CPU scan returned no per-chunk states"
 
 
-# LMCache's MP server: calls A cold, A warm, D warm, vLLM's own cache emptied before each warm one.
-MP_CALLS = [[PROMPTS["A"]], [PROMPTS["A"]], [PROMPTS["D"]]]
+# LMCache's MP server: one prompt per call, vLLM's own cache emptied before each call after the first.
+# Mamba2: A cold, A warm, D warm; the hybrids add C (a control that shares A's first 256 tokens).
+MP_CALLS = {"mamba2": ["A", "A", "D"]}
+HYBRID_CALLS = ["A", "A", "D", "C"]
 MP_CHUNK = {"qwen3-next": 640}  # a multiple of every group's block (LMCache's MP connector checks it)
 HYBRID_KINDS = [name for name in STATE_SPACE_KINDS if len(GROUPS[name]) > 1]
+# The no-connector engine's cold output of each prompt (index into CALLS).
+COLD_OUTPUT = {"A": 0, "D": 3, "C": 4}
+
+
+def _calls(name: str) -> list[str]:
+    return MP_CALLS.get(name, HYBRID_CALLS)
 
 
 def _mp_spec(model_dir, name: str, port: int, **env: str) -> dict:
     spec = _spec(model_dir, name)
     del spec["cold_rounds"]
+    calls = _calls(name)
     spec.update(
-        rounds=MP_CALLS,
+        rounds=[[PROMPTS[prompt]] for prompt in calls],
         lmcache=True,
         kv_connector="LMCacheMPConnector",
         kv_connector_extra_config={"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port},
         env={**SAME_THREADS, **env},
         wait_for_stores=True,  # the server stores after a request has ended, on its own time
-        reset_prefix_cache_rounds=[1, 2],
+        reset_prefix_cache_rounds=list(range(1, len(calls))),
         disable_hybrid_kv_cache_manager=None,
     )
     return spec
+
+
+def _mp_supplied(name: str) -> list[int]:
+    """What LMCache supplies each call: the whole chunks of the prefix it holds (A's chunks stored by the
+    first call), up to the last chunk boundary before a prompt's last token."""
+    chunk = MP_CHUNK.get(name, 256)
+    shared = {"A": PROMPT - 1, "D": SHARED, "C": 256}
+    return [0] + [shared[prompt] // chunk * chunk for prompt in _calls(name)[1:]]
+
+
+def _reference(model_dir, name: str) -> list[dict]:
+    cold = _outputs(_run(model_dir, name))
+    return [cold[COLD_OUTPUT[prompt]] for prompt in _calls(name)]
 
 
 def test_lmcache_mp_reuses_mamba2_exactly(model_dir):
@@ -240,19 +272,47 @@ def test_lmcache_mp_reuses_mamba2_exactly(model_dir):
         run = run_engine(_mp_spec(model_dir, "mamba2", port))
     (worker,) = run["workers"]
     assert worker["kv_connector"] == "lmcache.integration.vllm.lmcache_mp_connector.LMCacheMPConnector"
-    assert [output["num_cached_tokens"] for output in _outputs(run)] == [0, 1280, 1280]
+    assert [output["num_cached_tokens"] for output in _outputs(run)] == _mp_supplied("mamba2") == [0, 1280, 1280]
     assert run["metrics"]["vllm:external_prefix_cache_hits"] == 2560
     assert run["metrics"]["vllm:prefix_cache_hits"] == 0, "vLLM's own cache supplied: LMCache's reuse unproven"
-    a_cold, _, _, d_cold, _ = _outputs(_run(model_dir, "mamba2"))
-    for index, (output, reference) in enumerate(zip(_outputs(run), [a_cold, a_cold, d_cold], strict=True)):
+    for index, (output, reference) in enumerate(zip(_outputs(run), _reference(model_dir, "mamba2"), strict=True)):
         assert output["tokens"] == reference["tokens"], f"call {index}: tokens differ from the cold computation"
         assert output["logprobs"] == reference["logprobs"], f"call {index}: logprobs differ from the cold computation"
 
 
+_mp_runs: dict[str, dict] = {}
+
+
+def _mp_run(model_dir, name: str) -> dict:
+    """A hybrid through LMCache's MP server, LMCache-driven transfer (one engine per kind)."""
+    if name not in _mp_runs:
+        port = free_loopback_port()
+        with server_on_loopback("LMCache MP server", mp_server_command(port, MP_CHUNK.get(name, 256)), port):
+            _mp_runs[name] = run_engine(_mp_spec(model_dir, name, port, LMCACHE_MP_TRANSFER_MODE="lmcache_driven"))
+    return _mp_runs[name]
+
+
 @pytest.mark.parametrize("name", HYBRID_KINDS)
-def test_lmcache_mp_refuses_hybrid_state_caches(model_dir, name):
-    port = free_loopback_port()
-    with server_on_loopback("LMCache MP server", mp_server_command(port, MP_CHUNK.get(name, 256)), port):
-        spec = _mp_spec(model_dir, name, port, LMCACHE_MP_TRANSFER_MODE="lmcache_driven")
-        with pytest.raises(EngineRunError, match="migrate_to_shm_and_wrap requires a contiguous tensor"):
-            run_engine(spec)
+def test_lmcache_mp_supplies_the_chunk_aligned_prefix_of_hybrids(model_dir, name):
+    run = _mp_run(model_dir, name)
+    (worker,) = run["workers"]
+    assert worker["kv_connector"] == "lmcache.integration.vllm.lmcache_mp_connector.LMCacheMPConnector"
+    assert [(group["spec"], group["block_size"]) for group in worker["groups"]] == GROUPS[name]
+    supplied = _mp_supplied(name)
+    assert [output["num_cached_tokens"] for output in _outputs(run)] == supplied
+    assert run["metrics"]["vllm:external_prefix_cache_hits"] == sum(supplied)
+    assert run["metrics"]["vllm:prefix_cache_hits"] == 0, "vLLM's own cache supplied: LMCache's reuse unproven"
+
+
+@pytest.mark.parametrize("name", HYBRID_KINDS)
+def test_lmcache_mp_reuse_of_hybrids_equals_cold(model_dir, name):
+    outputs = _outputs(_mp_run(model_dir, name))
+    for index, (output, reference) in enumerate(zip(outputs, _reference(model_dir, name), strict=True)):
+        where = f"{name} call {index} ({_calls(name)[index]})"
+        assert output["tokens"] == reference["tokens"], f"{where}: tokens differ from the cold computation"
+        worst = max(abs(x - y) for x, y in zip(output["logprobs"], reference["logprobs"], strict=True))
+        assert worst <= MP_LOGPROB_TOLERANCE, f"{where}: logprobs differ from the cold computation by {worst:.2e}"
+    a_mp, c_mp = outputs[0], outputs[_calls(name).index("C")]
+    assert c_mp["logprobs"] != a_mp["logprobs"], f"{name}: the output does not see C's redrawn stretch"
+    if name in PREFIX_SENSITIVE:
+        assert c_mp["tokens"] != a_mp["tokens"], f"{name}: the tokens no longer follow C's redrawn stretch"
