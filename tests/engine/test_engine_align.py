@@ -53,10 +53,18 @@ what a warm prompt reuses comes from LMCache, one engine per kind:
   tokens). LMCache supplies the chunk-aligned prefix of both groups (256-token chunks: 1280 of
   A, 1280 of D, 256 of C; Qwen3-Next, 640-token chunks: 1280, 1280 and none of C), every token
   equals the no-connector cold computation and every logprob is within `MP_LOGPROB_TOLERANCE`
-  of it, and C's output differs from A's. In runs made by hand the warm A and D were bitwise
-  equal to their cold computation every time; C (256 tokens from LMCache, 1144 computed) was
-  bitwise equal in most runs and off by up to 3.2e-4 (tokens equal) in two GraniteMoeHybrid
-  runs of five.
+  of it, and C's output differs from A's. The warm A and D have been bitwise equal to their cold
+  computation in every run; C (256 tokens from LMCache, 1144 computed) is bitwise equal in most
+  runs and off by up to 3.2e-4 (tokens equal) in some (GraniteMoeHybrid: 3 runs of 14; a second C
+  in the same run off by the same amount, so what the server holds is off, not a load). What
+  fits, a race between vLLM and LMCache's MP connector: in align mode with one block per
+  step vLLM frees a request's Mamba state block two steps after writing it and hands the same
+  block to the request's next boundary (A's Mamba blocks: 1, 3, 1, 3, ... by position, vLLM
+  alone), while LMCache-driven transfer stores a chunk after its step without holding its
+  blocks and the server copies them on its own time, so a chunk whose state block is written
+  again before the server copies it is stored with a later state. Only a chunk before the
+  prompt's last boundary is exposed (its last state block is held until the request's stores
+  finish), hence A and D exact and C at risk.
   A state-space layer's cache is a strided view of pages holding its conv and SSM state (e.g.
   [blocks, 3, 288] float32, strides [16384, 288, 1]). LMCache 0.5.6 alone refuses it at
   registration: ``ValueError: migrate_to_shm_and_wrap requires a contiguous tensor``
