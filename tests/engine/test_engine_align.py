@@ -49,22 +49,27 @@ what a warm prompt reuses comes from LMCache, one engine per kind:
   computation bitwise (as they did with ``LMCACHE_ASCEND_PATCHES=0``, in a run made once by hand).
 - The hybrids (two KV-cache groups) with LMCache-driven transfer (engine-driven transfer
   refuses more than one group: ``ValueError: engine-driven transfer does not support multiple
-  KV transfer groups now``): A cold, A warm, D warm, then C (a control sharing A's first 256
-  tokens). LMCache supplies the chunk-aligned prefix of both groups (256-token chunks: 1280 of
-  A, 1280 of D, 256 of C; Qwen3-Next, 640-token chunks: 1280, 1280 and none of C), every token
-  equals the no-connector cold computation and every logprob is within `MP_LOGPROB_TOLERANCE`
-  of it, and C's output differs from A's. The warm A and D have been bitwise equal to their cold
-  computation in every run; C (256 tokens from LMCache, 1144 computed) is bitwise equal in most
-  runs and off by up to 3.2e-4 (tokens equal) in some (GraniteMoeHybrid: 3 runs of 14; a second C
-  in the same run off by the same amount, so what the server holds is off, not a load). What
-  fits, a race between vLLM and LMCache's MP connector: in align mode with one block per
-  step vLLM frees a request's Mamba state block two steps after writing it and hands the same
-  block to the request's next boundary (A's Mamba blocks: 1, 3, 1, 3, ... by position, vLLM
-  alone), while LMCache-driven transfer stores a chunk after its step without holding its
-  blocks and the server copies them on its own time, so a chunk whose state block is written
-  again before the server copies it is stored with a later state. Only a chunk before the
-  prompt's last boundary is exposed (its last state block is held until the request's stores
-  finish), hence A and D exact and C at risk.
+  KV transfer groups now``), the server's copy of every store delayed by `STORE_DELAY_S` (0.3 s;
+  ``tests/engine/slow_mp_store``'s sitecustomize, on the server's ``PYTHONPATH`` only), as on a
+  loaded server: A cold, A warm, D warm, then C (a control sharing A's first 256 tokens). LMCache
+  supplies the chunk-aligned prefix of both groups (256-token chunks: 1280 of A, 1280 of D, 256 of
+  C; Qwen3-Next, 640-token chunks: 1280, 1280 and none of C), every token equals the no-connector
+  cold computation and every logprob is within `MP_LOGPROB_TOLERANCE` of it, and C's output
+  differs from A's.
+  The race the delay exposes: in align mode with one block per step vLLM frees a request's Mamba
+  state block two steps after writing it and hands the same block to the request's next boundary
+  (A's Mamba blocks: 1, 3, 1, 3, ... by position, vLLM alone), while LMCache 0.5.6's MP connector
+  submits a step's stores in ``wait_for_save`` without holding their blocks and the server copies
+  them on its own time; a chunk whose state block is written again before the copy is stored with
+  a later state. Only a chunk before the prompt's last boundary is exposed (its last state block
+  is held until the request's stores finish): A and D warm stay exact, C (256 tokens from LMCache,
+  its state from A's first chunk) is not. ``lmcache-mp-align-state-stores``
+  (`lmcache_ascend.patches.lmcache.mp_align_state_stores`) makes the worker wait there, in align
+  mode with Mamba groups, until the server answered the step's stores. GraniteMoeHybrid, with the
+  delay: with the patch disabled (``LMCACHE_ASCEND_DISABLED_PATCHES``, the control) C's logprobs are
+  off by 3.2e-4 from its cold computation (tokens equal); with it every call is bitwise equal to its
+  cold computation. Without the delay and without the patch, C was off by the same 3.2e-4 in 3 runs
+  of 14 and bitwise equal in the others.
   A state-space layer's cache is a strided view of pages holding its conv and SSM state (e.g.
   [blocks, 3, 288] float32, strides [16384, 288, 1]). LMCache 0.5.6 alone refuses it at
   registration: ``ValueError: migrate_to_shm_and_wrap requires a contiguous tensor``
@@ -77,13 +82,16 @@ what a warm prompt reuses comes from LMCache, one engine per kind:
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from tests.engine.harness import (
+    IPC_RECORD_DIR,
     REPO_ROOT,
     engine_environment,
     free_loopback_port,
@@ -288,16 +296,31 @@ def test_lmcache_mp_reuses_mamba2_exactly(model_dir):
         assert output["logprobs"] == reference["logprobs"], f"call {index}: logprobs differ from the cold computation"
 
 
-_mp_runs: dict[str, dict] = {}
+# The server's copy of each store delayed (tests/engine/slow_mp_store, on the server's path only): a step's
+# stores are copied well after vLLM's next steps ran, as on a loaded server.
+SLOW_STORE_DIR = Path(__file__).resolve().parent / "slow_mp_store"
+STORE_DELAY_S = 0.3
+ALIGN_STORES_PATCH = "lmcache-mp-align-state-stores"
+_mp_runs: dict[tuple[str, bool], dict] = {}
 
 
-def _mp_run(model_dir, name: str) -> dict:
-    """A hybrid through LMCache's MP server, LMCache-driven transfer (one engine per kind)."""
-    if name not in _mp_runs:
+def _slow_store_server_env() -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join((str(IPC_RECORD_DIR), str(SLOW_STORE_DIR), str(REPO_ROOT))),
+            "LMCACHE_ASCEND_TEST_STORE_DELAY_S": str(STORE_DELAY_S)}
+
+
+def _mp_run(model_dir, name: str, wait_for_stores: bool = True) -> dict:
+    """A hybrid through LMCache's MP server with delayed store copies, LMCache-driven transfer (one engine per
+    kind; `wait_for_stores=False`: the engine with ``lmcache-mp-align-state-stores`` disabled)."""
+    if (name, wait_for_stores) not in _mp_runs:
         port = free_loopback_port()
-        with server_on_loopback("LMCache MP server", mp_server_command(port, MP_CHUNK.get(name, 256)), port):
-            _mp_runs[name] = run_engine(_mp_spec(model_dir, name, port, LMCACHE_MP_TRANSFER_MODE="lmcache_driven"))
-    return _mp_runs[name]
+        env = {"LMCACHE_MP_TRANSFER_MODE": "lmcache_driven"}
+        if not wait_for_stores:
+            env["LMCACHE_ASCEND_DISABLED_PATCHES"] = ALIGN_STORES_PATCH
+        command = mp_server_command(port, MP_CHUNK.get(name, 256))
+        with server_on_loopback("LMCache MP server", command, port, env=_slow_store_server_env()):
+            _mp_runs[name, wait_for_stores] = run_engine(_mp_spec(model_dir, name, port, **env))
+    return _mp_runs[name, wait_for_stores]
 
 
 @pytest.mark.parametrize("name", HYBRID_KINDS)
@@ -324,3 +347,26 @@ def test_lmcache_mp_reuse_of_hybrids_equals_cold(model_dir, name):
     assert c_mp["logprobs"] != a_mp["logprobs"], f"{name}: the output does not see C's redrawn stretch"
     if name in PREFIX_SENSITIVE:
         assert c_mp["tokens"] != a_mp["tokens"], f"{name}: the tokens no longer follow C's redrawn stretch"
+
+
+def _worst(output: dict, reference: dict) -> float:
+    return max(abs(x - y) for x, y in zip(output["logprobs"], reference["logprobs"], strict=True))
+
+
+def test_lmcache_mp_align_stores_wait_for_the_server(model_dir):
+    """GraniteMoeHybrid, store copies delayed: with ``lmcache-mp-align-state-stores`` every call (C too, whose
+    state comes from A's first chunk) equals its cold computation bitwise; with it disabled (the control) C's
+    first chunk was stored with a later state and C's logprobs differ."""
+    name = "granite-hybrid"
+    reference = _reference(model_dir, name)
+    control = _outputs(_mp_run(model_dir, name, wait_for_stores=False))
+    assert [output["num_cached_tokens"] for output in control] == _mp_supplied(name)
+    c = _calls(name).index("C")
+    print(f"{name} without {ALIGN_STORES_PATCH}: C's logprobs off by {_worst(control[c], reference[c]):.2e}")
+    assert control[c]["logprobs"] != reference[c]["logprobs"], (
+        "control: C equals its cold computation without the patch; the delay did not expose the race")
+    for index, (output, cold) in enumerate(zip(_outputs(_mp_run(model_dir, name)), reference, strict=True)):
+        where = f"{name} call {index} ({_calls(name)[index]})"
+        assert output["tokens"] == cold["tokens"], f"{where}: tokens differ from the cold computation"
+        assert output["logprobs"] == cold["logprobs"], (
+            f"{where}: logprobs differ from the cold computation by {_worst(output, cold):.2e}")
