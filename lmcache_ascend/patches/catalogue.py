@@ -108,6 +108,8 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
            {"lmcache": ">=0.5.6,<0.6"}),
     _entry("lmcache-cpu-paged-block-stride", "lmcache.cpu_mp_strided_caches",
            "lmcache.v1.platform.torch_ops.mp_mem_kernels", {"lmcache": ">=0.5.6,<0.6"}),
+    _entry("lmcache-mp-align-state-stores", "lmcache.mp_align_state_stores",
+           "lmcache.integration.vllm.lmcache_mp_connector", {"lmcache": ">=0.5.6,<0.6"}),
 )
 
 # The declaration modules, in order.

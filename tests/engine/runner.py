@@ -21,7 +21,12 @@ store) meets that fault of the shared store (`tests.engine.faults`), a killed se
 restarted (a removed folder made again, an MP adapter waited for until it finds the
 server again) before the next round, and OUT says which faults a load met and how many chunks
 failed their seal check. ``crash_after_round``: the run's whole process group is killed
-right after that round (a crashed engine, its writes in flight).
+right after that round (a crashed engine, its writes in flight). ``cold_rounds``: round indices
+whose prompts read nothing of vLLM's own prefix cache (``skip_reading_prefix_cache``: their cold
+computation in the same engine); ``reset_prefix_cache_rounds``: before each such round vLLM's own
+prefix cache is emptied (a KV connector's store is kept), so that what it reuses comes from the
+connector. ``mamba_cache_mode`` (``"align"``: vLLM's prefix caching of state-space layers, with
+``enable_prefix_caching``) and ``max_num_seqs`` go to ``vllm.LLM`` as they are.
 
 The engine runs as shipped: engine core and worker processes of their own.
 """
@@ -138,8 +143,12 @@ def llm_options(spec: dict) -> dict:
     )
     if spec.get("load_format"):
         options["load_format"] = spec["load_format"]
+    if spec.get("mamba_cache_mode"):  # "align": vLLM's prefix caching of state-space layers (needs it on)
+        options["mamba_cache_mode"] = spec["mamba_cache_mode"]
     if spec.get("attention_backend"):
         options["attention_backend"] = spec["attention_backend"]
+    if spec.get("max_num_seqs"):
+        options["max_num_seqs"] = spec["max_num_seqs"]
     for key, default in (("max_num_batched_tokens", 2048), ("kv_cache_memory_bytes", 256 << 20)):
         value = spec.get(key, default)
         if value is not None:
@@ -186,7 +195,11 @@ def main(spec_path: str, out_path: str) -> None:
 
         llm.collective_rpc(skipped_groups.install, args=(spec["skip_groups"], float(spec.get("skip_fill", "nan"))))
     ready = time.monotonic()
-    sampling = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 12), logprobs=0, detokenize=False)
+    greedy = dict(temperature=0.0, max_tokens=spec.get("max_tokens", 12), logprobs=0, detokenize=False)
+    sampling = SamplingParams(**greedy)
+    # ``cold_rounds``: round indices whose prompts read nothing from vLLM's own prefix cache (their
+    # cold computation in the same engine, for comparison with a warm round of the same prompts).
+    cold = SamplingParams(**greedy, skip_reading_prefix_cache=True)
     rounds = []
     faults_met = []
     poisoned = []  # per round after the first, with poison_between_rounds: the caches filled
@@ -205,7 +218,12 @@ def main(spec_path: str, out_path: str) -> None:
         fault = (spec.get("faults") or {}).get(str(index))
         if fault:
             llm.collective_rpc(faults.arm, args=(fault, spec["fault_store"]))
-        outputs = llm.generate([{"prompt_token_ids": prompt} for prompt in prompts], sampling, use_tqdm=False)
+        if index in spec.get("reset_prefix_cache_rounds", ()):
+            # vLLM's own prefix cache emptied (a KV connector's store kept): what this round reuses
+            # comes from the connector alone.
+            assert llm.reset_prefix_cache(), "vLLM did not reset its prefix cache"
+        params = cold if index in spec.get("cold_rounds", ()) else sampling
+        outputs = llm.generate([{"prompt_token_ids": prompt} for prompt in prompts], params, use_tqdm=False)
         rounds.append([output_record(output) for output in outputs])
         if spec.get("crash_after_round") == index:  # a crash, writes in flight: the whole process group at once
             os.killpg(0, signal.SIGKILL)
