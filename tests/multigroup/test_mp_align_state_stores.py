@@ -32,6 +32,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 
 from lmcache_ascend.patches import State, registry  # noqa: E402
 
+REGISTRY = registry.process_registry()
+
 PATCH = "lmcache-mp-align-state-stores"
 CONNECTOR = connector_module.LMCacheMPConnector
 SERVER_DELAY_S = 0.4
@@ -95,9 +97,9 @@ def _connector(mode: str, adapter: StandInAdapter, *, mamba: bool = True, stores
 @pytest.fixture
 def applied():
     original = CONNECTOR.__dict__["wait_for_save"]
-    assert registry.apply_now(PATCH) is State.APPLIED, registry.record(PATCH).reason
+    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     yield
-    registry.revert(PATCH)
+    REGISTRY.revert(PATCH)
     assert CONNECTOR.__dict__["wait_for_save"] is original
 
 
@@ -116,7 +118,7 @@ def test_align_mode_waits_until_the_server_answered(applied):
 
 
 def test_control_without_the_patch_align_mode_does_not_wait():
-    assert registry.record(PATCH).state is not State.APPLIED
+    assert REGISTRY.record(PATCH).state is not State.APPLIED
     adapter = StandInAdapter(answer_after_s=SERVER_DELAY_S)
     _timed_save(_connector("align", adapter))
     assert adapter.submitted == ["r1", "r2"]
