@@ -759,10 +759,12 @@ def _meta(args) -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
                            capture_output=True, text=True)
-    if commit.returncode == 0:
+    if args.commit:  # a copy whose git history is not its own (the device machine's): its sender names it
+        commit = f"{args.commit} (named with --commit)"
+    elif commit.returncode == 0:
         commit = commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    else:  # a copy of the checkout without its history (the device machine's): whoever copied it names it
-        commit = os.environ.get("LMCACHE_ASCEND_COMMIT", "unknown") + " (a copy of the checkout)"
+    else:
+        commit = "unknown (no git history here: name it with --commit)"
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError, StopIteration):
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
@@ -821,6 +823,8 @@ def main() -> int:
     parser.add_argument("--out", default="results", help="folder for bench_engine.{json,png,md}")
     parser.add_argument("--write-docs", action="store_true",
                         help=f"put the tables into {DOCS.relative_to(REPO_ROOT)}, the headline into README.md")
+    parser.add_argument("--commit", help="the commit of the code run, where this checkout's git history is not its "
+                                         "own (a copy sent to another machine); default: git's answer here")
     parser.add_argument("--from-json", metavar="PATH",
                         help="no run: the tables, plot and headline of the run saved at PATH (its bench_engine.json)")
     args = parser.parse_args()
