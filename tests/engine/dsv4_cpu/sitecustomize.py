@@ -12,9 +12,7 @@ platform's AMX decision (`tests.engine.dsv4_cpu.amx_decision`).
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import sys
+from tests.engine.after_import import run_after_import
 
 
 def _hooks() -> dict:
@@ -26,39 +24,4 @@ def _hooks() -> dict:
     return hooks
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a hook on a module right after it first executes."""
-
-    def __init__(self, hooks: dict):
-        self.hooks = hooks
-
-    def find_spec(self, fullname, path, target=None):
-        hook = self.hooks.get(fullname)
-        if hook is None:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return spec
-        plain_exec = spec.loader.exec_module
-
-        def exec_module(module):
-            plain_exec(module)
-            hook(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-def _install() -> None:
-    hooks = _hooks()
-    for name, hook in hooks.items():
-        if name in sys.modules:
-            hook(sys.modules[name])
-    sys.meta_path.insert(0, _AfterImport(hooks))
-
-
-_install()
+run_after_import(_hooks())

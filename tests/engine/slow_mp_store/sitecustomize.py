@@ -12,11 +12,10 @@ the engine submitted the store, as a loaded server would.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.util
 import os
-import sys
 import time
+
+from tests.engine.after_import import run_after_import
 
 TARGET = "lmcache.v1.multiprocess.modules.lmcache_driven_transfer"
 DELAY_ENV = "LMCACHE_ASCEND_TEST_STORE_DELAY_S"
@@ -35,27 +34,4 @@ def _delay(module) -> None:
     cls.store_with_chunk_mask = store_with_chunk_mask
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `_delay` on the target module right after it first executes."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        plain_exec = spec.loader.exec_module
-
-        def exec_module(module):
-            plain_exec(module)
-            _delay(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if TARGET in sys.modules:
-    _delay(sys.modules[TARGET])
-else:
-    sys.meta_path.insert(0, _AfterImport())
+run_after_import({TARGET: _delay})
