@@ -59,7 +59,7 @@ def _encode(value: object, out: list[bytes]) -> None:
     elif kind is tuple or kind is list:
         out.append(b"t%d:" % len(value))
         if all(type(item) is int for item in value):  # token ids: one join, not one call each
-            out.append(b",".join(str(item).encode() for item in value))
+            out.append(",".join(map(str, value)).encode())
             out.append(b";")
         else:
             for item in value:

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-from lmcache_ascend.kernels.reference import reference_transfer, reference_transfer_chunks
+from lmcache_ascend.kernels.reference import reference_transfer
 from lmcache_ascend.kernels.paged import PagedGroup
 from lmcache_ascend.kernels.resolve import (
     PlaneSlots,
@@ -21,6 +21,7 @@ from lmcache_ascend.kernels.spec import (
     TransferError,
     triton_interpreting,
 )
+from lmcache_ascend.kernels.torch_batch import torch_transfer_chunks
 
 __all__ = [
     "BACKENDS",
@@ -192,7 +193,7 @@ def _counted(relaunch):
 def transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, backend: str | None = None) -> int:
     """Move layer groups' parts of many chunks (`resolve_chunk_batch`, one batch per group, one
     device): ONE launch for all batches sharing chunks and slots on the Triton backend (one per batch
-    counted on the reference). Returns launches."""
+    counted on torch: `torch_transfer_chunks`). Returns launches."""
     batches = list(batches)
     if not batches:
         return 0
@@ -205,7 +206,7 @@ def transfer_chunk_batches(batches: Sequence[ResolvedChunkBatch], *, backend: st
     launched = 0
     for batch in batches:
         if batch.num_chunks and batch.rows.max_region_bytes:
-            reference_transfer_chunks(batch)
+            torch_transfer_chunks(batch)
             launched += 1
     launch_counter.torch += launched
     return launched

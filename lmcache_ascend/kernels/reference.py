@@ -21,17 +21,17 @@ from lmcache_ascend.kernels.spec import (
     widest_element_width,
 )
 
-__all__ = ["reference_transfer", "reference_transfer_chunks"]
+__all__ = ["INTEGER_OF_WIDTH", "VIEW_WIDTHS", "reference_transfer", "reference_transfer_chunks"]
 
-_INTEGER_OF_WIDTH = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+INTEGER_OF_WIDTH = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 # The integer views torch has: 16-byte moves do not exist here.
-_VIEW_WIDTHS = tuple(_INTEGER_OF_WIDTH)
+VIEW_WIDTHS = tuple(INTEGER_OF_WIDTH)
 
 
 def _view(storage: torch.UntypedStorage, device: torch.device, width: int, offset_bytes: int,
           shape: tuple[int, ...], stride_bytes: tuple[int, ...]) -> torch.Tensor:
     """A tensor of `width`-byte integers over `storage` (offsets and strides given in bytes)."""
-    view = torch.empty(0, dtype=_INTEGER_OF_WIDTH[width], device=device)
+    view = torch.empty(0, dtype=INTEGER_OF_WIDTH[width], device=device)
     return view.set_(storage, offset_bytes // width, shape, tuple(stride // width for stride in stride_bytes))
 
 
@@ -70,7 +70,7 @@ def reference_transfer(transfer: ResolvedTransfer) -> None:
             region_start = chunk_base + regions.region_offset(layer, plane_index)
             pitch = regions.row_pitch[plane_index]
             width = widest_element_width(row_bytes, geometry.storage_offset_bytes, geometry.block_stride_bytes,
-                                         region_start, pitch, widths=_VIEW_WIDTHS)
+                                         region_start, pitch, widths=VIEW_WIDTHS)
             cache = plane.caches[layer]
             region = _view(chunk_storage, chunk.device, width, region_start, (count, row_bytes // width),
                            (pitch, width))
