@@ -23,6 +23,7 @@ SCRIPTS = {
     "bench_transfer.py": ["--device", "cpu", "--tokens", "256", "--calls", "1", "--repeats", "1",
                           "--request-tokens", "1024", "--request-rounds", "1"],
     "bench_chunk_seal.py": ["--rounds", "3", "--sizes-mib", "0.1"],
+    "bench_cpu_path.py": ["--tokens", "512", "--rounds", "1", "--layouts", "gemma3-tiny (2 groups),dsv4_bundled"],
     "bench_hole_blend.py": ["--seeds", "1", "--random-seeds", "1", "--documents", "6", "--holes", "1",
                             "--placements", "start", "--ratios", "0.3"],
 }
@@ -106,6 +107,9 @@ def test_the_engine_benchmark_gives_every_process_cpus_of_its_own(monkeypatch):
     assert set(taken) <= set(range(100, 116))
     assert all(len(plan.engines[name]) == 2 for name in arms)
     assert set(plan.servers) == {name for name in arms if bench.ARMS[name].mp_server}
+    # The engines take the host's last CPUs, away from its housekeeping on the first ones.
+    assert plan.driver == [100] and {c for cpus in plan.servers.values() for c in cpus} == {101, 102}
+    assert {c for cpus in plan.engines.values() for c in cpus} == set(range(116 - 2 * len(arms), 116))
     assert bench.cpu_plan(arms, 0) is None
     with pytest.raises(ValueError, match=r"--cpus-per-engine 3: .* need 21 CPUs, .* 16 .* allowed here: 0 \(no pinning\) to 2"):
         bench.cpu_plan(arms, 3)
