@@ -38,14 +38,14 @@ def before_import(entry: CatalogueEntry, flag_values: Mapping[str, object]) -> O
 
 def missing_target(entry: CatalogueEntry) -> Outcome:
     """Why `entry`'s target is not there: its package is absent, or usually a version the patch is not for."""
-    missing = Outcome(State.TARGET_MISSING, f"module {entry.target} not found")
-    if not module_is_locatable(entry.target.partition(".")[0]):
-        return missing.replace(distribution_missing=True)  # not even its package is there
+    reason = f"module {entry.target} not found"
+    if not module_is_locatable(entry.target.partition(".")[0]):  # not even its package is there
+        return Outcome(State.TARGET_MISSING, reason, distribution_missing=True)
     # vllm-ascend 0.18 has no DeepSeek-V4 code: say so.
     skip, _ = version_gate(entry)
     if skip is not None and skip.state is State.SKIPPED_VERSION:
         return skip
-    return missing.replace(distribution_missing=bool(skip and skip.distribution_missing))
+    return Outcome(State.TARGET_MISSING, reason, distribution_missing=bool(skip and skip.distribution_missing))
 
 
 def version_gate(patch: Patch | CatalogueEntry) -> tuple[Outcome | None, str]:

@@ -45,8 +45,7 @@ class PatchRecord:
 
     def __init__(self, entry: CatalogueEntry, patch: Patch | None = None) -> None:
         self.entry = entry
-        self._patch = patch
-        self._declaration_error: str | None = None
+        self._patch: Patch | str | None = patch  # the declaration, or why it did not load
         self._state = State.PENDING
         self._reason = ""
         self._error: str | None = None
@@ -64,13 +63,12 @@ class PatchRecord:
     def patch(self) -> Patch:
         """The declaration, imported on first use; raises `DeclarationError`."""
         if self._patch is None:
-            if self._declaration_error is None:
-                try:
-                    self._patch = load_declaration(self.entry)
-                except DeclarationError as error:
-                    self._declaration_error = str(error)
-            if self._patch is None:
-                raise DeclarationError(self._declaration_error)
+            try:
+                self._patch = load_declaration(self.entry)
+            except DeclarationError as error:
+                self._patch = str(error)
+        if isinstance(self._patch, str):
+            raise DeclarationError(self._patch)
         return self._patch
 
     def postpone(self, decide: Callable[[], Outcome]) -> None:
@@ -99,8 +97,6 @@ class PatchRecord:
         self.set(outcome.state, outcome.reason, outcome.error)
         if outcome.distribution_missing:
             self._distribution_installed = False
-        if outcome.fingerprints is not None:
-            self.fingerprints = dict(outcome.fingerprints)
         if outcome.installed is not None:
             self.installed, self.originals = dict(outcome.installed), dict(outcome.originals)
             self.aliases.extend(outcome.aliases)

@@ -22,7 +22,7 @@ from lmcache_ascend.compat import import_hooks
 from lmcache_ascend.compat.source import fingerprint, module_is_locatable
 from lmcache_ascend.patches import gates
 from lmcache_ascend.patches.install import Outcome, install, kind_refusal, resolve, restore, same, short_trace
-from lmcache_ascend.patches.model import MISSING, CatalogueEntry, Patch, State, look_up, read_raw, split_attribute_path
+from lmcache_ascend.patches.model import CatalogueEntry, Patch, State, look_up, read_raw
 from lmcache_ascend.patches.records import DeclarationError, PatchRecord
 
 SCHEMA_VERSION = 1
@@ -217,7 +217,7 @@ class Registry:
                 return
             try:
                 self._bring_in_prerequisites(record.patch)
-                record.settle(self._decide_and_install(record.patch, module))
+                record.settle(self._decide_and_install(record, module))
             except Exception as error:  # the last line of defence: a patch never breaks an import
                 record.set(State.FAILED, f"unexpected error: {type(error).__name__}: {error}", short_trace())
             if record.state is State.APPLIED:
@@ -225,28 +225,24 @@ class Registry:
             if record.state is State.FAILED:
                 _log("warning", "lmcache-ascend: patch %s failed: %s", name, record.reason)
 
-    def _decide_and_install(self, patch: Patch, module: types.ModuleType) -> Outcome:
+    def _decide_and_install(self, record: PatchRecord, module: types.ModuleType) -> Outcome:
         from lmcache_ascend.compat import markers
 
-        resolution = resolve(patch, module)
+        patch = record.patch
+        owners, originals, missing = resolve(patch, module)
         # Our mark on a current value: another copy of the registry installed it (ours to report,
         # not to revert).  Checked before the guard, which would take our work for upstream's.
-        if resolution.missing is None and any(
-            patch.name in markers.patch_names_on(raw) for raw in resolution.originals.values()
-        ):
+        if missing is None and any(patch.name in markers.patch_names_on(raw) for raw in originals.values()):
             return Outcome(State.APPLIED, "already applied (marked objects found)")
         skip, note = gates.decide(patch, module)
         if skip is not None:
             return skip
-        if resolution.missing is not None:
-            return Outcome(State.TARGET_MISSING, resolution.missing)
-        fingerprints = {
-            path: fingerprint(raw) if raw is not MISSING else None for path, raw in resolution.originals.items()
-        }
+        if missing is not None:
+            return Outcome(State.TARGET_MISSING, missing)
+        record.fingerprints = fingerprints = {path: fingerprint(raw) for path, raw in originals.items()}
         states = {name: (other.state, other.reason) for name, other in self._records.items() if name in patch.after}
-        refusal = (kind_refusal(patch, resolution) or gates.prerequisite_refusal(patch, states)
-                   or gates.owned_flag_refusal(patch))
-        return (refusal or install(patch, module, resolution, fingerprints, note)).replace(fingerprints=fingerprints)
+        return (kind_refusal(patch, originals) or gates.prerequisite_refusal(patch, states)
+                or gates.owned_flag_refusal(patch) or install(patch, module, owners, originals, fingerprints, note))
 
     def _bring_in_prerequisites(self, patch: Patch) -> None:
         """Apply the prerequisites whose targets are imported and still pending."""
@@ -273,8 +269,8 @@ class Registry:
             if record.state not in (State.APPLIED, State.OVERRIDDEN) or not record.installed:
                 return record.state  # not applied, or applied by another copy: nothing of ours to undo
             kept = []
-            for path, owner, attribute in _installed_places(record):
-                if owner is not MISSING and same(read_raw(owner, attribute), record.installed[path]):
+            for path, owner, attribute, still_ours in _installed_places(record):
+                if still_ours:
                     restore(owner, attribute, record.originals[path])
                 else:
                     kept.append(path)
@@ -292,10 +288,9 @@ class Registry:
     def _notice_override(self, record: PatchRecord) -> None:
         if record.state is not State.APPLIED or not record.installed or record.entry.target not in sys.modules:
             return
-        for path, owner, attribute in _installed_places(record):
-            if owner is MISSING or not same(read_raw(owner, attribute), record.installed[path]):
-                record.set(State.OVERRIDDEN, f"{path} was replaced after we applied")
-                return
+        replaced = next((path for path, _, _, still_ours in _installed_places(record) if not still_ours), None)
+        if replaced is not None:
+            record.set(State.OVERRIDDEN, f"{replaced} was replaced after we applied")
 
     def import_targets(self) -> None:
         """Import every target that passed the early gates (the CLI's --import)."""
@@ -305,14 +300,15 @@ class Registry:
 
 
 def _installed_places(record: PatchRecord):
-    """(path, owner, attribute) of what `record` installed; owner MISSING where it is gone."""
+    """(path, owner, attribute, whether our value is still there) of what `record` installed."""
     module = sys.modules.get(record.entry.target)
     for path in record.installed:
         try:
-            owner, attribute, _ = look_up(module, path)
-        except AttributeError:
-            owner, attribute = MISSING, split_attribute_path(path)[1]
-        yield path, owner, attribute
+            owner, attribute, current = look_up(module, path)
+        except AttributeError:  # its owner is gone
+            yield path, None, path, False
+        else:
+            yield path, owner, attribute, same(current, record.installed[path])
 
 
 _PROCESS_REGISTRY: Registry | None = None
