@@ -13,14 +13,16 @@ LMCache's MP connectors keep no adapter engine: their own ``request_finished``
 (``forward_to_self=True``).
 
 `hma_mixin` builds, around vLLM's own ``SupportsHMA`` class (passed in, so
-this module imports nothing), the base class a connector gains.
+this module imports nothing), the base class a connector gains;
+`supports_hma_bases` is the patches' build that adds it (importing vLLM's class
+when it runs).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["declares_supports_hma", "hma_mixin"]
+__all__ = ["declares_supports_hma", "hma_mixin", "supports_hma_bases"]
 
 _MIXINS: dict[tuple[type, bool], type] = {}
 
@@ -63,3 +65,16 @@ def declares_supports_hma(module: Any, class_name: str) -> bool | None:
     if "LMCacheAscendSupportsHMA" in names:
         return None  # ours: says nothing about upstream
     return "SupportsHMA" in names
+
+
+def supports_hma_bases(class_name: str):
+    """A patch build giving `class_name` the ``SupportsHMA`` mixin as last base (the registry clears the
+    ABC caches when it sets or restores ``__bases__``)."""
+
+    def build(ctx) -> dict[str, object]:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+
+        connector_class = getattr(ctx.module, class_name)
+        return {f"{class_name}.__bases__": connector_class.__bases__ + (hma_mixin(SupportsHMA),)}
+
+    return build

@@ -22,6 +22,7 @@ from lmcache_ascend.patches import registry as registry_module
 from lmcache_ascend.patches.model import State
 
 TABLE_WIDTH = 120  # unless --wide (JSON keeps every word)
+SCHEMA_VERSION = 1  # of the --json report
 
 
 def _flag_values() -> tuple[dict, str | None]:
@@ -60,7 +61,7 @@ def _collect(import_targets: bool) -> dict:
     strict_problems += [flag_error] if flag_error else []
     projects = installed_projects()
     report = {
-        "schema_version": registry_module.SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSION,
         "mode": "import" if import_targets else "no-import",
         "python": sys.version.split()[0],
         "versions": {name: found.version if found else None for name, found in projects.items()},
@@ -129,20 +130,17 @@ def _print_table(report: dict, wide: bool = False) -> None:
     rows = report["patches"]
     if not rows:
         print("(no patches declared)")
-    plain = [_plain_row(row, report["versions"]) for row in rows]
-    columns = [("patch", [row["name"] for row in rows])]
-    columns += [("target", [row["target"] for row in rows])] if wide else []
-    columns.append(("state", [state for state, _ in plain]))
-    widths = [max([len(title)] + [len(cell) for cell in cells]) for title, cells in columns]
-    lines = ["  ".join(f"{title:<{w}}" for (title, _), w in zip(columns, widths)) + "  reason"]
-    for index, (_, reason) in enumerate(plain):
-        lines.append("  ".join(f"{cells[index]:<{w}}" for (_, cells), w in zip(columns, widths)) + f"  {reason}")
+    table = [("patch", "target", "state", "reason")]
+    table += [(row["name"], row["target"], *_plain_row(row, report["versions"])) for row in rows]
+    table = [cells if wide else (cells[0], *cells[2:]) for cells in table]
+    widths = [max(map(len, column)) for column in zip(*table)]
+    lines = ["  ".join(f"{cell:<{w}}" for cell, w in zip(cells[:-1], widths)) + f"  {cells[-1]}" for cells in table]
     lines += [f"declaration {module} did not load: {error}" for module, error in report["load_errors"].items()]
     for line in lines:
         print(line if width is None or len(line) <= width else line[: width - 1] + "\u2026")
     if report["mode"] == "no-import":
         print("(targets not imported: --import reports the real states)")
-    if width is not None and any(len(line) > width for line in lines[1 : len(plain) + 1]):
+    if width is not None and any(len(line) > width for line in lines[1 : len(rows) + 1]):
         print("(lines cut at 120 columns: --wide shows them whole, `show NAME` one patch)")
 
 

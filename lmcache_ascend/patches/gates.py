@@ -13,9 +13,6 @@ from lmcache_ascend.compat.source import module_is_locatable
 from lmcache_ascend.patches.install import Outcome
 from lmcache_ascend.patches.model import CatalogueEntry, Patch, State
 
-# A prerequisite's skips that its dependents inherit; any other state that is not in fails them.
-_INHERITED = (State.SKIPPED_DISABLED, State.SKIPPED_VERSION, State.SKIPPED_HOST)
-
 
 def flag_gate(entry: CatalogueEntry, flag_values: Mapping[str, object]) -> Outcome | None:
     if not flag_values["LMCACHE_ASCEND_PATCHES"]:
@@ -91,10 +88,11 @@ def prerequisite_refusal(patch: Patch, states: Mapping[str, tuple[State, str]]) 
         if prerequisite not in states:
             return Outcome(State.FAILED, f"needs patch {prerequisite!r}, which is not declared")
         state, reason = states[prerequisite]
-        if state in (State.APPLIED, State.SKIPPED_UPSTREAM):
-            continue
-        inherited = state if state in _INHERITED else State.FAILED
-        return Outcome(inherited, f"needs {prerequisite}, which is {state.value}: {reason}")
+        if state not in (State.APPLIED, State.SKIPPED_UPSTREAM):
+            # A prerequisite's skips are its dependents'; any other state that is not in fails them.
+            inherited = state in (State.SKIPPED_DISABLED, State.SKIPPED_VERSION, State.SKIPPED_HOST)
+            return Outcome(state if inherited else State.FAILED,
+                           f"needs {prerequisite}, which is {state.value}: {reason}")
     return None
 
 

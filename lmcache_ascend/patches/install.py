@@ -37,8 +37,7 @@ class Outcome:
 
 
 def resolve(patch: Patch, module: types.ModuleType) -> tuple[dict[str, object], dict[str, object], str | None]:
-    """(owners, raw originals, what is missing or None) of every attribute (what is missing is reported
-    after the version gate)."""
+    """(owners, raw originals, what is missing or None) of the patch's attributes."""
     owners: dict[str, object] = {}
     originals: dict[str, object] = {}
     for path in patch.attributes:
@@ -103,14 +102,11 @@ def install(patch: Patch, module: types.ModuleType, owners: Mapping[str, object]
     done: list[str] = []
     try:
         for path in patch.attributes:
-            attribute = split_attribute_path(path)[1]
-            setattr(owners[path], attribute, new_values[path])
+            set_raw(owners[path], split_attribute_path(path)[1], new_values[path])
             done.append(path)
-            if attribute == "__bases__":
-                _forget_abc_answers(originals[path], new_values[path])
     except Exception as error:
         for path in reversed(done):
-            restore(owners[path], split_attribute_path(path)[1], originals[path])
+            set_raw(owners[path], split_attribute_path(path)[1], originals[path])
         return Outcome(State.FAILED, f"installing raised {type(error).__name__}: {error}", short_trace())
     installed = {path: read_raw(owners[path], split_attribute_path(path)[1]) for path in patch.attributes}
     replaced = [(originals[path], installed[path]) for path in patch.attributes if owners[path] is module]
@@ -134,15 +130,16 @@ def same(current: object, ours: object) -> bool:
     return current is ours
 
 
-def restore(owner: object, attribute: str, original: object) -> None:
+def set_raw(owner: object, attribute: str, value: object) -> None:
+    """Set the raw value of `owner.attribute`, MISSING deleting it (the reverse of `model.read_raw`)."""
     before = read_raw(owner, attribute) if attribute == "__bases__" else None
-    if original is MISSING:
+    if value is MISSING:
         if attribute in vars(owner):
             delattr(owner, attribute)
     else:
-        setattr(owner, attribute, original)
+        setattr(owner, attribute, value)
     if before is not None:
-        _forget_abc_answers(before, original)
+        _forget_abc_answers(before, value)
 
 
 def _forget_abc_answers(old_bases: tuple, new_bases: tuple) -> None:

@@ -221,8 +221,7 @@ def adds_keywords(**defaults: object) -> Callable[[Wrapper], Wrapper]:
 
 
 def wrapped_member(owner: object, name: str, raw: object, wrapper: Wrapper) -> object:
-    """The value for `owner.name` (raw value `raw`, MISSING when inherited) that calls
-    ``wrapper(wrapped, instance, args, kwargs)``, bound as the original is."""
+    """The value for `owner.name` (raw value `raw`, MISSING when inherited) that calls `wrapper`, bound as `raw` is."""
     if raw is MISSING:
         raw = inspect.getattr_static(owner, name)
     if isinstance(raw, property):

@@ -21,12 +21,9 @@ from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat import import_hooks
 from lmcache_ascend.compat.source import fingerprint, module_is_locatable
 from lmcache_ascend.patches import gates
-from lmcache_ascend.patches.install import Outcome, install, kind_refusal, resolve, restore, same, short_trace
+from lmcache_ascend.patches.install import Outcome, install, kind_refusal, resolve, same, set_raw, short_trace
 from lmcache_ascend.patches.model import CatalogueEntry, Patch, State, look_up, read_raw
 from lmcache_ascend.patches.records import DeclarationError, PatchRecord
-
-SCHEMA_VERSION = 1
-
 
 def _log(level: str, message: str, *args: object) -> None:
     import logging  # lazily: activation must stay cheap
@@ -79,8 +76,8 @@ class Registry:
         return dict(self._load_errors)
 
     def load_declarations(self, names: Iterable[str]) -> None:
-        """Import the declarations of `names` and their prerequisites, outside the lock (an import
-        may wait for another thread); one that fails leaves its record failed."""
+        """Import the declarations of `names` and their prerequisites, outside the lock (an import may wait
+        for another thread); one that fails leaves its record failed."""
         pending = list(names)
         seen: set[str] = set()
         while pending:
@@ -115,8 +112,7 @@ class Registry:
                 record.settle(skip or Outcome(State.PENDING, f"applies when {target} is imported; {note}"))
 
     def activate(self, flag_values: Mapping[str, object], source: str) -> None:
-        """Register post-import hooks for every patch that passes the early gates (`flag_values` are
-        validated: a name in LMCACHE_ASCEND_DISABLED_PATCHES that is no patch was refused there)."""
+        """Register post-import hooks for every patch that passes the early gates (`flag_values` validated)."""
         with self._lock:
             self.activated_by.append(source)
             self.armed = True
@@ -190,9 +186,8 @@ class Registry:
         return record.state
 
     def _import_target(self, record: PatchRecord) -> types.ModuleType | None:
-        """`record`'s target, imported; None (settled on a pending record) where its versions rule
-        the patch out (the target, which may need other packages, is then not imported) or the
-        import fails."""
+        """`record`'s target, imported; None (settled on a pending record) where the import fails or
+        the versions rule the patch out (the target, which may need other packages, is not imported)."""
         with self._lock:
             skip, _ = gates.version_gate(record.entry)
             if skip is not None:
@@ -205,8 +200,8 @@ class Registry:
         except Exception as error:
             with self._lock:
                 if record.state is State.PENDING:
-                    failure = f"import of {target} failed: {type(error).__name__}: {error}"
-                    record.set(State.TARGET_MISSING, failure, short_trace())
+                    record.set(State.TARGET_MISSING, f"import of {target} failed: {type(error).__name__}: {error}",
+                               short_trace())
             return None
 
     def apply_to_module(self, name: str, module: types.ModuleType) -> None:
@@ -246,13 +241,10 @@ class Registry:
 
     def _bring_in_prerequisites(self, patch: Patch) -> None:
         """Apply the prerequisites whose targets are imported and still pending."""
-        for prerequisite in patch.after:
-            other = self._records.get(prerequisite)
-            if other is None:
-                continue
+        for other in filter(None, map(self._records.get, patch.after)):
             module = sys.modules.get(other.entry.target)
             if other.state is State.PENDING and module is not None and not import_hooks.is_initializing(module):
-                self.apply_to_module(prerequisite, module)
+                self.apply_to_module(other.entry.name, module)
 
     def revert(self, name: str) -> State:
         """Restore the originals of `name` where the current values are still ours."""
@@ -263,7 +255,7 @@ class Registry:
                     self.revert(dependent.entry.name)
             for owner, attribute, ours, original in record.aliases:
                 if same(read_raw(owner, attribute), ours):
-                    restore(owner, attribute, original)
+                    set_raw(owner, attribute, original)
             record.aliases.clear()
             self._notice_override(record)
             if record.state not in (State.APPLIED, State.OVERRIDDEN) or not record.installed:
@@ -271,7 +263,7 @@ class Registry:
             kept = []
             for path, owner, attribute, still_ours in _installed_places(record):
                 if still_ours:
-                    restore(owner, attribute, record.originals[path])
+                    set_raw(owner, attribute, record.originals[path])
                 else:
                     kept.append(path)
             record.forget_installation()
