@@ -49,8 +49,7 @@ def parameter(wrapped: Callable, name: str) -> "Parameter":
 
 
 class Parameter:
-    """Where one parameter of a function arrives in a call: its position among the positional
-    arguments (None: keyword only), whether a keyword may carry it, its default."""
+    """Where one parameter of a function arrives in a call (`parameter`)."""
 
     __slots__ = ("function", "name", "position", "by_keyword", "default")
 

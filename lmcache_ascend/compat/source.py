@@ -46,8 +46,7 @@ def module_directory(module_name: str) -> str | None:
 
 
 def module_is_locatable(module_name: str) -> bool:
-    """Whether `module_name` exists on sys.path as source or bytecode (no import), looked for
-    beside its top-level package first."""
+    """Whether `module_name` exists on sys.path (no import), looked for beside its top-level package first."""
     if module_name in sys.modules:
         return True
     top, dot, _ = module_name.partition(".")

@@ -38,8 +38,7 @@ def _normalized(name: str) -> str:
 
 
 def _distributions_named_like(directory: str, stem: str) -> list:
-    """The distributions in `directory` whose ``*.dist-info`` / ``*.egg-info`` folder name starts
-    with `stem` (reading every one's metadata costs more)."""
+    """The distributions in `directory` whose folder name starts with `stem` (reading all would cost more)."""
     import os
     import pathlib
     from importlib import metadata

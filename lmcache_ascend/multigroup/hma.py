@@ -13,16 +13,14 @@ LMCache's MP connectors keep no adapter engine: their own ``request_finished``
 (``forward_to_self=True``).
 
 `hma_mixin` builds, around vLLM's own ``SupportsHMA`` class (passed in, so
-this module imports nothing), the base class a connector gains;
-`supports_hma_bases` is the patches' build that adds it (importing vLLM's class
-when it runs).
+this module imports nothing), the base class a connector gains.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["declares_supports_hma", "hma_mixin", "supports_hma_bases"]
+__all__ = ["declares_supports_hma", "hma_mixin"]
 
 _MIXINS: dict[tuple[type, bool], type] = {}
 
@@ -65,16 +63,3 @@ def declares_supports_hma(module: Any, class_name: str) -> bool | None:
     if "LMCacheAscendSupportsHMA" in names:
         return None  # ours: says nothing about upstream
     return "SupportsHMA" in names
-
-
-def supports_hma_bases(class_name: str):
-    """A patch build giving `class_name` the ``SupportsHMA`` mixin as last base (the registry clears the
-    ABC caches when it sets or restores ``__bases__``)."""
-
-    def build(ctx) -> dict[str, object]:
-        from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
-
-        connector_class = getattr(ctx.module, class_name)
-        return {f"{class_name}.__bases__": connector_class.__bases__ + (hma_mixin(SupportsHMA),)}
-
-    return build

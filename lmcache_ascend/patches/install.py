@@ -22,9 +22,8 @@ from lmcache_ascend.patches.model import (
 
 # A plain slotted class: a frozen dataclass or a named tuple costs more at import than activation may.
 class Outcome:
-    """What deciding about or applying a patch came to.  ``error`` is a traceback; an apply's ``installed``
-    and ``originals`` are the raw values per path, ours and upstream's, ``aliases`` the other modules'
-    names it rebound."""
+    """What deciding about or applying a patch came to (``error``: a traceback), with what an apply
+    installed (as `records.PatchRecord` keeps it)."""
 
     __slots__ = ("state", "reason", "error", "untested", "distribution_missing", "installed", "originals", "aliases")
 

@@ -228,20 +228,14 @@ def wrapped_member(owner: object, name: str, raw: object, wrapper: Wrapper) -> o
         raise TypeError(f"{name} is a property: wrap its getter with a build instead")
     function = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
     if isinstance(raw, classmethod):
-
         def call(cls, *args, **kwargs):
             return wrapper(types.MethodType(function, cls), cls, args, kwargs)
-
     elif isinstance(raw, staticmethod) or not isinstance(owner, type):  # or a module's function
-
         def call(*args, **kwargs):
             return wrapper(function, None, args, kwargs)
-
     else:
-
         def call(self, *args, **kwargs):
             return wrapper(types.MethodType(function, self), self, args, kwargs)
-
     call = _like(call, function, wrapper)
     for method_kind in (staticmethod, classmethod):
         if isinstance(raw, method_kind):

@@ -21,8 +21,7 @@ def declared_in(module_name: str) -> tuple[Patch, ...]:
 
 
 def load_declaration(entry: CatalogueEntry) -> Patch | str:
-    """The `Patch` that `entry` announces, imported from its module, or why it can't be had (the module
-    does not load or no longer declares what the entry says)."""
+    """The `Patch` that `entry` announces, imported from its module, or why it can't be had."""
     try:
         declared = {patch.name: patch for patch in declared_in(entry.module)}
     except Exception as error:

@@ -25,6 +25,7 @@ from lmcache_ascend.patches.install import Outcome, install, kind_refusal, resol
 from lmcache_ascend.patches.model import CatalogueEntry, Patch, State, look_up, read_raw
 from lmcache_ascend.patches.records import DeclarationError, PatchRecord
 
+
 def _log(level: str, message: str, *args: object) -> None:
     import logging  # lazily: activation must stay cheap
 
@@ -100,16 +101,20 @@ class Registry:
         """Fill in states as far as they can be known without importing any target."""
         self.load_declarations(self.names())  # the guards are in the declarations
         with self._lock:
-            for record in self._records.values():
-                if record.state is not State.PENDING:
-                    continue
-                early = gates.before_import(record.entry, flag_values)
-                if early is not None:
-                    record.settle(early)
-                    continue
+            for record in self._undecided(gates.before_import, flag_values):
                 target = record.entry.target
                 skip, note = gates.decide(record.patch, sys.modules.get(target))
                 record.settle(skip or Outcome(State.PENDING, f"applies when {target} is imported; {note}"))
+
+    def _undecided(self, gate, flag_values: Mapping[str, object]):
+        """The pending records that `gate` leaves undecided; it settles the others."""
+        for record in self._records.values():
+            if record.state is State.PENDING:
+                skip = gate(record.entry, flag_values)
+                if skip is None:
+                    yield record
+                else:
+                    record.settle(skip)
 
     def activate(self, flag_values: Mapping[str, object], source: str) -> None:
         """Register post-import hooks for every patch that passes the early gates (`flag_values` validated)."""
@@ -132,12 +137,7 @@ class Registry:
         for record in self._records.values():
             if record.state in (State.REVERTED, State.SKIPPED_DISABLED) and record.entry.name in self._hooked:
                 record.set(State.PENDING, "")  # re-armed after deactivate(): decide again
-            if record.state is not State.PENDING:
-                continue
-            early = gates.flag_gate(record.entry, flag_values)
-            if early is not None:
-                record.settle(early)
-                continue
+        for record in self._undecided(gates.flag_gate, flag_values):
             name, target = record.entry.name, record.entry.target
             if not module_is_locatable(target):
                 # Why it is missing takes the installed versions, which cost more than activation may.

@@ -4,7 +4,8 @@ base class whose ``request_finished_all_groups`` forwards to the adapter's
 
 from __future__ import annotations
 
-from lmcache_ascend.multigroup.hma import declares_supports_hma, supports_hma_bases
+from lmcache_ascend.patches.hma_bases import supports_hma_bases
+from lmcache_ascend.multigroup.hma import declares_supports_hma
 from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 CLASS_NAME = "LMCacheConnectorV1Dynamic"

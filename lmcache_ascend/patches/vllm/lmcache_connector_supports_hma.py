@@ -6,7 +6,8 @@ adapter copy keeps group 0 only, the rest would be lost silently."""
 from __future__ import annotations
 
 from lmcache_ascend.compat.signatures import call_arguments
-from lmcache_ascend.multigroup.hma import declares_supports_hma, supports_hma_bases
+from lmcache_ascend.patches.hma_bases import supports_hma_bases
+from lmcache_ascend.multigroup.hma import declares_supports_hma
 from lmcache_ascend.patches import Patch, PatchKind, UpstreamGuard
 
 CLASS_NAME = "LMCacheConnectorV1"
