@@ -64,9 +64,8 @@ def _name_and_version(dist) -> tuple[str | None, str | None]:
 
 def _distribution_files_list_package(dist, package: str) -> bool:
     """Whether `dist`'s top_level.txt or RECORD names `package`."""
-    if package in (dist.read_text("top_level.txt") or "").split():
-        return True
-    return any(line.startswith(f"{package}/") for line in (dist.read_text("RECORD") or "").splitlines())
+    return package in (dist.read_text("top_level.txt") or "").split() or any(
+        line.startswith(f"{package}/") for line in (dist.read_text("RECORD") or "").splitlines())
 
 
 @functools.lru_cache(maxsize=None)

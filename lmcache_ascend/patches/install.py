@@ -124,9 +124,7 @@ def _is_callable_member(raw: object) -> bool:
 
 
 def same(current: object, ours: object) -> bool:
-    if isinstance(ours, tuple):  # __bases__ tuples are rebuilt by type machinery
-        return current == ours
-    return current is ours
+    return current == ours if isinstance(ours, tuple) else current is ours  # type machinery rebuilds __bases__
 
 
 def set_raw(owner: object, attribute: str, value: object) -> None:

@@ -166,10 +166,7 @@ def split_attribute_path(path: str) -> tuple[str, str]:
 
 
 def resolve_owner(module: types.ModuleType, owner_path: str) -> object:
-    owner: object = module
-    for part in filter(None, owner_path.split(".")):
-        owner = getattr(owner, part)
-    return owner
+    return functools.reduce(getattr, filter(None, owner_path.split(".")), module)
 
 
 def read_raw(owner: object, name: str) -> object:
