@@ -23,9 +23,8 @@ def is_defined_in(value: object, module: types.ModuleType) -> bool:
 
 
 def rebind_aliases(home: types.ModuleType, replaced: list[tuple[object, object]], exclude_prefix: str) -> tuple:
-    """Point every name bound to an original of the (original, ours) pairs defined in `home`, outside
-    `home` and the `exclude_prefix` package, at ours (one pass over the loaded modules for all);
-    returns each (module, name, ours, original) it rebound."""
+    """Rebind the loaded modules' names (but `home`'s and `exclude_prefix`'s) for the originals defined in
+    `home` to ours; returns each (module, name, ours, original) it rebound."""
     wanted = {id(original): (original, ours) for original, ours in replaced if is_defined_in(original, home)}
     if not wanted:
         return ()

@@ -40,10 +40,8 @@ def evaluate_guard(guard: UpstreamGuard, target: str, module: types.ModuleType |
             probe_note = f"probe raised {type(error).__name__}: {error}"
         else:
             probe_note = "probe could not tell"
-        if answer is True:
-            return GuardResult(Verdict.HAS_FIX, "capability probe")
-        if answer is False:
-            return GuardResult(Verdict.LACKS_FIX, "capability probe")
+        if isinstance(answer, bool):
+            return GuardResult(Verdict.HAS_FIX if answer else Verdict.LACKS_FIX, "capability probe")
     else:
         probe_note = "no probe" if guard.probe is None else "probe needs the import"
 
@@ -53,10 +51,8 @@ def evaluate_guard(guard: UpstreamGuard, target: str, module: types.ModuleType |
     if text is None:
         return GuardResult(Verdict.UNKNOWN, f"{probe_note}; no source for {target}")
     # The probe's note stays in the answer: "could not tell" is worth seeing in the state.
-    for needle in guard.fixed_if_source_contains:
-        if needle in text:
-            return GuardResult(Verdict.HAS_FIX, f"{probe_note}; source has {needle!r}")
-    for needle in guard.unfixed_if_source_contains:
-        if needle in text:
-            return GuardResult(Verdict.LACKS_FIX, f"{probe_note}; source has {needle!r}")
+    found = [(Verdict.HAS_FIX, needle) for needle in guard.fixed_if_source_contains if needle in text]
+    found += [(Verdict.LACKS_FIX, needle) for needle in guard.unfixed_if_source_contains if needle in text]
+    if found:
+        return GuardResult(found[0][0], f"{probe_note}; source has {found[0][1]!r}")
     return GuardResult(Verdict.UNKNOWN, f"{probe_note}; source markers absent")

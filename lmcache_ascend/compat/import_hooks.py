@@ -85,16 +85,13 @@ class _HookedLoader:
         self._loader = loader
         self._module_name = module_name
 
-    def create_module(self, spec):  # importlib requires it beside exec_module
-        return self._loader.create_module(spec)
-
     def exec_module(self, module):
         _bodies_done.discard(self._module_name)
         self._loader.exec_module(module)
         _bodies_done.add(self._module_name)
         _run_hooks(self._module_name)
 
-    def __getattr__(self, name):  # get_source, get_filename, is_package, ...
+    def __getattr__(self, name):  # create_module, get_source, get_filename, is_package, ...
         return getattr(self._loader, name)
 
 

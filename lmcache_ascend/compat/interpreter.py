@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import types
 
+
 def is_initializing(module: types.ModuleType) -> bool:
     """Whether `module`'s body is still running (absent mark: finished)."""
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))

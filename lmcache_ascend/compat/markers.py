@@ -4,15 +4,14 @@
 
 from __future__ import annotations
 
+from lmcache_ascend.compat.source import function_behind
+
 MARKER_ATTRIBUTE = "__lmcache_ascend_patch__"
 
 
 def _carriers(value: object) -> list[object]:
-    if isinstance(value, (classmethod, staticmethod)):
-        return [value, value.__func__]
-    if isinstance(value, property):
-        return [value.fget] if value.fget is not None else []
-    return [value]
+    """`value` and the function behind a classmethod or staticmethod; a property's getter."""
+    return [value, value.__func__] if isinstance(value, (classmethod, staticmethod)) else [function_behind(value)]
 
 
 def mark(value: object, patch_name: str) -> None:
@@ -40,7 +39,5 @@ def patch_names_on(value: object, max_depth: int = 32) -> set[str]:
         # Only the object's own mark counts: a class inherits attributes from its bases.
         own = vars(carrier).get(MARKER_ATTRIBUTE, ()) if hasattr(carrier, "__dict__") else ()
         found.update(own)
-        wrapped = getattr(carrier, "__wrapped__", None)
-        if wrapped is not None:
-            pending.extend(_carriers(wrapped))
+        pending.extend(_carriers(getattr(carrier, "__wrapped__", None)))
     return found

@@ -30,14 +30,6 @@ def accepts_keyword(function: Callable, name: str) -> bool | None:
     return False
 
 
-def with_keyword_only(signature: inspect.Signature, name: str, default: object) -> inspect.Signature:
-    """`signature` plus a keyword-only parameter `name` (before any ``**kwargs``)."""
-    parameters = list(signature.parameters.values())
-    extra = _PARAMETER(name, _PARAMETER.KEYWORD_ONLY, default=default)
-    at = len(parameters) - (1 if parameters and parameters[-1].kind is _PARAMETER.VAR_KEYWORD else 0)
-    return signature.replace(parameters=parameters[:at] + [extra] + parameters[at:])
-
-
 def call_arguments(wrapped: Callable, args: tuple, kwargs: dict) -> inspect.BoundArguments:
     """The arguments of the call ``wrapped(*args, **kwargs)`` by parameter name, defaults applied,
     so a wrapper reads what it needs without restating upstream's signature.  Edit
@@ -57,8 +49,7 @@ def parameter(wrapped: Callable, name: str) -> "Parameter":
 
 
 class Parameter:
-    """Where one parameter of a function arrives in a call: its position among the positional
-    arguments (None: keyword only), whether a keyword may carry it, its default."""
+    """Where one parameter of a function arrives in a call (`parameter`)."""
 
     __slots__ = ("function", "name", "position", "by_keyword", "default")
 

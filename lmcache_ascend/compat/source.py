@@ -17,17 +17,13 @@ NO_SOURCE = "no-source"
 
 def _found_in(root: str, parts: tuple[str, ...]) -> bool:
     base = os.path.join(root, *parts)
-    for suffix in (".py", ".pyc", os.sep + "__init__.py", os.sep + "__init__.pyc"):
-        if os.path.isfile(base + suffix):
-            return True
+    if any(os.path.isfile(base + end) for end in (".py", ".pyc", os.sep + "__init__.py", os.sep + "__init__.pyc")):
+        return True
     return os.path.isdir(base) and os.path.isdir(os.path.join(base, "__pycache__"))
 
 
 def _root_holding(parts: tuple[str, ...], search_path: tuple[str, ...]) -> str | None:
-    for entry in search_path:
-        if _found_in(entry or os.getcwd(), parts):
-            return entry or os.getcwd()
-    return None
+    return next((entry or os.getcwd() for entry in search_path if _found_in(entry or os.getcwd(), parts)), None)
 
 
 @functools.lru_cache(maxsize=64)
@@ -46,8 +42,7 @@ def module_directory(module_name: str) -> str | None:
 
 
 def module_is_locatable(module_name: str) -> bool:
-    """Whether `module_name` exists on sys.path as source or bytecode (no import), looked for
-    beside its top-level package first."""
+    """Whether `module_name` exists on sys.path (no import), looked for beside its top-level package first."""
     if module_name in sys.modules:
         return True
     top, dot, _ = module_name.partition(".")

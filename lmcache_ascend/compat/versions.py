@@ -8,6 +8,7 @@ full scan (`importlib.metadata.packages_distributions`, 0.15 s) is the last reso
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from typing import NamedTuple
 
@@ -37,50 +38,34 @@ def _normalized(name: str) -> str:
 
 
 def _distributions_named_like(directory: str, stem: str) -> list:
-    """The distributions in `directory` whose ``*.dist-info`` / ``*.egg-info`` folder name starts
-    with `stem` (reading every one's metadata costs more)."""
+    """The distributions in `directory` whose folder name starts with `stem` (reading all would cost more)."""
     import os
     import pathlib
     from importlib import metadata
 
     try:
-        entries = os.listdir(directory)
+        entries = sorted(os.listdir(directory))
     except OSError:
         return []
-    found = []
-    for entry in sorted(entries):
-        name, dot, suffix = entry.rpartition(".")
-        if dot and suffix in ("dist-info", "egg-info") and _normalized(name).startswith(stem):
-            found.append(metadata.PathDistribution(pathlib.Path(directory, entry)))
-    return found
+    return [metadata.PathDistribution(pathlib.Path(directory, entry)) for entry in entries
+            if entry.endswith((".dist-info", ".egg-info")) and _normalized(entry.rpartition(".")[0]).startswith(stem)]
 
 
 def _name_and_version(dist) -> tuple[str | None, str | None]:
-    """Name and Version from `dist`'s metadata header (``dist.metadata`` parses the whole file,
-    milliseconds per distribution)."""
+    """Name and Version from `dist`'s metadata header, which ends at the first blank line
+    (``dist.metadata`` parses the whole file, milliseconds per distribution)."""
     text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
-    name = version = None
-    for line in text.splitlines():
-        if not line.strip():
-            break  # the header ends at the first blank line
+    header = {}
+    for line in itertools.takewhile(str.strip, text.splitlines()):
         key, _, value = line.partition(":")
-        if key == "Name":
-            name = value.strip()
-        elif key == "Version":
-            version = value.strip()
-    return name, version
+        header[key] = value.strip()
+    return header.get("Name"), header.get("Version")
 
 
 def _distribution_files_list_package(dist, package: str) -> bool:
     """Whether `dist`'s top_level.txt or RECORD names `package`."""
-    top_level = dist.read_text("top_level.txt")
-    if top_level is not None and package in top_level.split():
-        return True
-    record = dist.read_text("RECORD")
-    if record is None:
-        return False
-    prefix = f"{package}/"
-    return any(line.startswith(prefix) for line in record.splitlines())
+    return package in (dist.read_text("top_level.txt") or "").split() or any(
+        line.startswith(f"{package}/") for line in (dist.read_text("RECORD") or "").splitlines())
 
 
 @functools.lru_cache(maxsize=None)

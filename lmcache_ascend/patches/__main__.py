@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -21,8 +22,7 @@ from lmcache_ascend.patches import registry as registry_module
 from lmcache_ascend.patches.model import State
 
 TABLE_WIDTH = 120  # unless --wide (JSON keeps every word)
-# Our distribution's name, which LMCache-Ascend (LMCache's NPU plugin) uses too, without our command.
-DISTRIBUTION = "lmcache-ascend"
+SCHEMA_VERSION = 1  # of the --json report
 
 
 def _flag_values() -> tuple[dict, str | None]:
@@ -44,8 +44,8 @@ def _strict_problem(record: registry_module.PatchRecord) -> str | None:
     return f"{name}: untested target" if record.untested else None
 
 
-def _collect(import_targets: bool) -> tuple[dict, int]:
-    """Evaluate the registry; returns (report, exit code for --strict)."""
+def _collect(import_targets: bool) -> dict:
+    """Evaluate the registry: the report (its ``strict_problems`` make --strict exit 1)."""
     flag_values, flag_error = _flag_values()
     registry = registry_module.process_registry()
     if import_targets and flag_error is None:
@@ -61,7 +61,7 @@ def _collect(import_targets: bool) -> tuple[dict, int]:
     strict_problems += [flag_error] if flag_error else []
     projects = installed_projects()
     report = {
-        "schema_version": registry_module.SCHEMA_VERSION,
+        "schema_version": SCHEMA_VERSION,
         "mode": "import" if import_targets else "no-import",
         "python": sys.version.split()[0],
         "versions": {name: found.version if found else None for name, found in projects.items()},
@@ -72,7 +72,7 @@ def _collect(import_targets: bool) -> tuple[dict, int]:
         "patches": [record.as_json() for record in records],
         "strict_problems": strict_problems,
     }
-    return report, (1 if strict_problems else 0)
+    return report
 
 
 # The states and the guards' verdicts in plain words, for the table.
@@ -91,13 +91,6 @@ def _plain_how(how: str) -> str:
     return f"its source has {found[0]}" if found else ""
 
 
-def _plain_guard(verdict: str, how: str) -> str:
-    if verdict not in _PLAIN_VERDICTS:  # unknown: only the import can tell, or nothing can
-        return "upstream checked on import" if "probe needs the import" in how else "upstream not checked"
-    why = _plain_how(how)
-    return f"{_PLAIN_VERDICTS[verdict]} ({why})" if why else _PLAIN_VERDICTS[verdict]
-
-
 def _plain_row(row: dict, versions: dict) -> tuple[str, str]:
     """(state, reason) of a report row in plain words."""
     state, reason = row["state"], row["reason"]
@@ -113,15 +106,14 @@ def _plain_row(row: dict, versions: dict) -> tuple[str, str]:
     if reason.startswith("upstream has it (") and reason.endswith(")"):  # the state says it already
         reason = _plain_how(reason[len("upstream has it ("):-1]) or "found on the imported module"
     head, marker, guard = reason.partition("; guard: ")
-    if marker:
-        verdict, _, how = guard.partition(" (")
-        reason = f"{head}; {_plain_guard(verdict, how.removesuffix(')'))}"
+    verdict, _, how = guard.partition(" (")
+    if verdict in _PLAIN_VERDICTS:
+        why = _plain_how(how.removesuffix(")"))
+        reason = f"{head}; {_PLAIN_VERDICTS[verdict]}" + (f" ({why})" if why else "")
+    elif marker:  # unknown: only the import can tell, or nothing can
+        reason = f"{head}; upstream {'checked on import' if 'probe needs the import' in how else 'not checked'}"
     reason = reason.removeprefix(f"applies when {row['target']} is imported; ")  # the state says it
     return _PLAIN_STATES.get(state, state), reason
-
-
-def _fit(line: str, width: int | None) -> str:
-    return line if width is None or len(line) <= width else line[: width - 1] + "\u2026"
 
 
 def _print_table(report: dict, wide: bool = False) -> None:
@@ -138,20 +130,17 @@ def _print_table(report: dict, wide: bool = False) -> None:
     rows = report["patches"]
     if not rows:
         print("(no patches declared)")
-    plain = [_plain_row(row, report["versions"]) for row in rows]
-    columns = [("patch", [row["name"] for row in rows])]
-    columns += [("target", [row["target"] for row in rows])] if wide else []
-    columns.append(("state", [state for state, _ in plain]))
-    widths = [max([len(title)] + [len(cell) for cell in cells]) for title, cells in columns]
-    lines = ["  ".join(f"{title:<{w}}" for (title, _), w in zip(columns, widths)) + "  reason"]
-    for index, (_, reason) in enumerate(plain):
-        lines.append("  ".join(f"{cells[index]:<{w}}" for (_, cells), w in zip(columns, widths)) + f"  {reason}")
+    table = [("patch", "target", "state", "reason")]
+    table += [(row["name"], row["target"], *_plain_row(row, report["versions"])) for row in rows]
+    table = [cells if wide else (cells[0], *cells[2:]) for cells in table]
+    widths = [max(map(len, column)) for column in zip(*table)]
+    lines = ["  ".join(f"{cell:<{w}}" for cell, w in zip(cells[:-1], widths)) + f"  {cells[-1]}" for cells in table]
     lines += [f"declaration {module} did not load: {error}" for module, error in report["load_errors"].items()]
     for line in lines:
-        print(_fit(line, width))
+        print(line if width is None or len(line) <= width else line[: width - 1] + "\u2026")
     if report["mode"] == "no-import":
         print("(targets not imported: --import reports the real states)")
-    if width is not None and any(len(line) > width for line in lines[1 : len(plain) + 1]):
+    if width is not None and any(len(line) > width for line in lines[1 : len(rows) + 1]):
         print("(lines cut at 120 columns: --wide shows them whole, `show NAME` one patch)")
 
 
@@ -214,7 +203,7 @@ def foreign_distribution() -> str | None:
         names = set(metadata.packages_distributions().get("lmcache_ascend", ()))
     except Exception:  # a broken installation elsewhere must not stop the command
         names = set()
-    for name in sorted(names | {DISTRIBUTION}):
+    for name in sorted(names | {"lmcache-ascend"}):  # our name, which LMCache-Ascend uses too
         try:
             dist = metadata.distribution(name)
             if any(point.group == "console_scripts" and point.name == CLI_SCRIPT for point in dist.entry_points):
@@ -229,29 +218,17 @@ def foreign_distribution() -> str | None:
     return None
 
 
-_OPTIONS = (
-    ("--import", "import the patch targets and report the real states"),
-    ("--json", "print JSON (with schema_version)"),
-    ("--strict", "exit 1 on a failed patch, a target missing although installed, or an untested target"),
-    ("--wide", f"show the targets and whole lines (otherwise cut at {TABLE_WIDTH} columns)"),
-)
-
-
 def _parser(program: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=program, description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"lmcache-ascend {__version__}")
-    for option, help_text in _OPTIONS:
-        dest = "import_targets" if option == "--import" else option[2:]
-        parser.add_argument(option, dest=dest, action="store_true", help=help_text)
-    parser.add_argument("command", nargs="?", choices=("show", "flags"),
-                        help="optional sub-command")
+    option = functools.partial(parser.add_argument, action="store_true")
+    option("--import", dest="import_targets", help="import the patch targets and report the real states")
+    option("--json", help="print JSON (with schema_version)")
+    option("--strict", help="exit 1 on a failed patch, a target missing although installed, or an untested target")
+    option("--wide", help=f"show the targets and whole lines (otherwise cut at {TABLE_WIDTH} columns)")
+    parser.add_argument("command", nargs="?", choices=("show", "flags"), help="optional sub-command")
     parser.add_argument("name", nargs="?", help="patch name for 'show'")
     return parser
-
-
-def _print_json(report: dict) -> None:
-    json.dump(report, sys.stdout, indent=2, sort_keys=False)
-    print()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "flags":
             _flags()
         elif args.json:
-            _print_json(_collect(import_targets=False)[0])
+            print(json.dumps(_collect(import_targets=False), indent=2))
         print(f"{program}: {flag_error}", file=sys.stderr)
         return 2
     if args.command == "flags":
@@ -276,9 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.name:
             parser.error("'show' needs a patch name")
         return _show(args.name)
-    report, strict_code = _collect(args.import_targets)
+    report = _collect(args.import_targets)
+    strict_code = 1 if report["strict_problems"] else 0
     if args.json:
-        _print_json(report)
+        print(json.dumps(report, indent=2))
     else:
         _print_table(report, wide=args.wide)
         if args.strict and strict_code:

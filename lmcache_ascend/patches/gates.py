@@ -13,9 +13,6 @@ from lmcache_ascend.compat.source import module_is_locatable
 from lmcache_ascend.patches.install import Outcome
 from lmcache_ascend.patches.model import CatalogueEntry, Patch, State
 
-# A prerequisite's skips that its dependents inherit; any other state that is not in fails them.
-_INHERITED = (State.SKIPPED_DISABLED, State.SKIPPED_VERSION, State.SKIPPED_HOST)
-
 
 def flag_gate(entry: CatalogueEntry, flag_values: Mapping[str, object]) -> Outcome | None:
     if not flag_values["LMCACHE_ASCEND_PATCHES"]:
@@ -38,14 +35,14 @@ def before_import(entry: CatalogueEntry, flag_values: Mapping[str, object]) -> O
 
 def missing_target(entry: CatalogueEntry) -> Outcome:
     """Why `entry`'s target is not there: its package is absent, or usually a version the patch is not for."""
-    missing = Outcome(State.TARGET_MISSING, f"module {entry.target} not found")
-    if not module_is_locatable(entry.target.partition(".")[0]):
-        return missing.replace(distribution_missing=True)  # not even its package is there
+    reason = f"module {entry.target} not found"
+    if not module_is_locatable(entry.target.partition(".")[0]):  # not even its package is there
+        return Outcome(State.TARGET_MISSING, reason, distribution_missing=True)
     # vllm-ascend 0.18 has no DeepSeek-V4 code: say so.
     skip, _ = version_gate(entry)
     if skip is not None and skip.state is State.SKIPPED_VERSION:
         return skip
-    return missing.replace(distribution_missing=bool(skip and skip.distribution_missing))
+    return Outcome(State.TARGET_MISSING, reason, distribution_missing=bool(skip and skip.distribution_missing))
 
 
 def version_gate(patch: Patch | CatalogueEntry) -> tuple[Outcome | None, str]:
@@ -91,10 +88,11 @@ def prerequisite_refusal(patch: Patch, states: Mapping[str, tuple[State, str]]) 
         if prerequisite not in states:
             return Outcome(State.FAILED, f"needs patch {prerequisite!r}, which is not declared")
         state, reason = states[prerequisite]
-        if state in (State.APPLIED, State.SKIPPED_UPSTREAM):
-            continue
-        inherited = state if state in _INHERITED else State.FAILED
-        return Outcome(inherited, f"needs {prerequisite}, which is {state.value}: {reason}")
+        if state not in (State.APPLIED, State.SKIPPED_UPSTREAM):
+            # A prerequisite's skips are its dependents'; any other state that is not in fails them.
+            inherited = state in (State.SKIPPED_DISABLED, State.SKIPPED_VERSION, State.SKIPPED_HOST)
+            return Outcome(state if inherited else State.FAILED,
+                           f"needs {prerequisite}, which is {state.value}: {reason}")
     return None
 
 

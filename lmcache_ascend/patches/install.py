@@ -9,7 +9,6 @@ from typing import Mapping
 from lmcache_ascend.compat.source import NO_SOURCE
 from lmcache_ascend.patches.model import (
     MISSING,
-    TYPE_SLOT_ATTRIBUTES,
     Patch,
     PatchContext,
     PatchKind,
@@ -21,41 +20,23 @@ from lmcache_ascend.patches.model import (
 )
 
 
-# Plain slotted classes: a frozen dataclass or a named tuple costs more at import than activation may.
+# A plain slotted class: a frozen dataclass or a named tuple costs more at import than activation may.
 class Outcome:
-    """What deciding about or applying a patch came to.  ``error`` is a traceback; ``fingerprints``
-    None leaves the recorded ones; an apply's ``installed`` and ``originals`` are the raw values
-    per path, ours and upstream's, ``aliases`` the other modules' names it rebound."""
+    """What deciding about or applying a patch came to (``error``: a traceback), with what an apply
+    installed (as `records.PatchRecord` keeps it)."""
 
-    __slots__ = ("state", "reason", "error", "fingerprints", "untested", "distribution_missing", "installed",
-                 "originals", "aliases")
+    __slots__ = ("state", "reason", "error", "untested", "distribution_missing", "installed", "originals", "aliases")
 
-    def __init__(self, state: State, reason: str, error: str | None = None,
-                 fingerprints: Mapping[str, str | None] | None = None, untested: bool = False,
+    def __init__(self, state: State, reason: str, error: str | None = None, untested: bool = False,
                  distribution_missing: bool = False, installed: Mapping[str, object] | None = None,
                  originals: Mapping[str, object] | None = None, aliases: tuple = ()) -> None:
-        self.state, self.reason, self.error, self.fingerprints = state, reason, error, fingerprints
+        self.state, self.reason, self.error = state, reason, error
         self.untested, self.distribution_missing = untested, distribution_missing
         self.installed, self.originals, self.aliases = installed, originals, aliases
 
-    def replace(self, **changes: object) -> "Outcome":
-        return Outcome(**{**{name: getattr(self, name) for name in self.__slots__}, **changes})
 
-    def __repr__(self) -> str:
-        return f"Outcome({self.state.value}: {self.reason})"
-
-
-class Resolution:
-    """The patch's attributes on the target: ``owners``, raw ``originals``, what is ``missing`` or None."""
-
-    __slots__ = ("owners", "originals", "missing")
-
-    def __init__(self, owners: Mapping[str, object], originals: Mapping[str, object], missing: str | None) -> None:
-        self.owners, self.originals, self.missing = owners, originals, missing
-
-
-def resolve(patch: Patch, module: types.ModuleType) -> Resolution:
-    """Every attribute's owner and raw original (what is missing is reported after the version gate)."""
+def resolve(patch: Patch, module: types.ModuleType) -> tuple[dict[str, object], dict[str, object], str | None]:
+    """(owners, raw originals, what is missing or None) of the patch's attributes."""
     owners: dict[str, object] = {}
     originals: dict[str, object] = {}
     for path in patch.attributes:
@@ -63,18 +44,17 @@ def resolve(patch: Patch, module: types.ModuleType) -> Resolution:
         try:
             owner = resolve_owner(module, owner_path)
         except AttributeError:
-            return Resolution(owners, originals, f"{patch.target} has no {owner_path}")
+            return owners, originals, f"{patch.target} has no {owner_path}"
         raw = read_raw(owner, attribute)
         if patch.kind is not PatchKind.ADD and raw is MISSING and not hasattr(owner, attribute):
-            return Resolution(owners, originals, f"{patch.target} has no {path}")
+            return owners, originals, f"{patch.target} has no {path}"
         owners[path] = owner
         originals[path] = raw
-    return Resolution(owners, originals, None)
+    return owners, originals, None
 
 
-def kind_refusal(patch: Patch, resolution: Resolution) -> Outcome | None:
+def kind_refusal(patch: Patch, originals: Mapping[str, object]) -> Outcome | None:
     """WRAP needs something to call; ADD must not shadow what upstream now defines itself."""
-    originals = resolution.originals
     if patch.kind is PatchKind.WRAP:
         not_callable = [path for path, raw in originals.items() if raw is not MISSING and not _is_callable_member(raw)]
         if not_callable:
@@ -84,14 +64,6 @@ def kind_refusal(patch: Patch, resolution: Resolution) -> Outcome | None:
         if present:
             return Outcome(State.SKIPPED_UPSTREAM, f"upstream defines {', '.join(present)}")
     return None
-
-
-def _new_values(patch: Patch, module: types.ModuleType, resolution: Resolution) -> dict[str, object]:
-    values = dict(patch.build(PatchContext(patch, module))) if patch.build is not None else {}
-    for path, wrapper in patch.wrappers.items():
-        owner, original = resolution.owners[path], resolution.originals[path]
-        values[path] = wrapped_member(owner, split_attribute_path(path)[1], original, wrapper)
-    return values
 
 
 def _value_refusal(patch: Patch, new_values: Mapping[str, object], originals: Mapping[str, object]) -> Outcome | None:
@@ -110,15 +82,15 @@ def _value_refusal(patch: Patch, new_values: Mapping[str, object], originals: Ma
     return None
 
 
-def install(
-    patch: Patch, module: types.ModuleType, resolution: Resolution, fingerprints: Mapping[str, str | None], note: str
-) -> Outcome:
+def install(patch: Patch, module: types.ModuleType, owners: Mapping[str, object], originals: Mapping[str, object],
+            fingerprints: Mapping[str, str | None], note: str) -> Outcome:
     """Build the new values and set them all, or none."""
-    try:
-        new_values = _new_values(patch, module, resolution)
-    except Exception as error:  # nothing is touched if this raises
+    try:  # nothing is touched if this raises
+        new_values = dict(patch.build(PatchContext(patch, module))) if patch.build is not None else {}
+        for path, wrapper in patch.wrappers.items():
+            new_values[path] = wrapped_member(owners[path], split_attribute_path(path)[1], originals[path], wrapper)
+    except Exception as error:
         return Outcome(State.FAILED, f"build raised {type(error).__name__}: {error}", short_trace())
-    owners, originals = resolution.owners, resolution.originals
     refusal = _value_refusal(patch, new_values, originals)
     if refusal is not None:
         return refusal
@@ -129,24 +101,18 @@ def install(
     done: list[str] = []
     try:
         for path in patch.attributes:
-            attribute = split_attribute_path(path)[1]
-            setattr(owners[path], attribute, new_values[path])
+            set_raw(owners[path], split_attribute_path(path)[1], new_values[path])
             done.append(path)
-            if attribute in TYPE_SLOT_ATTRIBUTES:
-                _forget_abc_answers(originals[path], new_values[path])
     except Exception as error:
         for path in reversed(done):
-            restore(owners[path], split_attribute_path(path)[1], originals[path])
+            set_raw(owners[path], split_attribute_path(path)[1], originals[path])
         return Outcome(State.FAILED, f"installing raised {type(error).__name__}: {error}", short_trace())
     installed = {path: read_raw(owners[path], split_attribute_path(path)[1]) for path in patch.attributes}
     replaced = [(originals[path], installed[path]) for path in patch.attributes if owners[path] is module]
     aliases = bindings.rebind_aliases(module, replaced, __name__.split(".", 1)[0])
-    # A target whose source was never tested still applies, but says so.
-    tested = patch.tested_fingerprints
-    untested = [
-        path + (" has no source" if print_ == NO_SOURCE else "") for path, print_ in fingerprints.items()
-        if originals[path] is not MISSING and print_ is not None and print_ not in tested.get(path, ())
-    ]
+    # A target whose source was never tested still applies, but says so (data has no fingerprint).
+    untested = [path + (" has no source" if print_ == NO_SOURCE else "") for path, print_ in fingerprints.items()
+                if print_ is not None and print_ not in patch.tested_fingerprints.get(path, ())]
     if untested:
         note = f"untested target ({', '.join(untested)}); {note}"
     return Outcome(State.APPLIED, note, untested=bool(untested), installed=installed, originals=dict(originals),
@@ -158,20 +124,19 @@ def _is_callable_member(raw: object) -> bool:
 
 
 def same(current: object, ours: object) -> bool:
-    if isinstance(ours, tuple):  # __bases__ tuples are rebuilt by type machinery
-        return current == ours
-    return current is ours
+    return current == ours if isinstance(ours, tuple) else current is ours  # type machinery rebuilds __bases__
 
 
-def restore(owner: object, attribute: str, original: object) -> None:
-    before = read_raw(owner, attribute) if attribute in TYPE_SLOT_ATTRIBUTES else None
-    if original is MISSING:
+def set_raw(owner: object, attribute: str, value: object) -> None:
+    """Set the raw value of `owner.attribute`, MISSING deleting it (the reverse of `model.read_raw`)."""
+    before = read_raw(owner, attribute) if attribute == "__bases__" else None
+    if value is MISSING:
         if attribute in vars(owner):
             delattr(owner, attribute)
     else:
-        setattr(owner, attribute, original)
+        setattr(owner, attribute, value)
     if before is not None:
-        _forget_abc_answers(before, original)
+        _forget_abc_answers(before, value)
 
 
 def _forget_abc_answers(old_bases: tuple, new_bases: tuple) -> None:

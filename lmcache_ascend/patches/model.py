@@ -35,9 +35,6 @@ class _Missing:
 
 MISSING: Any = _Missing()
 
-# Attributes of a class that are not in its __dict__ but can still be set and restored.
-TYPE_SLOT_ATTRIBUTES = frozenset({"__bases__"})
-
 
 class PatchKind(enum.Enum):
     WRAP = "wrap"  # the new value calls the original
@@ -88,13 +85,9 @@ _PATCH_FIELDS: dict[str, Callable[[], object] | None] = {
 
 
 class Patch:
-    """One change to one upstream module (immutable; keywords only).
-
-    ``wrappers`` maps attribute paths to `Wrapper` functions put around the originals; ``build``
-    receives a `PatchContext` and returns the values of the other paths.  ``summary``, ``why``,
-    ``mirrors`` and ``delete_when`` describe it (``show`` prints them).  A plain class: a frozen
-    dataclass costs milliseconds of activation.
-    """
+    """One change to one upstream module (immutable; keywords only): ``wrappers`` put `Wrapper` functions
+    around the originals, ``build(PatchContext)`` returns the other paths' values.  A plain class: a frozen
+    dataclass costs milliseconds of activation."""
 
     def __init__(self, **fields: object) -> None:
         missing = [name for name, default in _PATCH_FIELDS.items() if default is None and name not in fields]
@@ -144,7 +137,6 @@ class CatalogueEntry:
     hook its target.  ``module`` declares it (None for a `Patch` given to a `Registry` directly)."""
 
     __slots__ = ("name", "module", "target", "requires", "flags", "enabled_by", "after")
-    PATCH_FIELDS = ("name", "target", "requires", "flags", "enabled_by", "after")  # a Patch has them too
 
     def __init__(self, name: str, *, module: str | None, target: str, requires: Mapping[str, str],
                  flags: tuple[str, ...] = (), enabled_by: str | None = None, after: tuple[str, ...] = ()) -> None:
@@ -153,8 +145,8 @@ class CatalogueEntry:
 
     @classmethod
     def of(cls, patch: "Patch", module: str | None) -> "CatalogueEntry":
-        header = {field: getattr(patch, field) for field in cls.PATCH_FIELDS}
-        return cls(header.pop("name"), module=module, **header)
+        return cls(patch.name, module=module, target=patch.target, requires=patch.requires, flags=patch.flags,
+                   enabled_by=patch.enabled_by, after=patch.after)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CatalogueEntry):
@@ -170,20 +162,16 @@ class CatalogueEntry:
 
 def split_attribute_path(path: str) -> tuple[str, str]:
     """``"Cls.Inner.meth"`` -> (``"Cls.Inner"``, ``"meth"``); a module-level name has owner ``""``."""
-    owner, _, name = path.rpartition(".")
-    return owner, name
+    return path.rpartition(".")[::2]
 
 
 def resolve_owner(module: types.ModuleType, owner_path: str) -> object:
-    owner: object = module
-    for part in filter(None, owner_path.split(".")):
-        owner = getattr(owner, part)
-    return owner
+    return functools.reduce(getattr, filter(None, owner_path.split(".")), module)
 
 
 def read_raw(owner: object, name: str) -> object:
     """The raw value stored on `owner` for `name` (no descriptor binding, no inheritance)."""
-    if isinstance(owner, type) and name in TYPE_SLOT_ATTRIBUTES:
+    if isinstance(owner, type) and name == "__bases__":  # not in __dict__, but set and restored
         return getattr(owner, name)
     return vars(owner).get(name, MISSING)
 
@@ -202,9 +190,6 @@ class PatchContext:
         self.patch = patch
         self.module = module
 
-    def owner(self, path: str) -> object:
-        return look_up(self.module, path)[0]
-
     def original(self, path: str) -> object:
         """The raw original (e.g. the classmethod object itself), or MISSING."""
         return look_up(self.module, path)[2]
@@ -216,6 +201,10 @@ class PatchContext:
             raw = getattr(owner, name)
             raw = getattr(raw, "__func__", raw)  # inherited classmethod comes back bound
         return function_behind(raw)
+
+    def wrapped(self, path: str, wrapper: Wrapper) -> object:
+        """The value for `path` that calls `wrapper` around the original (`wrapped_member`)."""
+        return wrapped_member(*look_up(self.module, path), wrapper)
 
 
 def adds_keywords(**defaults: object) -> Callable[[Wrapper], Wrapper]:
@@ -229,48 +218,36 @@ def adds_keywords(**defaults: object) -> Callable[[Wrapper], Wrapper]:
 
 
 def wrapped_member(owner: object, name: str, raw: object, wrapper: Wrapper) -> object:
-    """The value for `owner.name` (raw value `raw`, MISSING when inherited) that calls
-    ``wrapper(wrapped, instance, args, kwargs)``, bound as the original is."""
+    """The value for `owner.name` (raw value `raw`, MISSING when inherited) that calls `wrapper`, bound as `raw` is."""
     if raw is MISSING:
         raw = inspect.getattr_static(owner, name)
     if isinstance(raw, property):
         raise TypeError(f"{name} is a property: wrap its getter with a build instead")
-    if isinstance(raw, staticmethod):
-        function = raw.__func__
-
-        def call_static(*args, **kwargs):
-            return wrapper(function, None, args, kwargs)
-
-        return staticmethod(_like(call_static, function, wrapper))
+    function = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
     if isinstance(raw, classmethod):
-        function = raw.__func__
-
-        def call_class(cls, *args, **kwargs):
+        def call(cls, *args, **kwargs):
             return wrapper(types.MethodType(function, cls), cls, args, kwargs)
-
-        return classmethod(_like(call_class, function, wrapper))
-    if not isinstance(owner, type):  # a module's function
-
-        def call_function(*args, **kwargs):
-            return wrapper(raw, None, args, kwargs)
-
-        return _like(call_function, raw, wrapper)
-
-    def call_method(self, *args, **kwargs):
-        return wrapper(types.MethodType(raw, self), self, args, kwargs)
-
-    return _like(call_method, raw, wrapper)
+    elif isinstance(raw, staticmethod) or not isinstance(owner, type):  # or a module's function
+        def call(*args, **kwargs):
+            return wrapper(function, None, args, kwargs)
+    else:
+        def call(self, *args, **kwargs):
+            return wrapper(types.MethodType(function, self), self, args, kwargs)
+    call = _like(call, function, wrapper)
+    for method_kind in (staticmethod, classmethod):
+        if isinstance(raw, method_kind):
+            return method_kind(call)
+    return call
 
 
 def _like(call: Callable[..., Any], original: Callable[..., Any], wrapper: Wrapper) -> Callable[..., Any]:
     """`call` with the original's name, doc and signature (plus the wrapper's added keywords)."""
     functools.update_wrapper(call, original)
     added = getattr(wrapper, "added_keywords", None)
-    if added:
-        from lmcache_ascend.compat.signatures import with_keyword_only
-
+    if added:  # keyword-only, before any **kwargs
         signature = inspect.signature(original)
-        for keyword, default in added.items():
-            signature = with_keyword_only(signature, keyword, default)
-        call.__signature__ = signature
+        parameters = list(signature.parameters.values())
+        at = len(parameters) - (1 if parameters and parameters[-1].kind is inspect.Parameter.VAR_KEYWORD else 0)
+        extra = [inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=value) for key, value in added.items()]
+        call.__signature__ = signature.replace(parameters=parameters[:at] + extra + parameters[at:])
     return call

@@ -20,21 +20,18 @@ def declared_in(module_name: str) -> tuple[Patch, ...]:
     return tuple(getattr(module, "PATCHES", None) or (module.PATCH,))
 
 
-def load_declaration(entry: CatalogueEntry) -> Patch:
-    """The `Patch` that `entry` announces, imported from its module; `DeclarationError` if the
-    module does not load or no longer declares what the entry says."""
+def load_declaration(entry: CatalogueEntry) -> Patch | str:
+    """The `Patch` that `entry` announces, imported from its module, or why it can't be had."""
     try:
         declared = {patch.name: patch for patch in declared_in(entry.module)}
     except Exception as error:
-        raise DeclarationError(f"{entry.module}: {type(error).__name__}: {error}") from None
+        return f"{entry.module}: {type(error).__name__}: {error}"
     patch = declared.get(entry.name)
     if patch is None:
-        raise DeclarationError(f"{entry.module} declares no patch {entry.name!r} (it declares {sorted(declared)})")
+        return f"{entry.module} declares no patch {entry.name!r} (it declares {sorted(declared)})"
     if CatalogueEntry.of(patch, entry.module) != entry:
-        raise DeclarationError(
-            f"the catalogue entry of {entry.name!r} is out of date: {entry!r}, but {entry.module} declares "
-            f"{CatalogueEntry.of(patch, entry.module)!r} (regenerate the catalogue: see its docstring)"
-        )
+        return (f"the catalogue entry of {entry.name!r} is out of date: {entry!r}, but {entry.module} declares "
+                f"{CatalogueEntry.of(patch, entry.module)!r} (regenerate the catalogue: see its docstring)")
     return patch
 
 
@@ -45,8 +42,7 @@ class PatchRecord:
 
     def __init__(self, entry: CatalogueEntry, patch: Patch | None = None) -> None:
         self.entry = entry
-        self._patch = patch
-        self._declaration_error: str | None = None
+        self._patch: Patch | str | None = patch  # the declaration, or why it did not load
         self._state = State.PENDING
         self._reason = ""
         self._error: str | None = None
@@ -64,13 +60,9 @@ class PatchRecord:
     def patch(self) -> Patch:
         """The declaration, imported on first use; raises `DeclarationError`."""
         if self._patch is None:
-            if self._declaration_error is None:
-                try:
-                    self._patch = load_declaration(self.entry)
-                except DeclarationError as error:
-                    self._declaration_error = str(error)
-            if self._patch is None:
-                raise DeclarationError(self._declaration_error)
+            self._patch = load_declaration(self.entry)
+        if isinstance(self._patch, str):
+            raise DeclarationError(self._patch)
         return self._patch
 
     def postpone(self, decide: Callable[[], Outcome]) -> None:
@@ -99,8 +91,6 @@ class PatchRecord:
         self.set(outcome.state, outcome.reason, outcome.error)
         if outcome.distribution_missing:
             self._distribution_installed = False
-        if outcome.fingerprints is not None:
-            self.fingerprints = dict(outcome.fingerprints)
         if outcome.installed is not None:
             self.installed, self.originals = dict(outcome.installed), dict(outcome.originals)
             self.aliases.extend(outcome.aliases)

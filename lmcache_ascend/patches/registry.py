@@ -21,11 +21,9 @@ from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat import import_hooks
 from lmcache_ascend.compat.source import fingerprint, module_is_locatable
 from lmcache_ascend.patches import gates
-from lmcache_ascend.patches.install import Outcome, install, kind_refusal, resolve, restore, same, short_trace
-from lmcache_ascend.patches.model import MISSING, CatalogueEntry, Patch, State, look_up, read_raw, split_attribute_path
+from lmcache_ascend.patches.install import Outcome, install, kind_refusal, resolve, same, set_raw, short_trace
+from lmcache_ascend.patches.model import CatalogueEntry, Patch, State, look_up, read_raw
 from lmcache_ascend.patches.records import DeclarationError, PatchRecord
-
-SCHEMA_VERSION = 1
 
 
 def _log(level: str, message: str, *args: object) -> None:
@@ -79,8 +77,8 @@ class Registry:
         return dict(self._load_errors)
 
     def load_declarations(self, names: Iterable[str]) -> None:
-        """Import the declarations of `names` and their prerequisites, outside the lock (an import
-        may wait for another thread); one that fails leaves its record failed."""
+        """Import the declarations of `names` and their prerequisites, outside the lock (an import may wait
+        for another thread); one that fails leaves its record failed."""
         pending = list(names)
         seen: set[str] = set()
         while pending:
@@ -103,20 +101,23 @@ class Registry:
         """Fill in states as far as they can be known without importing any target."""
         self.load_declarations(self.names())  # the guards are in the declarations
         with self._lock:
-            for record in self._records.values():
-                if record.state is not State.PENDING:
-                    continue
-                early = gates.before_import(record.entry, flag_values)
-                if early is not None:
-                    record.settle(early)
-                    continue
+            for record in self._undecided(gates.before_import, flag_values):
                 target = record.entry.target
                 skip, note = gates.decide(record.patch, sys.modules.get(target))
                 record.settle(skip or Outcome(State.PENDING, f"applies when {target} is imported; {note}"))
 
+    def _undecided(self, gate, flag_values: Mapping[str, object]):
+        """The pending records that `gate` leaves undecided; it settles the others."""
+        for record in self._records.values():
+            if record.state is State.PENDING:
+                skip = gate(record.entry, flag_values)
+                if skip is None:
+                    yield record
+                else:
+                    record.settle(skip)
+
     def activate(self, flag_values: Mapping[str, object], source: str) -> None:
-        """Register post-import hooks for every patch that passes the early gates (`flag_values` are
-        validated: a name in LMCACHE_ASCEND_DISABLED_PATCHES that is no patch was refused there)."""
+        """Register post-import hooks for every patch that passes the early gates (`flag_values` validated)."""
         with self._lock:
             self.activated_by.append(source)
             self.armed = True
@@ -136,12 +137,7 @@ class Registry:
         for record in self._records.values():
             if record.state in (State.REVERTED, State.SKIPPED_DISABLED) and record.entry.name in self._hooked:
                 record.set(State.PENDING, "")  # re-armed after deactivate(): decide again
-            if record.state is not State.PENDING:
-                continue
-            early = gates.flag_gate(record.entry, flag_values)
-            if early is not None:
-                record.settle(early)
-                continue
+        for record in self._undecided(gates.flag_gate, flag_values):
             name, target = record.entry.name, record.entry.target
             if not module_is_locatable(target):
                 # Why it is missing takes the installed versions, which cost more than activation may.
@@ -190,9 +186,8 @@ class Registry:
         return record.state
 
     def _import_target(self, record: PatchRecord) -> types.ModuleType | None:
-        """`record`'s target, imported; None (settled on a pending record) where its versions rule
-        the patch out (the target, which may need other packages, is then not imported) or the
-        import fails."""
+        """`record`'s target, imported; None (settled on a pending record) where the import fails or
+        the versions rule the patch out (the target, which may need other packages, is not imported)."""
         with self._lock:
             skip, _ = gates.version_gate(record.entry)
             if skip is not None:
@@ -205,8 +200,8 @@ class Registry:
         except Exception as error:
             with self._lock:
                 if record.state is State.PENDING:
-                    failure = f"import of {target} failed: {type(error).__name__}: {error}"
-                    record.set(State.TARGET_MISSING, failure, short_trace())
+                    record.set(State.TARGET_MISSING, f"import of {target} failed: {type(error).__name__}: {error}",
+                               short_trace())
             return None
 
     def apply_to_module(self, name: str, module: types.ModuleType) -> None:
@@ -217,7 +212,7 @@ class Registry:
                 return
             try:
                 self._bring_in_prerequisites(record.patch)
-                record.settle(self._decide_and_install(record.patch, module))
+                record.settle(self._decide_and_install(record, module))
             except Exception as error:  # the last line of defence: a patch never breaks an import
                 record.set(State.FAILED, f"unexpected error: {type(error).__name__}: {error}", short_trace())
             if record.state is State.APPLIED:
@@ -225,38 +220,31 @@ class Registry:
             if record.state is State.FAILED:
                 _log("warning", "lmcache-ascend: patch %s failed: %s", name, record.reason)
 
-    def _decide_and_install(self, patch: Patch, module: types.ModuleType) -> Outcome:
+    def _decide_and_install(self, record: PatchRecord, module: types.ModuleType) -> Outcome:
         from lmcache_ascend.compat import markers
 
-        resolution = resolve(patch, module)
+        patch = record.patch
+        owners, originals, missing = resolve(patch, module)
         # Our mark on a current value: another copy of the registry installed it (ours to report,
         # not to revert).  Checked before the guard, which would take our work for upstream's.
-        if resolution.missing is None and any(
-            patch.name in markers.patch_names_on(raw) for raw in resolution.originals.values()
-        ):
+        if missing is None and any(patch.name in markers.patch_names_on(raw) for raw in originals.values()):
             return Outcome(State.APPLIED, "already applied (marked objects found)")
         skip, note = gates.decide(patch, module)
         if skip is not None:
             return skip
-        if resolution.missing is not None:
-            return Outcome(State.TARGET_MISSING, resolution.missing)
-        fingerprints = {
-            path: fingerprint(raw) if raw is not MISSING else None for path, raw in resolution.originals.items()
-        }
+        if missing is not None:
+            return Outcome(State.TARGET_MISSING, missing)
+        record.fingerprints = fingerprints = {path: fingerprint(raw) for path, raw in originals.items()}
         states = {name: (other.state, other.reason) for name, other in self._records.items() if name in patch.after}
-        refusal = (kind_refusal(patch, resolution) or gates.prerequisite_refusal(patch, states)
-                   or gates.owned_flag_refusal(patch))
-        return (refusal or install(patch, module, resolution, fingerprints, note)).replace(fingerprints=fingerprints)
+        return (kind_refusal(patch, originals) or gates.prerequisite_refusal(patch, states)
+                or gates.owned_flag_refusal(patch) or install(patch, module, owners, originals, fingerprints, note))
 
     def _bring_in_prerequisites(self, patch: Patch) -> None:
         """Apply the prerequisites whose targets are imported and still pending."""
-        for prerequisite in patch.after:
-            other = self._records.get(prerequisite)
-            if other is None:
-                continue
+        for other in filter(None, map(self._records.get, patch.after)):
             module = sys.modules.get(other.entry.target)
             if other.state is State.PENDING and module is not None and not import_hooks.is_initializing(module):
-                self.apply_to_module(prerequisite, module)
+                self.apply_to_module(other.entry.name, module)
 
     def revert(self, name: str) -> State:
         """Restore the originals of `name` where the current values are still ours."""
@@ -267,15 +255,15 @@ class Registry:
                     self.revert(dependent.entry.name)
             for owner, attribute, ours, original in record.aliases:
                 if same(read_raw(owner, attribute), ours):
-                    restore(owner, attribute, original)
+                    set_raw(owner, attribute, original)
             record.aliases.clear()
             self._notice_override(record)
             if record.state not in (State.APPLIED, State.OVERRIDDEN) or not record.installed:
                 return record.state  # not applied, or applied by another copy: nothing of ours to undo
             kept = []
-            for path, owner, attribute in _installed_places(record):
-                if owner is not MISSING and same(read_raw(owner, attribute), record.installed[path]):
-                    restore(owner, attribute, record.originals[path])
+            for path, owner, attribute, still_ours in _installed_places(record):
+                if still_ours:
+                    set_raw(owner, attribute, record.originals[path])
                 else:
                     kept.append(path)
             record.forget_installation()
@@ -292,10 +280,9 @@ class Registry:
     def _notice_override(self, record: PatchRecord) -> None:
         if record.state is not State.APPLIED or not record.installed or record.entry.target not in sys.modules:
             return
-        for path, owner, attribute in _installed_places(record):
-            if owner is MISSING or not same(read_raw(owner, attribute), record.installed[path]):
-                record.set(State.OVERRIDDEN, f"{path} was replaced after we applied")
-                return
+        replaced = next((path for path, _, _, still_ours in _installed_places(record) if not still_ours), None)
+        if replaced is not None:
+            record.set(State.OVERRIDDEN, f"{replaced} was replaced after we applied")
 
     def import_targets(self) -> None:
         """Import every target that passed the early gates (the CLI's --import)."""
@@ -305,14 +292,15 @@ class Registry:
 
 
 def _installed_places(record: PatchRecord):
-    """(path, owner, attribute) of what `record` installed; owner MISSING where it is gone."""
+    """(path, owner, attribute, whether our value is still there) of what `record` installed."""
     module = sys.modules.get(record.entry.target)
     for path in record.installed:
         try:
-            owner, attribute, _ = look_up(module, path)
-        except AttributeError:
-            owner, attribute = MISSING, split_attribute_path(path)[1]
-        yield path, owner, attribute
+            owner, attribute, current = look_up(module, path)
+        except AttributeError:  # its owner is gone
+            yield path, None, path, False
+        else:
+            yield path, owner, attribute, same(current, record.installed[path])
 
 
 _PROCESS_REGISTRY: Registry | None = None

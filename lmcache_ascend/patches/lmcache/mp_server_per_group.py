@@ -359,14 +359,11 @@ def _build_engine(ctx: PatchContext) -> dict[str, object]:
     each handler's annotations against them when the server adds its handlers."""
     from lmcache.v1.multiprocess.protocol import RequestType, get_payload_classes, get_response_class
 
-    from lmcache_ascend.patches.model import split_attribute_path, wrapped_member
-
     values = {}
     for path, (wrapper, request) in _ENGINE_WRAPPERS.items():
         request_type = RequestType[request]
-        value = wrapped_member(ctx.owner(path), split_attribute_path(path)[1], ctx.original(path), wrapper)
         values[path] = with_protocol_annotations(
-            value, get_payload_classes(request_type), get_response_class(request_type)
+            ctx.wrapped(path, wrapper), get_payload_classes(request_type), get_response_class(request_type)
         )
     return values
 
