@@ -127,31 +127,21 @@ def _before(case: dict):
     return group, _poisoned(regions, 40, seed=7)
 
 
-@pytest.mark.parametrize("store", [True, False], ids=["store", "load"])
-def test_chunks_of_a_pool_move_as_separate_chunks(monkeypatch, store):
-    case = CASES[0]
-    pooled, fallbacks = _run(monkeypatch, case, store, fast=True, pooled=True)
-    separate, _ = _run(monkeypatch, case, store, fast=False)
-    assert fallbacks == 0
-    for ours, theirs in zip(pooled, separate):
-        assert torch.equal(ours, theirs)
+# (case, pooled chunks, how many batches the reference moves): pool buffers take the torch path;
+# a hole, or a block stride of no whole rows, is the reference's.
+ROUTES = {
+    "pool": ({**CASES[0]}, True, 0),
+    "hole": ({**CASES[1], "holes": True}, False, 1),
+    "odd-block-stride": ({**CASES[0], "odd_stride": True}, False, 1),
+}
 
 
 @pytest.mark.parametrize("store", [True, False], ids=["store", "load"])
-def test_a_batch_with_holes_is_left_to_the_reference(monkeypatch, store):
-    case = {**CASES[1], "holes": True}
-    fast, fallbacks = _run(monkeypatch, case, store, fast=True)
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_each_batch_takes_its_route_and_equals_the_reference(monkeypatch, route, store):
+    case, pooled, reference_batches = ROUTES[route]
+    ours, fallbacks = _run(monkeypatch, case, store, fast=True, pooled=pooled)
     reference, _ = _run(monkeypatch, case, store, fast=False)
-    assert fallbacks == 1
-    for ours, theirs in zip(fast, reference):
-        assert torch.equal(ours, theirs)
-
-
-@pytest.mark.parametrize("store", [True, False], ids=["store", "load"])
-def test_a_block_stride_of_no_whole_rows_is_left_to_the_reference(monkeypatch, store):
-    case = {**CASES[0], "odd_stride": True}
-    fast, fallbacks = _run(monkeypatch, case, store, fast=True)
-    reference, _ = _run(monkeypatch, case, store, fast=False)
-    assert fallbacks == 1
-    for ours, theirs in zip(fast, reference):
-        assert torch.equal(ours, theirs)
+    assert fallbacks == reference_batches
+    for index, (mine, theirs) in enumerate(zip(ours, reference)):
+        assert torch.equal(mine, theirs), f"tensor {index} differs from the reference"
