@@ -290,9 +290,9 @@ def cpu_plan(arms: list[str], per_engine: int) -> CpuPlan | None:
         raise ValueError(f"--cpus-per-engine {per_engine}: {len(arms)} engines, {len(servers)} MP servers and this "
                          f"driver need {needed} CPUs, and this process may use {len(available)} ({available}); "
                          "allowed here: 0 (no pinning)" + (f" to {most}" if most >= 1 else ", too few CPUs to pin"))
-    # The host's first CPUs carry its own work (interrupts, the agent that started us): on the
-    # device machine's host an engine ran 12% slower on CPUs 1-2 than on 3-4. The driver and the
-    # MP servers, which wait more than they compute, take the first CPUs; the engines the last.
+    # The host's first CPUs carry its own work (interrupts, the agent that started us): an engine
+    # ran slower there (docs/engine-benchmark.md, "Which CPUs an arm gets"). The driver and the MP
+    # servers, which wait more than they compute, take the first CPUs; the engines the last.
     low, high = iter(available), iter(reversed(available))
     driver = [next(low)]
     server_cpus = {name: [next(low)] for name in servers}
