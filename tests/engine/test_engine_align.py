@@ -117,8 +117,10 @@ GROUPS = {
 # vLLM's MambaMixer2 kinds: one Mamba block per scheduler step (see the module's note).
 ONE_BLOCK_STEPS = {"mamba2", "granite-hybrid", "nemotron-h", "falcon-h1"}
 
-# Kinds whose greedy tokens follow C's redrawn stretch (as in test_engine_kinds).
-PREFIX_SENSITIVE = {"nemotron-h", "falcon-h1", "qwen3-next"}
+# Kinds whose greedy tokens follow C's redrawn stretch (as in test_engine_kinds) on every CPU this
+# project runs on. Qwen3-Next's did on a CI machine without AMX tiles and did not on one with them
+# (its first 8 tokens equal A's); its logprobs follow the stretch on both, which every kind asserts.
+PREFIX_SENSITIVE = {"nemotron-h", "falcon-h1"}
 
 PROMPT, SHARED = 1400, 1395
 
