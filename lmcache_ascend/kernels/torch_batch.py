@@ -32,8 +32,9 @@ __all__ = ["torch_transfer_chunks"]
 
 def torch_transfer_chunks(batch: ResolvedChunkBatch) -> None:
     """Move a validated batch (`resolve_chunk_batch`): hole-free batches here, others by the reference."""
-    slots = _plane_slots(batch)
-    if slots is None or batch.buffers.mapped_host or not batch.group.on_group_device(batch.buffers.keep_alive[0]):
+    on_device = not batch.buffers.mapped_host and batch.group.on_group_device(batch.buffers.keep_alive[0])
+    slots = _plane_slots(batch) if on_device else None  # (the slots are gathered only where they are used)
+    if slots is None:
         reference_transfer_chunks(batch)
         return
     chunks = [batch.buffers.chunk(index) for index in range(batch.num_chunks)]
