@@ -35,7 +35,12 @@ _results: dict[str, dict] = {}
 # engine start on this CPU and is not on the path the overlay changes (the
 # connector is called from the attention op either way); both sides of every
 # comparison run alike. scripts/bench_engine.py runs compiled, as users do.
-ENGINE_TEST_DEFAULTS = {"enforce_eager": True}
+# The engine core runs in the driver process unless a spec asks for vLLM's default
+# (``"engine_core": "process"``): a process of its own imports vLLM once more, about
+# a quarter of an engine start.  The worker always has its own process, so the
+# connector's scheduler and worker sides still meet only through vLLM's messages;
+# the in-process reuse tests and the served engine keep the default layout.
+ENGINE_TEST_DEFAULTS = {"enforce_eager": True, "engine_core": "in-driver"}
 
 
 class EngineRunError(AssertionError):

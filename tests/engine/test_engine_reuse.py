@@ -70,6 +70,7 @@ def _spec(model_dir, name: str, *, lmcache: bool, env: dict | None = None, **opt
     if lmcache:
         spec["env"] = {**LMCACHE_ENV, **(env or {})}
         spec.setdefault("kv_oracle", True)
+        spec.setdefault("engine_core", "process")  # the layout users run: scheduler and worker apart
     return spec
 
 
