@@ -21,7 +21,7 @@ from lmcache_ascend.kernels.spec import (
     widest_element_width,
 )
 
-__all__ = ["INTEGER_OF_WIDTH", "VIEW_WIDTHS", "reference_transfer", "reference_transfer_chunks"]
+__all__ = ["INTEGER_OF_WIDTH", "VIEW_WIDTHS", "reference_transfer", "reference_transfer_chunks", "slots_at"]
 
 INTEGER_OF_WIDTH = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 # The integer views torch has: 16-byte moves do not exist here.
@@ -95,14 +95,22 @@ def reference_transfer(transfer: ResolvedTransfer) -> None:
                 paged.index_put_((blocks, in_block), region.index_select(0, rows))
 
 
+def slots_at(slots: torch.Tensor, positions: torch.Tensor, rows_per_id: int) -> torch.Tensor:
+    """The cache slot of each row position: `slots` read there, or, where `slots` holds block ids
+    (`rows_per_id` > 1), each id expanded to its rows (-1 stays a hole; see `PlaneSlots`)."""
+    if rows_per_id == 1:
+        return slots[positions]
+    ids = slots[torch.div(positions, rows_per_id, rounding_mode="floor")]
+    return torch.where(ids >= 0, ids * rows_per_id + positions % rows_per_id, -1)
+
+
 def _plane_slot_values(plane_slots: PlaneSlots) -> torch.Tensor:
-    """The slots of the plane's `count` rows from `start`, block ids expanded (see `PlaneSlots`)."""
-    start, count, per_id = plane_slots.start, plane_slots.count, plane_slots.rows_per_id
-    if per_id == 1:
+    """The slots of the plane's `count` rows from `start`."""
+    start, count = plane_slots.start, plane_slots.count
+    if plane_slots.rows_per_id == 1:
         return plane_slots.slots[start : start + count]
     rows = torch.arange(start, start + count, dtype=torch.int64, device=plane_slots.slots.device)
-    ids = plane_slots.slots[torch.div(rows, per_id, rounding_mode="floor")]
-    return torch.where(ids >= 0, ids * per_id + rows % per_id, -1)
+    return slots_at(plane_slots.slots, rows, plane_slots.rows_per_id)
 
 
 def reference_transfer_chunks(batch: ResolvedChunkBatch) -> None:

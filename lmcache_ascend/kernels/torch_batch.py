@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-from lmcache_ascend.kernels.reference import INTEGER_OF_WIDTH, VIEW_WIDTHS, reference_transfer_chunks
+from lmcache_ascend.kernels.reference import INTEGER_OF_WIDTH, VIEW_WIDTHS, reference_transfer_chunks, slots_at
 from lmcache_ascend.kernels.resolve import ResolvedChunkBatch
 from lmcache_ascend.kernels.spec import widest_element_width
 
@@ -55,7 +55,6 @@ def _plane_slots(batch: ResolvedChunkBatch) -> list[tuple[torch.Tensor | None, n
     cache's block stride is not a whole number of rows."""
     counts = batch.rows.counts
     device = batch.slots.device
-    per_id = batch.rows_per_id
     found = []
     for plane_index, plane in enumerate(batch.group.planes):
         plane_counts = counts[:, plane_index]
@@ -67,11 +66,7 @@ def _plane_slots(batch: ResolvedChunkBatch) -> list[tuple[torch.Tensor | None, n
             return None
         positions = np.repeat(batch.rows.starts[:, plane_index] - firsts[:-1], plane_counts) + np.arange(firsts[-1])
         positions = torch.from_numpy(positions).to(device)
-        if per_id == 1:
-            values = batch.slots[positions]
-        else:
-            ids = batch.slots[torch.div(positions, per_id, rounding_mode="floor")]
-            values = torch.where(ids >= 0, ids * per_id + positions % per_id, -1)
+        values = slots_at(batch.slots, positions, batch.rows_per_id)
         fewest_rows = min(g[plane_index].num_blocks for g in batch.group.geometry) * plane.block_size
         if not bool(((values >= 0) & (values < fewest_rows)).all()):
             return None
