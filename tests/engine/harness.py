@@ -35,12 +35,22 @@ _results: dict[str, dict] = {}
 # engine start on this CPU and is not on the path the overlay changes (the
 # connector is called from the attention op either way); both sides of every
 # comparison run alike. scripts/bench_engine.py runs compiled, as users do.
-# The engine core runs in the driver process unless a spec asks for vLLM's default
-# (``"engine_core": "process"``): a process of its own imports vLLM once more, about
-# a quarter of an engine start.  The worker always has its own process, so the
-# connector's scheduler and worker sides still meet only through vLLM's messages;
-# the in-process reuse tests and the served engine keep the default layout.
-ENGINE_TEST_DEFAULTS = {"enforce_eager": True, "engine_core": "in-driver"}
+# The engine core runs in the driver process (``"engine_core": "in-driver"``) where
+# nothing needs it elsewhere: a process of its own imports vLLM once more, about a
+# quarter of an engine start.  The worker always has its own process, so the
+# connector's scheduler and worker sides still meet only through vLLM's messages.
+# vLLM's default layout (``"process"``) stays for the in-process reuse tests, the
+# served engine, and any other connector (LMCache's MP connector finishes requests
+# on its own time: an engine core in the driver steps only while the driver waits
+# for outputs, so the requests' blocks would still be held when a test resets the
+# prefix cache or waits for the server's stores).
+ENGINE_TEST_DEFAULTS = {"enforce_eager": True}
+
+
+def _engine_core(spec: dict) -> str:
+    if spec.get("kv_connector", "LMCacheConnectorV1") != "LMCacheConnectorV1":
+        return "process"
+    return "in-driver"
 
 
 class EngineRunError(AssertionError):
@@ -70,7 +80,7 @@ def engine_environment(extra: dict[str, str]) -> dict[str, str]:
 
 def run_engine(spec: dict, timeout_s: int = ENGINE_TIMEOUT_S) -> dict:
     """The runner's JSON result for `spec` (cached: each distinct spec runs once)."""
-    spec = {**ENGINE_TEST_DEFAULTS, **spec}
+    spec = {**ENGINE_TEST_DEFAULTS, "engine_core": _engine_core(spec), **spec}
     key = json.dumps(spec, sort_keys=True)
     if key in _results:
         return _results[key]
