@@ -84,8 +84,9 @@ def worker(patched: bool, quick: bool, compressed_storage_block: int | None = No
     states = {}
     if patched:
         from lmcache_ascend.patches import registry
+        from tests.patching import apply_now
 
-        states = {name: registry.process_registry().apply_now(name).value for name in CORE_BACKPORT_PATCHES}
+        states = {name: apply_now(registry.process_registry(), name).value for name in CORE_BACKPORT_PATCHES}
         not_applied = {name: state for name, state in states.items() if state != "applied"}
         if not_applied:
             raise SystemExit(f"patches did not apply: {not_applied}")

@@ -75,6 +75,7 @@ from tests.fixtures.kv_cache_configs import (  # noqa: E402
     single_group_kv_cache_config,
 )
 from tests.multigroup.scheduler_driver import RequestDriver, make_connector_impl, step_together  # noqa: E402
+from tests.patching import apply_now  # noqa: E402
 
 REGISTRY = registry.process_registry()
 PATCH = "lmcache-adapter-multigroup"
@@ -137,7 +138,7 @@ class Case:
 def set_patch(patched: bool) -> None:
     """Upstream (the patch reverted) or the patch applied."""
     if patched:
-        state = REGISTRY.apply_now(PATCH)
+        state = apply_now(REGISTRY, PATCH)
         if state is not State.APPLIED:
             raise SystemExit(f"{PATCH} did not apply: {state} ({REGISTRY.record(PATCH).reason})")
     else:

@@ -59,11 +59,12 @@ def patched(request):
     """The test module's ``PATCH`` applied for the test (True), or left off for its control run
     (False): a test that takes this fixture runs twice and asserts what differs without the patch."""
     from lmcache_ascend.patches import State, registry
+    from tests.patching import apply_now
 
     patches = registry.process_registry()
     name = request.module.PATCH
     if request.param:
-        assert patches.apply_now(name) is State.APPLIED, patches.record(name).reason
+        assert apply_now(patches, name) is State.APPLIED, patches.record(name).reason
     else:
         assert patches.record(name).state is not State.APPLIED
     yield request.param

@@ -3,7 +3,7 @@
 A patch is gated at activation (`gates.flag_gate`), decided when its target is imported
 (`gates.decide`: guard, version, host), installed all or nothing (`install`) and recorded
 (`records.PatchRecord`).  Activation reads only the catalogue: a declaration is imported with
-its target.  Only `import_targets` (the CLI's ``--import``) and `apply_now` import a target.
+its target.  Only `import_target` (the CLI's ``--import``, and the tests) imports a target.
 Every failure is recorded, never raised into the user's import.  A reloaded target is not
 followed: its record says overridden.
 """
@@ -17,7 +17,6 @@ import threading
 import types
 from typing import Iterable, Mapping
 
-from lmcache_ascend import flags as flag_table
 from lmcache_ascend.compat import import_hooks
 from lmcache_ascend.compat.source import fingerprint, module_is_locatable
 from lmcache_ascend.patches import gates
@@ -164,28 +163,7 @@ class Registry:
         on_target_imported.__qualname__ = f"lmcache_ascend[{name}]"
         return on_target_imported
 
-    def apply_now(self, name: str, flag_values: Mapping[str, object] | None = None) -> State:
-        """Import the target and apply `name` now (tests, CLI); returns the resulting state."""
-        record = self.record(name)
-        values = flag_table.validate_all() if flag_values is None else flag_values
-        with self._lock:
-            if record.state is State.APPLIED:
-                return record.state
-            if record.state is not State.PENDING:
-                record.set(State.PENDING, "")  # decided earlier (disabled, reverted): decide again with these flags
-            early = gates.before_import(record.entry, values)
-            if early is not None:
-                record.settle(early)
-                return record.state
-        for prerequisite in record.entry.after:
-            if prerequisite in self._records and self._records[prerequisite].state is not State.APPLIED:
-                self.apply_now(prerequisite, values)
-        module = self._import_target(record)
-        if module is not None:
-            self.apply_to_module(name, module)
-        return record.state
-
-    def _import_target(self, record: PatchRecord) -> types.ModuleType | None:
+    def import_target(self, record: PatchRecord) -> types.ModuleType | None:
         """`record`'s target, imported; None (settled on a pending record) where the import fails or
         the versions rule the patch out (the target, which may need other packages, is not imported)."""
         with self._lock:
@@ -288,7 +266,7 @@ class Registry:
         """Import every target that passed the early gates (the CLI's --import)."""
         for record in list(self._records.values()):
             if record.entry.name in self._hooked:
-                self._import_target(record)  # the post-import hook applies it
+                self.import_target(record)  # the post-import hook applies it
 
 
 def _installed_places(record: PatchRecord):

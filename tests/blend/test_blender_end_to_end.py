@@ -28,6 +28,7 @@ from tests.blend.lmcache_setup import HIDDEN, NUM_LAYERS, SEP, store_document_kv
 from tests.blend.reference.documents import lookup_segments
 from tests.blend.reference.model import PromptKV, TinyModelConfig, TinyRopeTransformer
 from tests.blend.reference.rope import apply_rope, rerotate_keys
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 ENGINE_PATCH = "lmcache-blend-holes-engine"
@@ -41,7 +42,7 @@ SYSTEM, DOC_1, DOC_2, MISSING = [12, 11, 10, 9], [3, 4, 3, 4, 3, 4], [5, 6, 7, 8
 def hole_patches(monkeypatch):
     monkeypatch.setenv("LMCACHE_ASCEND_BLEND_HOLES", "1")
     for name in (ENGINE_PATCH, BLENDER_PATCH):
-        assert REGISTRY.apply_now(name) is State.APPLIED
+        assert apply_now(REGISTRY, name) is State.APPLIED
     yield
     for name in (BLENDER_PATCH, ENGINE_PATCH):
         REGISTRY.revert(name)

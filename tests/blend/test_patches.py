@@ -21,6 +21,7 @@ from lmcache_ascend.patches.lmcache.blend_holes_blender import HOLE_STATE_ATTRIB
 from lmcache_ascend.patches.lmcache.blend_holes_engine import HOLE_SINK_KWARG
 
 from tests.blend.lmcache_setup import HIDDEN, NUM_LAYERS, SEP, store_document_kv
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 ENGINE_PATCH = "lmcache-blend-holes-engine"
@@ -30,7 +31,7 @@ BLENDER_PATCH = "lmcache-blend-holes-blender"
 @pytest.fixture
 def hole_patches(monkeypatch):
     monkeypatch.setenv("LMCACHE_ASCEND_BLEND_HOLES", "1")
-    states = {name: REGISTRY.apply_now(name) for name in (ENGINE_PATCH, BLENDER_PATCH)}
+    states = {name: apply_now(REGISTRY, name) for name in (ENGINE_PATCH, BLENDER_PATCH)}
     assert states == {ENGINE_PATCH: State.APPLIED, BLENDER_PATCH: State.APPLIED}
     yield
     for name in (BLENDER_PATCH, ENGINE_PATCH):
@@ -40,7 +41,7 @@ def hole_patches(monkeypatch):
 def test_patches_are_off_by_default(monkeypatch):
     monkeypatch.delenv("LMCACHE_ASCEND_BLEND_HOLES", raising=False)
     for name in (ENGINE_PATCH, BLENDER_PATCH):
-        assert REGISTRY.apply_now(name) is State.SKIPPED_DISABLED
+        assert apply_now(REGISTRY, name) is State.SKIPPED_DISABLED
         assert REGISTRY.state(name) is State.SKIPPED_DISABLED
 
 
@@ -98,7 +99,7 @@ def test_lookup_without_the_blender_side_or_tokens_is_upstream(engine, stored, h
     prefix = len(rag_prompt(SYSTEM, DOC_A))
     REGISTRY.revert(BLENDER_PATCH)  # engine side alone must not promise holes
     assert engine.lookup(tokens=tokens) == prefix
-    assert REGISTRY.apply_now(BLENDER_PATCH) is State.APPLIED
+    assert apply_now(REGISTRY, BLENDER_PATCH) is State.APPLIED
     assert engine.lookup(tokens=tokens) == len(tokens)
 
 
@@ -118,7 +119,7 @@ def test_lookup_edge_cases(engine, stored, hole_patches, documents, expected):
 
 def test_lookup_is_unchanged_when_the_flag_is_off(engine, stored, monkeypatch):
     monkeypatch.delenv("LMCACHE_ASCEND_BLEND_HOLES", raising=False)
-    assert REGISTRY.apply_now(ENGINE_PATCH) is State.SKIPPED_DISABLED
+    assert apply_now(REGISTRY, ENGINE_PATCH) is State.SKIPPED_DISABLED
     tokens = rag_prompt(SYSTEM, DOC_A, MISSING, DOC_B)
     assert engine.lookup(tokens=tokens) == len(rag_prompt(SYSTEM, DOC_A))
 

@@ -25,6 +25,7 @@ from lmcache_ascend.patches import State, registry
 from tests.fixtures.kv_cache_configs import dsv4_ascend_kv_cache_config
 from tests.fixtures.kv_caches import assert_bytes_equal, dsv4_ascend_kv_caches, expected_after_roundtrip
 from tests.multigroup.scheduler_driver import RequestDriver, make_connector_impl
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 CHUNK = 256
@@ -90,7 +91,7 @@ def fixture_backend_dims(monkeypatch):
 @pytest.fixture
 def patches():
     for name in PATCHES:
-        assert REGISTRY.apply_now(name) is State.APPLIED, (name, REGISTRY.record(name).reason)
+        assert apply_now(REGISTRY, name) is State.APPLIED, (name, REGISTRY.record(name).reason)
     yield
     for name in reversed(PATCHES):
         REGISTRY.revert(name)

@@ -26,6 +26,7 @@ from tests.e2e.test_engine_roundtrip import (  # noqa: F401 - fixtures
     config_and_groups,
 )
 from tests.fixtures.kv_caches import dsv4_ascend_kv_caches
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 STABLE_HASH_PATCH = "lmcache-stable-token-hash"
@@ -36,7 +37,7 @@ def stable_hash_patch():
     """Armed as the product arms it: without it, LMCache 0.4's builtin-hash fallback draws a new
     chain start for every engine created in a process, so even two engines of one layout would
     key chunks apart and the control below could not hold."""
-    assert REGISTRY.apply_now(STABLE_HASH_PATCH) is State.APPLIED, REGISTRY.record(STABLE_HASH_PATCH).reason
+    assert apply_now(REGISTRY, STABLE_HASH_PATCH) is State.APPLIED, REGISTRY.record(STABLE_HASH_PATCH).reason
     yield
     REGISTRY.revert(STABLE_HASH_PATCH)
 

@@ -32,6 +32,7 @@ from tests.e2e.test_engine_roundtrip import (  # noqa: F401 - fixtures
     metadata_patch,
 )
 from tests.fixtures.kv_caches import assert_bytes_equal, dsv4_ascend_kv_caches, expected_after_roundtrip
+from tests.patching import apply_now
 
 # A real Redis server, and redis-py for LMCache's Redis connector (LMCache installs it only with its full set).
 
@@ -58,7 +59,7 @@ def store(request):
 @pytest.fixture
 def seal_patch(store):
     name = SEAL_PATCHES[store]
-    assert REGISTRY.apply_now(name) is State.APPLIED, REGISTRY.record(name).reason
+    assert apply_now(REGISTRY, name) is State.APPLIED, REGISTRY.record(name).reason
     yield
     REGISTRY.revert(name)
 
@@ -187,7 +188,7 @@ def test_unreadable_redis_metadata_is_a_miss_and_its_key_goes(metadata_patch, co
     ``lmcache-redis-get-releases`` it is a miss, the chunks before it arrive byte-exact, the rest
     keep the poison, and the unreadable key is deleted."""
     name = "lmcache-redis-get-releases"
-    assert REGISTRY.apply_now(name) is State.APPLIED, REGISTRY.record(name).reason
+    assert apply_now(REGISTRY, name) is State.APPLIED, REGISTRY.record(name).reason
     kv_cache_config, kv_groups = config_and_groups
     source, target = dsv4_ascend_kv_caches("random", seed=4), dsv4_ascend_kv_caches("poison")
     slot_mappings = _slot_mappings(kv_groups)

@@ -15,6 +15,7 @@ import pytest
 
 from lmcache_ascend.patches import State, registry
 from tests.stack import only_with_vllm_cpu_build
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 only_with_vllm_cpu_build("the early chunk-size check on a real VllmConfig")
@@ -43,7 +44,7 @@ def no_plugin_activation(monkeypatch):
 
 @pytest.fixture
 def patched():
-    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
+    assert apply_now(REGISTRY, PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     yield
     REGISTRY.revert(PATCH)
 

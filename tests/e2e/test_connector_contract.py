@@ -9,6 +9,7 @@ from tests.kv_worker._geometry import geometry as group_geometry
 from lmcache_ascend.kernels import TransferError
 from lmcache_ascend.kv_worker import KVCacheShapeError, plan_kv_caches
 from tests.fixtures.kv_caches import LATENT_DIMS
+from tests.patching import apply_now
 
 GEOMETRY = {0: group_geometry(0), 1: group_geometry(1, compress_ratio=4, sliding_window=8)}
 CHUNK = 16
@@ -139,7 +140,7 @@ def factory_patches():
     names = ("lmcache-metadata-chunk-bytes", "lmcache-gpu-connector-npu")
     patches = registry.process_registry()
     for name in names:
-        assert patches.apply_now(name) is State.APPLIED, patches.record(name).reason
+        assert apply_now(patches, name) is State.APPLIED, patches.record(name).reason
     yield
     for name in reversed(names):
         patches.revert(name)

@@ -24,6 +24,7 @@ from tests.fixtures.kv_caches import (
     dsv4_ascend_kv_caches,
     expected_after_roundtrip,
 )
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 CHUNK = 256
@@ -42,7 +43,7 @@ BLOCK_IDS = {
 
 @pytest.fixture
 def metadata_patch():
-    assert REGISTRY.apply_now(METADATA_PATCH) is State.APPLIED, REGISTRY.record(METADATA_PATCH).reason
+    assert apply_now(REGISTRY, METADATA_PATCH) is State.APPLIED, REGISTRY.record(METADATA_PATCH).reason
     yield
     REGISTRY.revert(METADATA_PATCH)
 

@@ -24,6 +24,7 @@ from tests.e2e.test_adapter_worker_path import (  # noqa: F401  (fixtures used b
 )
 from tests.fixtures.kv_cache_configs import dsv4_ascend_kv_cache_config
 from tests.fixtures.kv_caches import dsv4_ascend_kv_caches
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 HASH_PATCH = "lmcache-stable-token-hash"
@@ -58,7 +59,7 @@ def collected():
 
 @pytest.fixture
 def hash_patch():
-    assert REGISTRY.apply_now(HASH_PATCH) is State.APPLIED, REGISTRY.record(HASH_PATCH).reason
+    assert apply_now(REGISTRY, HASH_PATCH) is State.APPLIED, REGISTRY.record(HASH_PATCH).reason
     yield
     REGISTRY.revert(HASH_PATCH)
 

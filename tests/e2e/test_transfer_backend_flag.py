@@ -18,6 +18,7 @@ import torch
 from lmcache_ascend.flags import FLAGS
 from tests.e2e.test_connector_contract import CHUNK, GEOMETRY, _caches, _memory_obj
 from tests.fixtures.kv_caches import LATENT_DIMS
+from tests.patching import apply_now
 
 FLAG = "LMCACHE_ASCEND_TRANSFER_BACKEND"
 PATCHES = ("lmcache-config-flag-keys", "lmcache-gpu-connector-npu")
@@ -36,7 +37,7 @@ def factory(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     patches = registry.process_registry()
     for name in PATCHES:
-        assert patches.apply_now(name) is State.APPLIED, (name, patches.record(name).reason)
+        assert apply_now(patches, name) is State.APPLIED, (name, patches.record(name).reason)
     from lmcache.v1 import gpu_connector
 
     yield gpu_connector

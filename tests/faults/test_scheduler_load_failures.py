@@ -15,6 +15,7 @@ import pytest
 
 from lmcache_ascend.patches import State, registry
 from tests.prefix_cache.harness import HybridModel, hybrid_config, make_manager, make_request
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 PATCH = "vllm-multigroup-load-failures"
@@ -24,7 +25,7 @@ TOKENS = 1024
 
 @pytest.fixture
 def load_failure_patch():
-    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
+    assert apply_now(REGISTRY, PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     yield
     REGISTRY.revert(PATCH)
 

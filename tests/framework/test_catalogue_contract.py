@@ -19,6 +19,7 @@ from lmcache_ascend.compat.versions import installed_version
 from lmcache_ascend.patches import install as install_module
 from lmcache_ascend.patches import registry as registry_module
 from lmcache_ascend.patches.model import State, resolve_owner, split_attribute_path
+from tests.patching import apply_now
 
 REGISTRY = registry_module.process_registry()
 NAMES = REGISTRY.names()
@@ -89,7 +90,7 @@ def _leave_everything_reverted():
 def test_patch_contract(name, monkeypatch):
     record = REGISTRY.record(name)
     before = owners_snapshot(name)
-    state = REGISTRY.apply_now(name, flags_enabling(name))
+    state = apply_now(REGISTRY, name, flags_enabling(name))
     assert state in OK_STATES, f"{name}: {state.value}: {record.reason}\n{record.error or ''}"
     if state is State.TARGET_MISSING:
         # Only acceptable where the target's package is genuinely absent (vllm-ascend here), or a
@@ -105,7 +106,7 @@ def test_patch_contract(name, monkeypatch):
         assert_same_snapshot(before, owners_snapshot(name))
         fake_served_host(monkeypatch)
         assert REGISTRY.record(name).patch.host() is None
-        state = REGISTRY.apply_now(name, flags_enabling(name))
+        state = apply_now(REGISTRY, name, flags_enabling(name))
         assert state is State.APPLIED, f"{name}: {state.value}: {record.reason}\n{record.error or ''}"
     if state is not State.APPLIED:  # skipped: the target must be exactly as it was
         if before is not None:
@@ -119,7 +120,7 @@ def test_patch_contract(name, monkeypatch):
     assert_same_snapshot(before, owners_snapshot(name))
     assert REGISTRY.revert(name) is State.REVERTED
     assert_same_snapshot(before, owners_snapshot(name))
-    assert REGISTRY.apply_now(name, flags_enabling(name)) is State.APPLIED
+    assert apply_now(REGISTRY, name, flags_enabling(name)) is State.APPLIED
     assert REGISTRY.revert(name) is State.REVERTED
     assert_same_snapshot(before, owners_snapshot(name))
 
@@ -136,13 +137,13 @@ def test_patch_contract(name, monkeypatch):
 
     with pytest.MonkeyPatch.context() as injected:
         injected.setattr(install_module, "setattr", failing_last_setattr, raising=False)
-        assert REGISTRY.apply_now(name, flags_enabling(name)) is State.FAILED
+        assert apply_now(REGISTRY, name, flags_enabling(name)) is State.FAILED
     assert_same_snapshot(before, owners_snapshot(name))
 
     # Disabled by name: stays out.
     values = flags_enabling(name)
     values["LMCACHE_ASCEND_DISABLED_PATCHES"] = (name,)
-    assert REGISTRY.apply_now(name, values) is State.SKIPPED_DISABLED
+    assert apply_now(REGISTRY, name, values) is State.SKIPPED_DISABLED
     assert_same_snapshot(before, owners_snapshot(name))
 
 

@@ -25,6 +25,7 @@ from lmcache_ascend.patches.model import CatalogueEntry, Patch, PatchKind, State
 from lmcache_ascend.patches.records import declared_in
 from lmcache_ascend.patches.registry import DeclarationError, Registry
 from tests.conftest import REPO_ROOT
+from tests.patching import apply_now
 
 DEFAULT_FLAGS = flag_table.validate_all({})
 QUEUE_ENTRY = next(entry for entry in catalogue.CATALOGUE if entry.name == "vllm-free-queue-prepend")
@@ -150,7 +151,7 @@ def test_a_missing_target_is_decided_when_first_read_as_it_would_be_at_once(
     assert record.distribution_installed is distribution_installed
     assert record._postponed is None
     eager = Registry([_patch_on_a_missing_module(requires)])
-    assert eager.apply_now("test-missing-module", DEFAULT_FLAGS) is state
+    assert apply_now(eager, "test-missing-module", DEFAULT_FLAGS) is state
     eager_record = eager.record("test-missing-module")
     assert (eager_record.reason, eager_record.distribution_installed) == (record.reason, distribution_installed)
     assert "test-missing-module" not in postponed._hooked

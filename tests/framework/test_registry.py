@@ -22,6 +22,7 @@ from lmcache_ascend.patches import MISSING, Patch, PatchKind, State, UpstreamGua
 from lmcache_ascend.patches import install as install_module
 from lmcache_ascend.patches import registry as registry_module
 from lmcache_ascend.patches.registry import Registry
+from tests.patching import apply_now
 
 TARGET = "vllm.v1.core.kv_cache_utils"
 kv_cache_utils = importlib.import_module(TARGET)
@@ -99,7 +100,7 @@ def test_wrap_applies_marks_and_calls_through():
     calls: list[str] = []
     registry = Registry([make_patch(build=counting_wrap_build(calls))])
     before = snapshot(Queue)
-    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.APPLIED
+    assert apply_now(registry, "test-queue-counting", DEFAULT_FLAGS) is State.APPLIED
     try:
         assert "test-queue-counting" in markers.patch_names_on(vars(Queue)["popleft"])
         queue = Queue(make_blocks(4))
@@ -119,15 +120,15 @@ def test_wrap_applies_marks_and_calls_through():
 def test_apply_is_idempotent_and_never_double_wraps():
     calls: list[str] = []
     registry = Registry([make_patch(build=counting_wrap_build(calls))])
-    registry.apply_now("test-queue-counting", DEFAULT_FLAGS)
+    apply_now(registry, "test-queue-counting", DEFAULT_FLAGS)
     installed = vars(Queue)["popleft"]
     try:
-        registry.apply_now("test-queue-counting", DEFAULT_FLAGS)
+        apply_now(registry, "test-queue-counting", DEFAULT_FLAGS)
         registry.apply_to_module("test-queue-counting", kv_cache_utils)
         assert vars(Queue)["popleft"] is installed
         # A second registry (a second copy of the package) sees the marks and stays out.
         other = Registry([make_patch(build=counting_wrap_build(calls))])
-        assert other.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.APPLIED
+        assert apply_now(other, "test-queue-counting", DEFAULT_FLAGS) is State.APPLIED
         assert "already applied" in other.record("test-queue-counting").reason
         assert vars(Queue)["popleft"] is installed
         other.revert("test-queue-counting")  # nothing of the other copy's to undo
@@ -172,7 +173,7 @@ def test_build_failure_leaves_target_identical():
 
     registry = Registry([make_patch(build=broken_build)])
     before = snapshot(Queue)
-    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.FAILED
+    assert apply_now(registry, "test-queue-counting", DEFAULT_FLAGS) is State.FAILED
     record = registry.record("test-queue-counting")
     assert "boom in build" in record.reason and record.error
     assert_identical(before, snapshot(Queue))
@@ -192,7 +193,7 @@ def test_install_failure_halfway_rolls_back(monkeypatch):
     monkeypatch.setattr(install_module, "setattr", failing_second_setattr, raising=False)
     registry = Registry([make_patch()])
     before = snapshot(Queue)
-    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.FAILED
+    assert apply_now(registry, "test-queue-counting", DEFAULT_FLAGS) is State.FAILED
     monkeypatch.undo()
     assert seen[:2] == ["popleft", "append"]
     assert "injected failure" in registry.record("test-queue-counting").reason
@@ -202,7 +203,7 @@ def test_install_failure_halfway_rolls_back(monkeypatch):
 def test_build_must_return_exactly_the_declared_attributes():
     registry = Registry([make_patch(build=lambda ctx: {"FreeKVCacheBlockQueue.popleft": lambda self: None})])
     before = snapshot(Queue)
-    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.FAILED
+    assert apply_now(registry, "test-queue-counting", DEFAULT_FLAGS) is State.FAILED
     assert "expected exactly" in registry.record("test-queue-counting").reason
     assert_identical(before, snapshot(Queue))
 
@@ -210,7 +211,7 @@ def test_build_must_return_exactly_the_declared_attributes():
 def test_override_is_detected_and_revert_restores_only_what_is_still_ours():
     registry = Registry([make_patch()])
     before = snapshot(Queue)
-    registry.apply_now("test-queue-counting", DEFAULT_FLAGS)
+    apply_now(registry, "test-queue-counting", DEFAULT_FLAGS)
     ours = vars(Queue)["popleft"]
 
     def newcomer(self):
@@ -243,20 +244,20 @@ def test_override_is_detected_and_revert_restores_only_what_is_still_ours():
 def test_skipped_disabled(flag_overrides, patch_overrides, reason_part):
     registry = Registry([make_patch(**patch_overrides)])
     before = snapshot(Queue)
-    assert registry.apply_now("test-queue-counting", flags_with(**flag_overrides)) is State.SKIPPED_DISABLED
+    assert apply_now(registry, "test-queue-counting", flags_with(**flag_overrides)) is State.SKIPPED_DISABLED
     assert reason_part in registry.record("test-queue-counting").reason
     assert_identical(before, snapshot(Queue))
 
 
 def test_enabled_by_flag_on_applies():
     registry = Registry([make_patch(enabled_by="LMCACHE_ASCEND_BLEND_HOLES")])
-    assert registry.apply_now("test-queue-counting", flags_with(LMCACHE_ASCEND_BLEND_HOLES=True)) is State.APPLIED
+    assert apply_now(registry, "test-queue-counting", flags_with(LMCACHE_ASCEND_BLEND_HOLES=True)) is State.APPLIED
     registry.revert("test-queue-counting")
 
 
 def test_skipped_version():
     registry = Registry([make_patch(requires={"vllm": "<0.1"})])
-    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.SKIPPED_VERSION
+    assert apply_now(registry, "test-queue-counting", DEFAULT_FLAGS) is State.SKIPPED_VERSION
     assert f"vllm {installed_version('vllm')} is outside <0.1" in registry.record("test-queue-counting").reason
 
 
@@ -271,7 +272,7 @@ def test_prerelease_and_local_versions_satisfy_specifiers():
 def test_skipped_upstream_by_probe_wins_over_source():
     guard = UpstreamGuard(probe=lambda module: True, unfixed_if_source_contains=("class FreeKVCacheBlockQueue",))
     registry = Registry([make_patch(guard=guard)])
-    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.SKIPPED_UPSTREAM
+    assert apply_now(registry, "test-queue-counting", DEFAULT_FLAGS) is State.SKIPPED_UPSTREAM
     assert "capability probe" in registry.record("test-queue-counting").reason
 
 
@@ -289,7 +290,7 @@ def test_probe_that_raises_falls_back_to_source():
 
     guard = UpstreamGuard(probe=broken_probe, unfixed_if_source_contains=("class FreeKVCacheBlockQueue",))
     registry = Registry([make_patch(guard=guard)])
-    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.APPLIED
+    assert apply_now(registry, "test-queue-counting", DEFAULT_FLAGS) is State.APPLIED
     assert "lacks-fix" in registry.record("test-queue-counting").reason
     registry.revert("test-queue-counting")
 
@@ -307,7 +308,7 @@ def test_add_kind_is_skipped_where_upstream_defines_the_attribute():
     patch = make_patch(name="test-add-prepend", attributes=("FreeKVCacheBlockQueue.prepend_n",), kind=PatchKind.ADD, build=build)
     registry = Registry([patch])
     before = snapshot(Queue)
-    state = registry.apply_now("test-add-prepend", DEFAULT_FLAGS)
+    state = apply_now(registry, "test-add-prepend", DEFAULT_FLAGS)
     if STACK_HAS_PREPEND_N:
         assert state is State.SKIPPED_UPSTREAM
         assert_identical(before, snapshot(Queue))
@@ -330,7 +331,7 @@ def test_add_kind_is_skipped_where_upstream_defines_the_attribute():
 )
 def test_target_missing(patch_overrides, reason_part):
     registry = Registry([make_patch(**patch_overrides)])
-    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.TARGET_MISSING
+    assert apply_now(registry, "test-queue-counting", DEFAULT_FLAGS) is State.TARGET_MISSING
     assert reason_part in registry.record("test-queue-counting").reason
 
 
@@ -358,7 +359,7 @@ def test_bases_can_be_extended_and_restored():
     registry = Registry([patch])
     before = snapshot(connector)
     assert not issubclass(connector, AbcMixin)  # fills the ABC's negative cache
-    assert registry.apply_now("test-bases", DEFAULT_FLAGS) is State.APPLIED
+    assert apply_now(registry, "test-bases", DEFAULT_FLAGS) is State.APPLIED
     assert issubclass(connector, Mixin)
     assert issubclass(connector, AbcMixin)  # no stale "no" from before the patch
     assert connector.lmcache_ascend_test_mixin(None) == "mixed"
@@ -373,7 +374,7 @@ def test_bases_can_be_extended_and_restored():
 
 def test_untested_fingerprint_applies_but_says_so():
     registry = Registry([make_patch(tested_fingerprints={"FreeKVCacheBlockQueue.popleft": ("000000000000",)})])
-    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.APPLIED
+    assert apply_now(registry, "test-queue-counting", DEFAULT_FLAGS) is State.APPLIED
     record = registry.record("test-queue-counting")
     try:
         assert record.untested
@@ -385,7 +386,7 @@ def test_untested_fingerprint_applies_but_says_so():
 def test_known_fingerprint_is_tested():
     prints = {path: (fingerprint(vars(Queue)[path.split(".")[1]]),) for path in ("FreeKVCacheBlockQueue.popleft", "FreeKVCacheBlockQueue.append")}
     registry = Registry([make_patch(tested_fingerprints=prints)])
-    registry.apply_now("test-queue-counting", DEFAULT_FLAGS)
+    apply_now(registry, "test-queue-counting", DEFAULT_FLAGS)
     try:
         assert not registry.record("test-queue-counting").untested
     finally:
@@ -419,13 +420,13 @@ def test_pyc_only_target_falls_back_to_the_version_gate(tmp_path, monkeypatch):
 
     assert module_source_text("pyc_only_pkg.target") is None
     in_range = Registry([make({"vllm": ">=0.1"})])
-    assert in_range.apply_now("test-pyc", DEFAULT_FLAGS) is State.APPLIED  # source unknown -> version decides
+    assert apply_now(in_range, "test-pyc", DEFAULT_FLAGS) is State.APPLIED  # source unknown -> version decides
     assert "unknown" in in_range.record("test-pyc").reason
     module = sys.modules["pyc_only_pkg.target"]
     assert module.Thing().method() == "patched"
     in_range.revert("test-pyc")
     out_of_range = Registry([make({"vllm": "<0.1"})])
-    assert out_of_range.apply_now("test-pyc", DEFAULT_FLAGS) is State.SKIPPED_VERSION
+    assert apply_now(out_of_range, "test-pyc", DEFAULT_FLAGS) is State.SKIPPED_VERSION
     assert module.Thing().method() == "original"
     for name in ("pyc_only_pkg.target", "pyc_only_pkg"):
         sys.modules.pop(name, None)
@@ -450,7 +451,7 @@ def test_a_target_without_source_is_untested_and_fails_strict(tmp_path, monkeypa
     registry = Registry([patch])
     monkeypatch.setattr(registry_module, "_PROCESS_REGISTRY", registry)
     try:
-        assert registry.apply_now("test-sourceless", DEFAULT_FLAGS) is State.APPLIED
+        assert apply_now(registry, "test-sourceless", DEFAULT_FLAGS) is State.APPLIED
         record = registry.record("test-sourceless")
         assert record.untested and "Thing.method has no source" in record.reason
         assert cli.main(["--strict"]) == 1
@@ -462,7 +463,7 @@ def test_a_target_without_source_is_untested_and_fails_strict(tmp_path, monkeypa
         # Listed as tested without source (generated code), it is tested.
         registry.revert("test-sourceless")
         tested_sourceless = Registry([Patch(**{**vars(patch), "tested_fingerprints": {"Thing.method": (NO_SOURCE,)}})])
-        assert tested_sourceless.apply_now("test-sourceless", DEFAULT_FLAGS) is State.APPLIED
+        assert apply_now(tested_sourceless, "test-sourceless", DEFAULT_FLAGS) is State.APPLIED
         assert not tested_sourceless.record("test-sourceless").untested
         tested_sourceless.revert("test-sourceless")
     finally:
@@ -492,7 +493,7 @@ def test_lmcache_target_round_trip():
     )
     registry = Registry([patch])
     before = snapshot(engine_class)
-    assert registry.apply_now("test-lmcache-close", DEFAULT_FLAGS) is State.APPLIED
+    assert apply_now(registry, "test-lmcache-close", DEFAULT_FLAGS) is State.APPLIED
     assert vars(engine_class)["close"] is not before["close"]
     registry.revert("test-lmcache-close")
     assert_identical(before, snapshot(engine_class))
@@ -506,7 +507,7 @@ def test_duplicate_names_and_bad_declarations_are_refused():
     with pytest.raises(ValueError, match="must be a non-empty word"):
         make_patch(name="has space")
     registry = Registry([make_patch(requires={"vllm": "not a specifier"})])
-    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.SKIPPED_VERSION
+    assert apply_now(registry, "test-queue-counting", DEFAULT_FLAGS) is State.SKIPPED_VERSION
     assert "invalid requirement" in registry.record("test-queue-counting").reason
 
 
@@ -535,7 +536,7 @@ def test_prerequisite_is_applied_first_and_reverted_last():
     first, second = _prerequisite_pair()
     registry = Registry([first, second])
     before = snapshot(Queue)
-    assert registry.apply_now("test-second", DEFAULT_FLAGS) is State.APPLIED
+    assert apply_now(registry, "test-second", DEFAULT_FLAGS) is State.APPLIED
     assert registry.state("test-first") is State.APPLIED
     assert registry.revert("test-first") is State.REVERTED  # takes its dependent out first
     assert registry.state("test-second") is State.REVERTED
@@ -547,7 +548,7 @@ def test_dependent_of_a_disabled_prerequisite_is_skipped_with_the_reason():
     registry = Registry([first, second])
     values = flags_with(LMCACHE_ASCEND_DISABLED_PATCHES=("test-first",))
     before = snapshot(Queue)
-    assert registry.apply_now("test-second", values) is State.SKIPPED_DISABLED
+    assert apply_now(registry, "test-second", values) is State.SKIPPED_DISABLED
     assert "needs test-first, which is skipped-disabled" in registry.record("test-second").reason
     assert_identical(before, snapshot(Queue))
 
@@ -555,7 +556,7 @@ def test_dependent_of_a_disabled_prerequisite_is_skipped_with_the_reason():
 def test_unknown_prerequisite_fails_cleanly():
     registry = Registry([make_patch(after=("no-such-patch",))])
     before = snapshot(Queue)
-    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.FAILED
+    assert apply_now(registry, "test-queue-counting", DEFAULT_FLAGS) is State.FAILED
     assert "not declared" in registry.record("test-queue-counting").reason
     assert_identical(before, snapshot(Queue))
 
@@ -565,7 +566,7 @@ def test_a_target_attribute_that_is_not_callable_fails(monkeypatch, kind):
     monkeypatch.setattr(Queue, "popleft", 42)  # upstream turned the method into data
     registry = Registry([make_patch(kind=kind)])
     before = snapshot(Queue)
-    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.FAILED
+    assert apply_now(registry, "test-queue-counting", DEFAULT_FLAGS) is State.FAILED
     assert "not callable" in registry.record("test-queue-counting").reason
     assert_identical(before, snapshot(Queue))
 
@@ -575,7 +576,7 @@ def test_strict_counts_an_overridden_patch(monkeypatch, capsys):
 
     registry = Registry([make_patch()])
     monkeypatch.setattr(registry_module, "_PROCESS_REGISTRY", registry)
-    assert registry.apply_now("test-queue-counting", DEFAULT_FLAGS) is State.APPLIED
+    assert apply_now(registry, "test-queue-counting", DEFAULT_FLAGS) is State.APPLIED
     try:
         monkeypatch.setattr(Queue, "popleft", lambda self: None)  # someone replaced ours
         assert cli.main(["--strict"]) == 1

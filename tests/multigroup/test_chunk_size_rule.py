@@ -32,6 +32,7 @@ from tests.fixtures.kv_cache_configs import (
     single_group_kv_cache_config,
 )
 from tests.multigroup.scheduler_driver import RequestDriver, make_connector_impl
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 PATCH = "lmcache-adapter-multigroup"
@@ -39,7 +40,7 @@ PATCH = "lmcache-adapter-multigroup"
 
 @pytest.fixture
 def patched():
-    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
+    assert apply_now(REGISTRY, PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     yield
     assert REGISTRY.revert(PATCH) is State.REVERTED
 

@@ -11,6 +11,7 @@ from lmcache_ascend.multigroup.connector_state import policy_for_config
 from lmcache_ascend.multigroup.state_skip import StateGroupPolicy
 from lmcache_ascend.patches import State, registry
 from lmcache_ascend.patches.lmcache.config_flag_keys import ConfigKeyError
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 PATCH = "lmcache-config-flag-keys"
@@ -23,7 +24,7 @@ def config_module(monkeypatch):
         monkeypatch.delenv(flag.name, raising=False)
     module = importlib.import_module("lmcache.v1.config")
     original_class, original_table = module.LMCacheEngineConfig, module._CONFIG_DEFINITIONS
-    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
+    assert apply_now(REGISTRY, PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     assert module.LMCacheEngineConfig is original_class  # patched in place: every binding sees the keys
     yield module
     assert REGISTRY.revert(PATCH) is State.REVERTED

@@ -14,6 +14,7 @@ from vllm.v1.request import Request, RequestStatus
 from lmcache_ascend.patches import State, registry
 from tests.fixtures.kv_cache_configs import dsv4_cuda_kv_cache_config
 from tests.multigroup.scheduler_driver import make_connector_impl
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 CASES = [
@@ -31,7 +32,7 @@ def test_connector_becomes_supports_hma_and_reverts(patch_name, module_name, cla
     cls = getattr(importlib.import_module(module_name), class_name)
     original_bases = cls.__bases__
     assert not supports_hma(cls)  # upstream on both stacks lacks it
-    assert REGISTRY.apply_now(patch_name) is State.APPLIED, REGISTRY.record(patch_name).reason
+    assert apply_now(REGISTRY, patch_name) is State.APPLIED, REGISTRY.record(patch_name).reason
     try:
         assert supports_hma(cls) and issubclass(cls, SupportsHMA)
         assert cls.__bases__[: len(original_bases)] == original_bases
@@ -52,7 +53,7 @@ def _vllm_accepts_under_hma(config: KVTransferConfig) -> bool:
 def test_vllm_factory_accepts_lmcache_connector_under_hma_once_patched():
     config = KVTransferConfig(kv_connector="LMCacheConnectorV1", kv_role="kv_both")
     assert not _vllm_accepts_under_hma(config)
-    assert REGISTRY.apply_now("vllm-lmcache-connector-supports-hma") is State.APPLIED
+    assert apply_now(REGISTRY, "vllm-lmcache-connector-supports-hma") is State.APPLIED
     try:
         assert _vllm_accepts_under_hma(config)
     finally:
@@ -62,7 +63,7 @@ def test_vllm_factory_accepts_lmcache_connector_under_hma_once_patched():
 @pytest.mark.parametrize("patch_name, module_name, class_name", CASES)
 def test_request_finished_all_groups_forwards_to_the_adapter(patch_name, module_name, class_name):
     cls = getattr(importlib.import_module(module_name), class_name)
-    assert REGISTRY.apply_now(patch_name) is State.APPLIED
+    assert apply_now(REGISTRY, patch_name) is State.APPLIED
     try:
         impl = make_connector_impl(dsv4_cuda_kv_cache_config(), connector_class=cls)
         connector = impl._parent
@@ -89,7 +90,7 @@ def test_native_adapter_is_refused_for_multi_group_models():
     )
     # A real VllmConfig can't be built without a device; the check reads only this field.
     vllm_config = SimpleNamespace(kv_transfer_config=native)
-    assert REGISTRY.apply_now("vllm-lmcache-connector-supports-hma") is State.APPLIED
+    assert apply_now(REGISTRY, "vllm-lmcache-connector-supports-hma") is State.APPLIED
     try:
         with pytest.raises(MultiGroupConfigError, match="use_native=True .* this model has 5 KV-cache groups"):
             LMCacheConnectorV1(

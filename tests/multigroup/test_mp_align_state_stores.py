@@ -33,6 +33,7 @@ from lmcache.v1.multiprocess.futures import MessagingFuture  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec  # noqa: E402
 
 from lmcache_ascend.patches import State, registry  # noqa: E402
+from tests.patching import apply_now  # noqa: E402
 
 REGISTRY = registry.process_registry()
 
@@ -99,7 +100,7 @@ def _connector(mode: str, adapter: StandInAdapter, *, mamba: bool = True, stores
 @pytest.fixture
 def applied():
     original = CONNECTOR.__dict__["wait_for_save"]
-    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
+    assert apply_now(REGISTRY, PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     yield
     REGISTRY.revert(PATCH)
     assert CONNECTOR.__dict__["wait_for_save"] is original

@@ -25,6 +25,7 @@ from lmcache_ascend.multigroup.mp_wire import (
     tracked_prefix_bound,
 )
 from lmcache_ascend.patches import State, registry
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 MODULE = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector")
@@ -95,7 +96,7 @@ def _dsv4_tracker(counts):
 
 @pytest.fixture
 def patched():
-    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
+    assert apply_now(REGISTRY, PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     yield
     assert REGISTRY.revert(PATCH) is State.REVERTED
 
@@ -128,7 +129,7 @@ def test_wire_formats_and_mismatch_error():
 def test_connector_is_supports_hma_and_reverts():
     original = CONNECTOR.__bases__
     assert not supports_hma(CONNECTOR)
-    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
+    assert apply_now(REGISTRY, PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     try:
         assert issubclass(CONNECTOR, SupportsHMA)
         conn = _connector((16,), 16)
@@ -210,7 +211,7 @@ def test_single_group_op_matches_unpatched():
         return MODULE.LMCacheMPRequestMetadata.GetStoreMetadata(tracker, 8, 16).op
 
     before = plan()
-    assert REGISTRY.apply_now(PATCH) is State.APPLIED
+    assert apply_now(REGISTRY, PATCH) is State.APPLIED
     try:
         after = plan()
     finally:

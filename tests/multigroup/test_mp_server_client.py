@@ -32,6 +32,7 @@ from lmcache_ascend.multigroup.mp_server import (  # noqa: E402
 )
 from lmcache_ascend.multigroup.mp_wire import FLAT, PER_GROUP, WireFormatMismatch  # noqa: E402
 from lmcache_ascend.patches import State, registry  # noqa: E402
+from tests.patching import apply_now  # noqa: E402
 
 REGISTRY = registry.process_registry()
 PATCHES = ("lmcache-mp-server-protocol", "lmcache-mp-client-wire-format")
@@ -70,7 +71,7 @@ class _Event:
 def patched(monkeypatch):
     monkeypatch.setattr(adapter_module, "wrap_kv_caches", lambda caches: [])  # CUDA IPC handles: no CUDA here
     for name in PATCHES:
-        assert REGISTRY.apply_now(name) is State.APPLIED, REGISTRY.record(name).reason
+        assert apply_now(REGISTRY, name) is State.APPLIED, REGISTRY.record(name).reason
     yield
     for name in reversed(PATCHES):
         assert REGISTRY.revert(name) is State.REVERTED
@@ -145,7 +146,7 @@ def test_single_group_adapter_sends_exactly_what_upstream_sends(patched, monkeyp
         upstream = sent(False)
     finally:
         for name in PATCHES:
-            REGISTRY.apply_now(name)
+            apply_now(REGISTRY, name)
     assert ours == upstream
     assert ours[1][1][2] == msgspec.msgpack.encode([3, 4, 5])
 

@@ -46,6 +46,7 @@ from lmcache_ascend.multigroup.attachments import GROUP_HINTS, SERVER_FORMAT  # 
 from lmcache_ascend.multigroup.mp_server import client_hints  # noqa: E402
 from lmcache_ascend.multigroup.mp_wire import FLAT, PER_GROUP, WireFormatMismatch  # noqa: E402
 from lmcache_ascend.patches import State, registry  # noqa: E402
+from tests.patching import apply_now  # noqa: E402
 
 REGISTRY = registry.process_registry()
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +113,7 @@ def _stop(process: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def client_patches():
     for name in CLIENT_PATCHES:
-        assert REGISTRY.apply_now(name) is State.APPLIED, REGISTRY.record(name).reason
+        assert apply_now(REGISTRY, name) is State.APPLIED, REGISTRY.record(name).reason
     yield
     for name in reversed(CLIENT_PATCHES):
         REGISTRY.revert(name)

@@ -38,13 +38,14 @@ def accepted():
                                  ("RETRIEVE", "retrieve"))}
 
 from lmcache_ascend.patches.lmcache.mp_server_per_group import ENGINE
+from tests.patching import apply_now
 # The catalogue's patch requires cupy-cuda13x, which the stub does not install: the same patch
 # without that requirement, in a registry of its own.
 engine_registry = registry.Registry([ENGINE.replace(requires={"lmcache": ENGINE.requires["lmcache"]})])
 names = ("lmcache-mp-server-protocol", "lmcache-mp-server-layer-groups")
 process = registry.process_registry()
 report = {"states": {n: process.record(n).state.value for n in names}}
-report["states"][ENGINE.name] = engine_registry.apply_now(ENGINE.name).value
+report["states"][ENGINE.name] = apply_now(engine_registry, ENGINE.name).value
 report["catalogue_engine"] = process.record(ENGINE.name).reason
 report["patched"] = accepted()
 engine_registry.revert(ENGINE.name)

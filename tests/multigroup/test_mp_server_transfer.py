@@ -25,6 +25,7 @@ from lmcache_ascend.multigroup.attachments import GROUP_PLAN  # noqa: E402
 from lmcache_ascend.patches.lmcache.mp_server_per_group import batch_block_ids, move_chunks  # noqa: E402
 from lmcache_ascend.multigroup.mp_server import chunk_block_ids, client_hints, retrieve_batches  # noqa: E402
 from lmcache_ascend.patches import State, registry  # noqa: E402
+from tests.patching import apply_now  # noqa: E402
 
 REGISTRY = registry.process_registry()
 TOKENS_PER_BLOCK = (256, 64, 64, 4, 8)
@@ -60,7 +61,7 @@ class _HostContext:
 
 @pytest.fixture
 def layer_groups_patch():
-    assert REGISTRY.apply_now("lmcache-mp-server-layer-groups") is State.APPLIED
+    assert apply_now(REGISTRY, "lmcache-mp-server-layer-groups") is State.APPLIED
     yield
     assert REGISTRY.revert("lmcache-mp-server-layer-groups") is State.REVERTED
 
@@ -104,7 +105,7 @@ def test_flat_registration_is_upstream_grouping(layer_groups_patch):
         theirs = KVLayerGroupsManager(kv, gpu_kv_format=kv_format, num_blocks=NUM_BLOCKS,
                                       layout_hints={"kv_layout": "NHD"})
     finally:
-        REGISTRY.apply_now("lmcache-mp-server-layer-groups")
+        apply_now(REGISTRY, "lmcache-mp-server-layer-groups")
     assert repr(ours.kv_layer_groups) == repr(theirs.kv_layer_groups)
     assert [g.layer_indices for g in ours.kv_layer_groups][0] == [0, 1, 5, 6]  # groups 0 and 1 merge upstream
     assert GROUP_PLAN.get(ours) is None

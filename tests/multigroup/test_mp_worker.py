@@ -21,6 +21,7 @@ import torch
 
 from lmcache_ascend.compat.versions import installed_version
 from lmcache_ascend.patches import State, registry
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 MODULE = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector")
@@ -34,7 +35,7 @@ needs_new_api = pytest.mark.skipif(not NEW_API, reason="vLLM >= 0.19 with LMCach
 @pytest.fixture
 def applied():
     def apply(name):
-        assert REGISTRY.apply_now(name) is State.APPLIED, REGISTRY.record(name).reason
+        assert apply_now(REGISTRY, name) is State.APPLIED, REGISTRY.record(name).reason
 
     yield apply
 
@@ -42,10 +43,10 @@ def applied():
 def test_states_per_stack():
     if NEW_API:
         for name in (ADAPTER_API, GROUP_HINTS, DEVICE_EVENTS):
-            assert REGISTRY.apply_now(name) is State.APPLIED, REGISTRY.record(name).reason
+            assert apply_now(REGISTRY, name) is State.APPLIED, REGISTRY.record(name).reason
     else:
         for name in (ADAPTER_API, GROUP_HINTS, DEVICE_EVENTS):
-            assert REGISTRY.apply_now(name) is State.SKIPPED_VERSION, REGISTRY.record(name).reason
+            assert apply_now(REGISTRY, name) is State.SKIPPED_VERSION, REGISTRY.record(name).reason
 
 
 # ---------------------------------------------------------------- adapter API
@@ -197,7 +198,7 @@ def test_unpatched_registration_carries_no_groups():
         assert "engine_group_infos" not in kwargs
         assert expand_engine_block_ids((), [[1, 2], [7, 8]]) == [[1, 2]]  # group 1's blocks never reach LMCache
     finally:
-        assert REGISTRY.apply_now(GROUP_HINTS) is State.APPLIED
+        assert apply_now(REGISTRY, GROUP_HINTS) is State.APPLIED
 
 
 # ---------------------------------------------------------------- device events

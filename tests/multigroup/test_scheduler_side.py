@@ -26,6 +26,7 @@ from tests.fixtures.kv_cache_configs import (
 from tests.multigroup.cpu_slots import rows_in_chunk_windows
 from tests.multigroup.reference import reference_load_slots, reference_raw_slots, reference_store_slots
 from tests.multigroup.scheduler_driver import RequestDriver, make_connector_impl
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 PATCH = "lmcache-adapter-multigroup"
@@ -34,7 +35,7 @@ STATE_GROUPS = {index for index, _ in DSV4_ASCEND_STATE_GROUPS}
 
 @pytest.fixture
 def patched():
-    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
+    assert apply_now(REGISTRY, PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     yield
     assert REGISTRY.revert(PATCH) is State.REVERTED
 
@@ -223,7 +224,7 @@ def test_single_group_results_identical_to_unpatched_lmcache():
     fixture = single_group_kv_cache_config()
     REGISTRY.revert(PATCH)
     unpatched, unpatched_tracker = _single_group_life(make_connector_impl(fixture))
-    assert REGISTRY.apply_now(PATCH) is State.APPLIED
+    assert apply_now(REGISTRY, PATCH) is State.APPLIED
     try:
         patched_out, patched_tracker = _single_group_life(make_connector_impl(fixture))
     finally:
@@ -525,7 +526,7 @@ def test_block_ids_only_for_metadata_that_stores_or_loads(kv_role, can_load):
     same with and without the patch."""
     fixture = dsv4_ascend_kv_cache_config()
     _, _, upstream = _first_step_with_a_load_spec(fixture, kv_role, can_load)
-    assert REGISTRY.apply_now(PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
+    assert apply_now(REGISTRY, PATCH) is State.APPLIED, REGISTRY.record(PATCH).reason
     try:
         _, tables, meta = _first_step_with_a_load_spec(fixture, kv_role, can_load)
     finally:

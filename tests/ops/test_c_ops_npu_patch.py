@@ -26,6 +26,7 @@ from tests.framework.test_catalogue_contract import fake_served_host, flags_enab
 from tests.ops import _cases  # noqa: E402
 from tests.ops._baseline import Adapter, ours  # noqa: E402
 from tests.ops._cases import HypothesisDraw  # noqa: E402
+from tests.patching import apply_now  # noqa: E402
 
 CASES_PER_OP = int(os.environ.get("LMCACHE_ASCEND_OPS_CASES", "300"))
 NAME = "lmcache-c-ops-npu"
@@ -79,7 +80,7 @@ def test_cpu_host_keeps_lmcache_fallback(registry):
     import lmcache.c_ops as c_ops
 
     before = {name: getattr(c_ops, name) for name in OPS}
-    assert registry.apply_now(NAME, flags_enabling(NAME)) is State.SKIPPED_HOST
+    assert apply_now(registry, NAME, flags_enabling(NAME)) is State.SKIPPED_HOST
     assert "no NPU" in registry.record(NAME).reason
     assert {name: getattr(c_ops, name) for name in OPS} == before
 
@@ -90,7 +91,7 @@ def test_cuda_host_keeps_lmcache_ops(registry, monkeypatch):
     before = {name: getattr(c_ops, name) for name in OPS}
     fake_served_host(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert registry.apply_now(NAME, flags_enabling(NAME)) is State.SKIPPED_HOST
+    assert apply_now(registry, NAME, flags_enabling(NAME)) is State.SKIPPED_HOST
     assert "CUDA host" in registry.record(NAME).reason
     assert {name: getattr(c_ops, name) for name in OPS} == before
 
@@ -107,7 +108,7 @@ def test_npu_host_lmcache_c_ops_users_run_our_op(registry, monkeypatch, op):
     real = getattr(our_ops, op)
     monkeypatch.setattr(our_ops, op, lambda *a, **k: (calls.append(op), real(*a, **k))[1])
     fake_served_host(monkeypatch)
-    assert registry.apply_now(NAME, flags_enabling(NAME)) is State.APPLIED
+    assert apply_now(registry, NAME, flags_enabling(NAME)) is State.APPLIED
     # A c_ops user (LMCache's own call shape, its Enum direction) now runs ours, with the fallback's bytes.
     for seed in range(50):  # up to the first case that moves bytes
         case = _cases.build(op, _cases.RandomDraw(seed), torch.device("cpu"))

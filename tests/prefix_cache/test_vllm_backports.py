@@ -27,6 +27,7 @@ from tests.prefix_cache.harness import (
     make_request,
     sliding_window_config,
 )
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 PATCH_NAMES = CORE_BACKPORT_PATCHES + (SCHEDULER_BACKPORT_PATCH,)
@@ -34,7 +35,7 @@ VLLM_HAS_RETENTION = Version(installed_version("vllm")) >= Version("0.23")
 
 
 def _apply_all() -> dict[str, State]:
-    return {name: REGISTRY.apply_now(name) for name in PATCH_NAMES}
+    return {name: apply_now(REGISTRY, name) for name in PATCH_NAMES}
 
 
 def _revert_all() -> None:
@@ -240,7 +241,7 @@ def test_guard_on_pyc_only_target_falls_back_to_versions(tmp_path, monkeypatch):
             requires={"vllm": requirement},
         )
         local = Registry([patch])
-        state = local.apply_now(patch.name)
+        state = apply_now(local, patch.name)
         assert state is expected, local.record(patch.name).reason
         if state is State.APPLIED:
             module = sys.modules[target]

@@ -22,6 +22,7 @@ fake_npu.install(SDIST)
 import torch  # noqa: E402
 
 from lmcache_ascend.patches import State, registry  # noqa: E402
+from tests.patching import apply_now  # noqa: E402
 
 REGISTRY = registry.process_registry()
 PATCHES = (
@@ -41,7 +42,7 @@ def vllm_ascend_loaded():
 
 @pytest.fixture
 def patched():
-    states = {name: REGISTRY.apply_now(name) for name in PATCHES}
+    states = {name: apply_now(REGISTRY, name) for name in PATCHES}
     yield states
     for name in PATCHES:
         if REGISTRY.state(name) is State.APPLIED:
@@ -85,7 +86,7 @@ def _coordinator_shell():
 
 def test_prefix_block_size_unpacks_uniform_bundle():
     if not needs_dsv4:
-        assert REGISTRY.apply_now(PATCHES[0]) is State.SKIPPED_VERSION
+        assert apply_now(REGISTRY, PATCHES[0]) is State.SKIPPED_VERSION
         return
     from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 
@@ -95,7 +96,7 @@ def test_prefix_block_size_unpacks_uniform_bundle():
     # As shipped: the bundle hides compress_ratio -> 128 instead of 128 x 128.
     assert coordinator._get_effective_block_size(member) == 16384
     assert coordinator._get_effective_block_size(bundle) == 128
-    assert REGISTRY.apply_now(PATCHES[0]) is State.APPLIED
+    assert apply_now(REGISTRY, PATCHES[0]) is State.APPLIED
     try:
         assert coordinator._get_effective_block_size(bundle) == 16384
         assert coordinator._get_effective_block_size(member) == 16384
@@ -185,7 +186,7 @@ def _engine_context():
 
 
 def test_layer_name_mismatch_lists_missing_and_extra():
-    state = REGISTRY.apply_now(LAYER_NAMES_PATCH)
+    state = apply_now(REGISTRY, LAYER_NAMES_PATCH)
     if not HAS_DSV4:
         assert state is State.SKIPPED_VERSION
         return
@@ -214,7 +215,7 @@ def test_matching_layer_names_allocate_as_before():
         return
     from vllm_ascend.worker.v2 import attn_utils
 
-    assert REGISTRY.apply_now(LAYER_NAMES_PATCH) is State.APPLIED
+    assert apply_now(REGISTRY, LAYER_NAMES_PATCH) is State.APPLIED
     try:
         config = _layer_config(["layers.0.attn", "layers.1.attn"], ["layers.0.attn", "layers.1.attn"])
         with _engine_context():
@@ -276,7 +277,7 @@ def _layout(groups, available_memory):
 
 
 def test_dsv4_page_size_aggregated_across_groups():
-    state = REGISTRY.apply_now(PAGE_SIZE_PATCH)
+    state = apply_now(REGISTRY, PAGE_SIZE_PATCH)
     if not needs_dsv4:
         assert state is State.SKIPPED_VERSION
         return
@@ -313,19 +314,19 @@ def test_dsv4_page_size_aggregated_across_groups():
 
 def test_dsv4_page_size_patch_guard_and_revert():
     if not needs_dsv4:
-        assert REGISTRY.apply_now(PAGE_SIZE_PATCH) is State.SKIPPED_VERSION
+        assert apply_now(REGISTRY, PAGE_SIZE_PATCH) is State.SKIPPED_VERSION
         return
     from vllm.v1.core import kv_cache_utils
     from vllm_ascend.patch.platform import patch_kv_cache_utils
 
     shipped = patch_kv_cache_utils._get_kv_cache_config_deepseek_v4
     assert kv_cache_utils._get_kv_cache_config_deepseek_v4 is shipped  # vllm-ascend's own redirect
-    state = REGISTRY.apply_now(PAGE_SIZE_PATCH)
+    state = apply_now(REGISTRY, PAGE_SIZE_PATCH)
     try:
         assert state is State.APPLIED
         # Both the vllm-ascend attribute and vLLM's binding (the one its caller uses) are ours.
         assert kv_cache_utils._get_kv_cache_config_deepseek_v4 is patch_kv_cache_utils._get_kv_cache_config_deepseek_v4
-        assert REGISTRY.apply_now(PAGE_SIZE_PATCH) is State.APPLIED  # no double apply
+        assert apply_now(REGISTRY, PAGE_SIZE_PATCH) is State.APPLIED  # no double apply
     finally:
         REGISTRY.revert(PAGE_SIZE_PATCH)
     assert REGISTRY.state(PAGE_SIZE_PATCH) is State.REVERTED

@@ -15,6 +15,7 @@ from packaging.version import Version
 from lmcache_ascend.compat.versions import installed_version
 from lmcache_ascend.patches import State, registry
 from tests.fixtures.sdists import sdists_dir
+from tests.patching import apply_now
 
 REGISTRY = registry.process_registry()
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def test_patch_modules_import_without_vllm_ascend_and_report_target_missing():
     for name, module_name in PATCH_MODULES.items():
         module = importlib.import_module(module_name)
         assert module.PATCH.name == name
-        assert REGISTRY.apply_now(name) is State.TARGET_MISSING
+        assert apply_now(REGISTRY, name) is State.TARGET_MISSING
         assert "not found" in REGISTRY.record(name).reason
 
 
@@ -48,7 +49,7 @@ def test_against_real_vllm_ascend_source():
     if SDIST_VERSION is None:
         # No vllm-ascend exists for this vLLM: its patches must stay out, reporting why.
         for name in PATCH_MODULES:
-            assert REGISTRY.apply_now(name) is State.TARGET_MISSING
+            assert apply_now(REGISTRY, name) is State.TARGET_MISSING
         return
     sdist = sdists_dir() / f"vllm-ascend-{SDIST_VERSION}"
     assert (sdist / "vllm_ascend").is_dir(), f"missing {sdist}: run scripts/fetch-vllm-ascend"
