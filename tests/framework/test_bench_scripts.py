@@ -115,6 +115,42 @@ def test_the_engine_benchmark_gives_every_process_cpus_of_its_own(monkeypatch):
         bench.cpu_plan(arms, 3)
 
 
+def test_the_engines_cpu_sets_rotate_among_the_arms(monkeypatch):
+    """Query by query, every arm gets every engine CPU set once per len(arms) queries, the sets disjoint."""
+    bench = _engine_benchmark(monkeypatch)
+    arms = list(bench.ARMS)
+    monkeypatch.setattr(bench.os, "sched_getaffinity", lambda pid: set(range(100, 116)))
+    plan = bench.cpu_plan(arms, 2)
+    turns = [bench.rotated(plan, arms, turn) for turn in range(1, len(arms) + 1)]
+    for placement in turns:
+        cpus = [cpu for sets in placement.values() for cpu in sets]
+        assert len(cpus) == len(set(cpus)) and sorted(map(tuple, placement.values())) == sorted(
+            map(tuple, plan.engines.values()))
+    for name in arms:
+        assert sorted(tuple(placement[name]) for placement in turns) == sorted(map(tuple, plan.engines.values()))
+
+
+def test_a_process_group_moves_with_every_thread(monkeypatch):
+    """move_group re-pins every thread of an engine's process group to the CPU at its place in the new set."""
+    bench = _engine_benchmark(monkeypatch)
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs to move a process between")
+    program = ("import threading, time; threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); "
+               "print('ready', flush=True); time.sleep(60)")
+    child = subprocess.Popen(bench.on_cpus([cpus[0]], [sys.executable, "-c", program]), stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        threads = bench.group_threads(child.pid)
+        assert len(threads) >= 2 and all(os.sched_getaffinity(t) == {cpus[0]} for t in threads)
+        bench.move_group(child.pid, [cpus[0]], [cpus[1]])
+        assert all(os.sched_getaffinity(t) == {cpus[1]} for t in bench.group_threads(child.pid))
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_pinned_command_runs_on_its_cpus_only(monkeypatch):
     bench = _engine_benchmark(monkeypatch)
     cpu = max(os.sched_getaffinity(0))
