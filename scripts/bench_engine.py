@@ -640,9 +640,9 @@ def markdown(result: dict) -> str:
     plan = meta.get("cpu_plan")
     per_engine = len(next(iter(plan["engines"].values()))) if plan else 0
     pinning = (f"each engine alone on {per_engine} CPU{'s' if per_engine > 1 else ''} (its worker's threads on all "
-               "but the first), the engines' CPU sets rotated among the arms query by query"
-               + ("" if meta.get("cpu_rotation") else " (not in this run: fixed sets)")
-               + ", each MP server and the driver on one of their own, ") if plan else ""
+               "but the first), " + ("the engines' CPU sets rotated among the arms query by query, "
+                                      if meta.get("cpu_rotation") else "")
+               + "each MP server and the driver on one of their own, ") if plan else ""
     lines = [
         *(["**A `--quick` check** (short documents, few queries): it shows the script works, it is not the "
            "measurement.", ""] if meta.get("quick") else []),
