@@ -147,10 +147,6 @@ def llm_options(spec: dict) -> dict:
         options["mamba_cache_mode"] = spec["mamba_cache_mode"]
     if spec.get("attention_backend"):
         options["attention_backend"] = spec["attention_backend"]
-    if spec.get("engine_core") == "in-driver":
-        # vLLM's engine core (scheduler, connector's scheduler side) in the driver process; the
-        # worker keeps its own process, which vLLM's CPU build needs for its OpenMP binding.
-        options["distributed_executor_backend"] = "mp"
     if spec.get("max_num_seqs"):
         options["max_num_seqs"] = spec["max_num_seqs"]
     for key, default in (("max_num_batched_tokens", 2048), ("kv_cache_memory_bytes", 256 << 20)):
@@ -184,14 +180,18 @@ def main(spec_path: str, out_path: str) -> None:
     with open(spec_path) as handle:
         spec = json.load(handle)
     os.environ.update(spec.get("env", {}))
-    if spec.get("engine_core") == "in-driver":
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
     from vllm import LLM, SamplingParams
 
     from tests.engine import faults
 
-    llm = LLM(**llm_options(spec))
+    options = llm_options(spec)
+    if spec.get("engine_core") == "in-driver":
+        # vLLM's engine core (the scheduler, the connector's scheduler side) in this process; the
+        # worker keeps its own, which vLLM's CPU build needs for its OpenMP binding.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        options["distributed_executor_backend"] = "mp"
+    llm = LLM(**options)
     if spec.get("kv_oracle"):
         from tests.engine import kv_oracle
 
